@@ -1,0 +1,88 @@
+"""The `kube-vgpu` command: one entry point, one subcommand per part.
+
+Every flag can also be given as an environment variable `KUBE_VGPU_<FLAG>` (upper case, `-` as
+`_`, e.g. `KUBE_VGPU_NODE_NAME`); a flag on the command line wins over the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+ENV_PREFIX = "KUBE_VGPU_"
+
+# subcommand -> module providing `add_arguments(parser)` and `run(args) -> int`.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "webhook": ("webhook.cli", "serve the mutating admission webhook over HTTPS"),
+    "node": ("node.cli", "run the kubelet device plugin on a GPU node"),
+    "certs": ("certs.cli", "create, patch or write the webhook's certificates"),
+    "demo": ("demo.cli", "run every part locally on simulated GPUs and admit the example pods"),
+}
+
+
+class Subcommand(Protocol):
+    """What each part's `cli` module provides."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str] | dict[str, str]) -> None:
+    """Make every optional flag of `parser` (and its subparsers) default to its environment variable."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply_env_defaults(sub, environ)
+            continue
+        long_flags = [s for s in action.option_strings if s.startswith("--")]
+        if not long_flags or action.dest == "help":
+            continue
+        variable = ENV_PREFIX + long_flags[0][2:].upper().replace("-", "_")
+        if variable in environ:
+            value = environ[variable]
+            if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+                action.default = value.lower() in ("1", "true", "yes", "on")
+            elif action.nargs in ("+", "*"):
+                action.default = [
+                    action.type(v) if callable(action.type) else v for v in value.split(",") if v
+                ]
+                action.required = False
+            else:
+                convert: Callable[[str], object] = action.type if callable(action.type) else str
+                action.default = convert(value)
+                action.required = False
+        if action.help and action.help is not argparse.SUPPRESS:
+            action.help = f"{action.help} [env {variable}]"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, each part's flags included."""
+    parser = argparse.ArgumentParser(prog="kube-vgpu", description="GPU sharing for Kubernetes.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, summary) in SUBCOMMANDS.items():
+        module: Subcommand = importlib.import_module(module_name)  # type: ignore[assignment]
+        sub = subparsers.add_parser(name, help=summary, description=summary)
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and run the chosen subcommand; returns the process exit code."""
+    parser = build_parser()
+    apply_env_defaults(parser, os.environ)
+    args = parser.parse_args(argv)
+    try:
+        code: int = args._run(args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""The one place kube-vgpu touches the official `kubernetes` client: raw JSON in, raw JSON out.
+
+Objects stay plain dicts (SPEC §2: the client's typed models cost 13x the time of `json.loads` on
+large lists), so every call asks the client for its raw response (`_preload_content=False`). Calls
+are synchronous (urllib3); async callers run them in a thread. Every call has a timeout, so a hung
+API server costs a bounded wait, never a hang.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+log = logging.getLogger("kube_vgpu.kubeapi")
+
+Kind = Literal["node", "namespace", "pod", "configmap", "secret", "event", "mutatingwebhookconfiguration"]
+PatchType = Literal["merge", "strategic", "json"]
+_CONTENT_TYPES: dict[PatchType, str] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+# Method suffixes of the generated API classes, per kind: (cluster-scoped, api attribute, suffix).
+_KINDS: dict[Kind, tuple[bool, str, str]] = {
+    "node": (True, "core", "node"),
+    "namespace": (True, "core", "namespace"),
+    "pod": (False, "core", "pod"),
+    "configmap": (False, "core", "config_map"),
+    "secret": (False, "core", "secret"),
+    "event": (False, "core", "event"),
+    "mutatingwebhookconfiguration": (True, "admission", "mutating_webhook_configuration"),
+}
+DEFAULT_TIMEOUT = (5.0, 10.0)  # (connect, read) seconds
+
+
+class KubeError(Exception):
+    """Base of the errors this module raises."""
+
+
+class ApiUnavailable(KubeError):
+    """The API server could not be reached or did not answer in time."""
+
+
+class KubeConfigError(KubeError):
+    """No usable credentials: neither the given kubeconfig nor in-cluster configuration."""
+
+
+@dataclass
+class ApiError(KubeError):
+    """The API server answered with an error Status."""
+
+    status: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.reason}: {self.message}"
+
+
+def load_api_client(kubeconfig: str | None) -> k8s.ApiClient:
+    """An ApiClient from a kubeconfig file, or the in-cluster service account when none is given."""
+    configuration = k8s.Configuration()
+    try:
+        if kubeconfig:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except (ConfigException, OSError) as exc:
+        where = (
+            f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration (no --kubeconfig given)"
+        )
+        raise KubeConfigError(f"cannot load {where}: {exc}") from None
+    # Fail fast and let the caller's loop retry: urllib3's own retries would multiply timeouts.
+    configuration.retries = False
+    return k8s.ApiClient(configuration)
+
+
+def _api_error(exc: ApiException) -> ApiError:
+    body: Any = None
+    try:
+        body = json.loads(exc.body) if exc.body else None
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, Mapping):
+        return ApiError(
+            int(exc.status or 0), str(body.get("reason", exc.reason)), str(body.get("message", ""))
+        )
+    return ApiError(int(exc.status or 0), str(exc.reason), str(exc.body or ""))
+
+
+class Kube:
+    """Raw-JSON access to the handful of resources kube-vgpu reads and writes."""
+
+    def __init__(self, api_client: k8s.ApiClient, *, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+        self.api_client = api_client
+        self.timeout = timeout
+        self._apis: dict[str, Any] = {
+            "core": k8s.CoreV1Api(api_client),
+            "admission": k8s.AdmissionregistrationV1Api(api_client),
+        }
+
+    def close(self) -> None:
+        """Release the client's connection pool."""
+        self.api_client.close()  # type: ignore[no-untyped-call]
+
+    def _method(
+        self, verb: str, kind: Kind, namespace: str | None, subresource: str = ""
+    ) -> Callable[..., Any]:
+        cluster, api, suffix = _KINDS[kind]
+        if kind == "pod" and verb == "list" and namespace is None:
+            return self._apis[api].list_pod_for_all_namespaces  # type: ignore[no-any-return]
+        scope = "" if cluster else "namespaced_"
+        sub = f"_{subresource}" if subresource else ""
+        return getattr(self._apis[api], f"{verb}_{scope}{suffix}{sub}")  # type: ignore[no-any-return]
+
+    def _call(self, fn: Callable[..., Any], *args: Any, timeout: Any = None, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, _preload_content=False, _request_timeout=timeout or self.timeout, **kwargs)
+        except ApiException as exc:
+            raise _api_error(exc) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailable(f"API server unreachable: {exc.__class__.__name__}: {exc}") from None
+
+    def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        response = self._call(fn, *args, **kwargs)
+        try:
+            data = response.data
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailable(f"API server response broke off: {exc}") from None
+        result: dict[str, Any] = json.loads(data)
+        return result
+
+    @staticmethod
+    def _ns(namespace: str | None) -> dict[str, str]:
+        return {} if namespace is None else {"namespace": namespace}
+
+    def list(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> dict[str, Any]:
+        """The raw List object (`items`, `metadata.resourceVersion`)."""
+        selectors = {
+            k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v
+        }
+        return self._json(
+            self._method("list", kind, namespace), timeout=timeout, **self._ns(namespace), **selectors
+        )
+
+    def watch(
+        self,
+        kind: Kind,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> Iterator[dict[str, Any]]:
+        """Watch events (`{"type": ..., "object": {...}}`) from `resource_version` until the stream ends.
+
+        A 410 Gone arrives as an event of type ERROR whose object is a Status with code 410.
+        """
+        response = self._call(
+            self._method("list", kind, namespace),
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            # The read timeout bounds silence on the stream; the server's own timeout ends it sooner.
+            timeout=(self.timeout[0], timeout_seconds + 30.0),
+            **self._ns(namespace),
+        )
+        try:
+            buffer = b""
+            for chunk in response.stream(amt=65536, decode_content=True):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+            if buffer.strip():
+                yield json.loads(buffer)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailable(f"watch stream broke off: {exc}") from None
+        finally:
+            response.release_conn()
+
+    def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self._json(self._method("read", kind, namespace), name, **self._ns(namespace))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch(
+        self,
+        kind: Kind,
+        name: str,
+        body: Mapping[str, Any] | builtins.list[dict[str, Any]],
+        *,
+        namespace: str | None = None,
+        patch_type: PatchType = "merge",
+        subresource: str = "",
+        timeout: float | tuple[float, float] | None = None,
+    ) -> dict[str, Any]:
+        """Patch an object (or its `status` subresource) and return the result."""
+        return self._json(
+            self._method("patch", kind, namespace, subresource),
+            name,
+            body,
+            timeout=timeout,
+            _content_type=_CONTENT_TYPES[patch_type],
+            **self._ns(namespace),
+        )
+
+    def create(self, kind: Kind, body: Mapping[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
+        """Create an object and return it as stored."""
+        return self._json(self._method("create", kind, namespace), body=body, **self._ns(namespace))
+
+    def replace(
+        self, kind: Kind, name: str, body: Mapping[str, Any], *, namespace: str | None = None
+    ) -> builtins.dict[str, Any]:
+        """Replace an object (optimistic concurrency on `metadata.resourceVersion`)."""
+        return self._json(self._method("replace", kind, namespace), name, body, **self._ns(namespace))
+
+    def create_binding(self, pod: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a Binding for a pod (used by the local Volcano stand-in, as the real scheduler does)."""
+        return self._json(self._apis["core"].create_namespaced_pod_binding, pod, namespace, body)
