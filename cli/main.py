@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kube-vgpu", description="GPU sharing for Kubernetes.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, summary) in SUBCOMMANDS.items():
-        module: Subcommand = importlib.import_module(module_name)  # type: ignore[assignment]
+        module: Subcommand = importlib.import_module(module_name)
         sub = subparsers.add_parser(name, help=summary, description=summary)
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)
