@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command: sets up .venv from scratch if needed, then lint, types and the whole test suite.
+# CI (.ci/run) runs exactly this on a clean clone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy (strict)"
+.venv/bin/mypy
+echo "== pytest"
+# pytest exits 5 when it collected no test; set -e turns that (like any failure) into a failed run.
+.venv/bin/pytest -q -p no:cacheprovider "$@"
