@@ -1,0 +1,166 @@
+"""LOCAL STAND-IN for the Volcano scheduler's vGPU path: picks a node and GPUs, then binds.
+
+It lists pending pods that name the `volcano` scheduler, filters nodes by the readiness gate
+(protocol §1.2), `nodeSelector` and required node affinity, fits the pod with `volcano_fit` (binpack),
+and POSTs a Binding carrying the six allocation annotations, as Volcano >= 1.16 does (protocol §4.1).
+Used by the demo and end-to-end tests only; real clusters run Volcano itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contract import names as n
+from contract.config import ResourceNames
+from contract.devices import encode_pod_devices
+from kubeapi.client import Kube
+from standins.volcano_fit import MigChooser, NoFit, fit_pod, node_ledger
+
+log = logging.getLogger("kube_vgpu.standins.volcano")
+READINESS_RESOURCES = ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores")
+
+
+def _expression_ok(expr: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+    key, op = expr.get("key", ""), expr.get("operator", "")
+    wanted = list(expr.get("values") or [])
+    present = key in values
+    if op == "In":
+        return present and values[key] in wanted
+    if op == "NotIn":
+        return not present or values[key] not in wanted
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt") and present and wanted:
+        try:
+            have, limit = int(values[key]), int(wanted[0])
+        except ValueError:
+            return False
+        return have > limit if op == "Gt" else have < limit
+    return False
+
+
+def node_matches(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """Whether `node` satisfies the pod's `nodeSelector` and required node affinity."""
+    spec = pod.get("spec") or {}
+    labels: Mapping[str, str] = (node.get("metadata") or {}).get("labels") or {}
+    fields = {"metadata.name": (node.get("metadata") or {}).get("name", "")}
+    if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if not required:
+        return True
+    terms = required.get("nodeSelectorTerms") or []
+    return any(
+        all(_expression_ok(e, labels) for e in term.get("matchExpressions") or [])
+        and all(_expression_ok(e, fields) for e in term.get("matchFields") or [])
+        and (term.get("matchExpressions") or term.get("matchFields"))
+        for term in terms
+    )
+
+
+def _vgpu_ready(node: Mapping[str, Any]) -> bool:
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    return all(str(allocatable.get(r, "0")) not in ("0", "") for r in READINESS_RESOURCES)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a pod goes and the device list it carries."""
+
+    node: str
+    devices: str
+
+
+def place(
+    pod: Mapping[str, Any],
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    names: ResourceNames,
+    mig_chooser: MigChooser | None = None,
+) -> Placement | str:
+    """The first node (by name) the pod fits, or the reasons it fits none."""
+    reasons: list[str] = []
+    for node in sorted(nodes, key=lambda x: x["metadata"]["name"]):
+        name = node["metadata"]["name"]
+        if not _vgpu_ready(node):
+            reasons.append(f"{name}: vGPU resources not advertised")
+            continue
+        if not node_matches(pod, node):
+            reasons.append(f"{name}: node affinity/selector")
+            continue
+        on_node = [p for p in pods if (p.get("spec") or {}).get("nodeName") == name]
+        try:
+            plan = fit_pod(pod, node_ledger(node, on_node), names, mig_chooser)
+        except NoFit as exc:
+            reasons.append(f"{name}: {exc}")
+            continue
+        return Placement(name, encode_pod_devices(plan))
+    return "; ".join(reasons) or "no nodes"
+
+
+class VolcanoStandin:
+    """Schedules pending `volcano` pods through the API, one pass at a time."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        names: ResourceNames,
+        *,
+        scheduler_name: str = "volcano",
+        mig_chooser: MigChooser | None = None,
+    ) -> None:
+        self.kube = kube
+        self.names = names
+        self.scheduler_name = scheduler_name
+        self.mig_chooser = mig_chooser
+
+    def schedule_once(self) -> dict[str, Placement | str]:
+        """Bind every pending pod that fits; returns pod key -> placement or the reason it waits."""
+        nodes = self.kube.list("node")["items"]
+        pods = self.kube.list("pod")["items"]
+        outcome: dict[str, Placement | str] = {}
+        for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", "")):
+            spec = pod.get("spec") or {}
+            if spec.get("nodeName") or spec.get("schedulerName") != self.scheduler_name:
+                continue
+            meta = pod["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            result = place(pod, nodes, pods, self.names, self.mig_chooser)
+            outcome[key] = result
+            if isinstance(result, str):
+                log.info("event=unschedulable pod=%s reason=%r", key, result)
+                continue
+            self._bind(meta["namespace"], meta["name"], result)
+            bound = self.kube.get("pod", meta["name"], namespace=meta["namespace"])
+            if bound is not None:  # later pods in this pass must see this one's GPUs
+                pods = [p for p in pods if p["metadata"].get("uid") != meta.get("uid")] + [bound]
+        return outcome
+
+    def _bind(self, namespace: str, name: str, placement: Placement) -> None:
+        now = str(int(time.time()))
+        annotations = {
+            n.VGPU_NODE: placement.node,
+            n.VGPU_TIME: now,
+            n.BIND_TIME: now,
+            n.BIND_PHASE: n.BIND_PHASE_ALLOCATING,
+            n.VGPU_IDS_NEW: placement.devices,
+            n.DEVICES_TO_ALLOCATE: placement.devices,
+        }
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": placement.node},
+        }
+        self.kube.create_binding(name, namespace, body)
+        log.info(
+            "event=bound pod=%s/%s node=%s devices=%s", namespace, name, placement.node, placement.devices
+        )
