@@ -95,16 +95,18 @@ def test_mode_mismatch_and_unready_nodes_are_skipped() -> None:
 
 def test_required_affinity_terms_are_ored_and_expressions_anded() -> None:
     target = {"metadata": {"name": "n1", "labels": {"a": "1", "b": "2"}}}
-    term = lambda *exprs: {"matchExpressions": list(exprs)}  # noqa: E731
-    affinity = lambda *terms: {  # noqa: E731
-        "spec": {
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}
-                }
+
+    def term(*exprs: dict[str, Any]) -> dict[str, Any]:
+        return {"matchExpressions": list(exprs)}
+
+    def affinity(*terms: dict[str, Any]) -> dict[str, Any]:
+        required = {"nodeSelectorTerms": list(terms)}
+        return {
+            "spec": {
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
             }
         }
-    }
+
     exists_a = {"key": "a", "operator": "Exists"}
     not_b = {"key": "b", "operator": "NotIn", "values": ["2"]}
     assert node_matches(affinity(term(exists_a)), target)
