@@ -1,0 +1,127 @@
+"""The quota step of admission (SPEC §2 step 4): does this pod fit its namespace's GPU quota?
+
+`QuotaGate.admit` is the one call the webhook's decision pipeline makes after every other rule
+has passed. It reads the limits from the namespace labels handed in with each review (so a
+relabel takes effect on the next review, no restart), sizes the pod (`webhook.quota_charge`) and
+asks the ledger (`webhook.quota_ledger`) to check and book it in one synchronous step. The
+cluster cache keeps the ledger current through `QuotaGate.ledger`'s pod callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from contract.config import ResourceNames
+from contract.resources import PodRequest
+from webhook.quota_charge import (
+    Charge,
+    Limits,
+    Resource,
+    exceeded_message,
+    invalid_label_message,
+    parse_limits,
+    pod_charge,
+    pod_needs_gpu_size,
+    restartable_init_flags,
+    unsized_message,
+)
+from webhook.quota_ledger import GpuSizer, QuotaLedger, Verdict
+
+__all__ = ["Charge", "DenialCounter", "QuotaGate", "QuotaLedger", "Verdict"]
+
+log = logging.getLogger("kube_vgpu.webhook.quota")
+
+
+class DenialCounter(Protocol):
+    """Told of every quota denial (the metrics module implements it)."""
+
+    def denied(self, namespace: str, reason: Resource | str) -> None:
+        """One review in `namespace` was refused for `reason` (a resource, `invalid-label` or `unsized`)."""
+
+
+class QuotaGate:
+    """Namespace GPU quotas at admission: no over-admission, no refusal of a pod that fits."""
+
+    def __init__(
+        self,
+        *,
+        names: ResourceNames,
+        pending_seconds: float,
+        gpu_size: GpuSizer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.ledger = QuotaLedger(
+            names=names,
+            pending_seconds=pending_seconds,
+            gpu_size=gpu_size,
+            clock=clock,
+            wall_clock=wall_clock,
+        )
+        self.denials: DenialCounter | None = None
+        # The last labels each namespace's reviews carried; the metrics module reports limits from it
+        # when it is not given the cache's namespaces.
+        self.last_limits: dict[str, Limits] = {}
+
+    def admit(
+        self,
+        *,
+        namespace: str,
+        namespace_labels: Mapping[str, str],
+        pod: Mapping[str, Any],
+        request: PodRequest,
+        largest_gpu_mib: int | None,
+        review_uid: str,
+        dry_run: bool,
+    ) -> str | None:
+        """None when the pod fits (and, unless `dry_run`, its charge is now reserved); else the denial."""
+        if not request.asks_vgpu:
+            return None
+        limits = parse_limits(namespace_labels)
+        self.last_limits[namespace] = limits
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        assert isinstance(meta, Mapping)
+        name = meta.get("name") if isinstance(meta.get("name"), str) else None
+        generate_name = meta.get("generateName") if isinstance(meta.get("generateName"), str) else None
+        if limits.invalid:
+            return self._deny(
+                namespace, "invalid-label", invalid_label_message(namespace, limits.invalid), name
+            )
+        gpu_mib = largest_gpu_mib
+        if gpu_mib is None and pod_needs_gpu_size(request):
+            if limits.memory_mib is not None:
+                return self._deny(namespace, "unsized", unsized_message(namespace), name)
+            gpu_mib = 0  # memory is not limited here; the pod is re-sized once the cache shows it
+        charge = pod_charge(request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod))
+        verdict = self.ledger.try_reserve(
+            namespace,
+            charge,
+            limits,
+            review_uid=review_uid,
+            name=name,
+            generate_name=generate_name,
+            dry_run=dry_run,
+        )
+        if verdict.fits:
+            log.debug(
+                "event=quota_admitted namespace=%s pod=%s review=%s charge=%s dry_run=%s",
+                namespace,
+                name or f"{generate_name or ''}*",
+                review_uid,
+                charge,
+                dry_run,
+            )
+            return None
+        message = exceeded_message(namespace, verdict.over, charge, verdict.usage, limits)
+        return self._deny(namespace, verdict.over[0], message, name or f"{generate_name or ''}*")
+
+    def _deny(self, namespace: str, reason: Resource | str, message: str, pod: str | None) -> str:
+        log.info(
+            "event=quota_denied namespace=%s pod=%s reason=%s message=%r", namespace, pod, reason, message
+        )
+        if self.denials is not None:
+            self.denials.denied(namespace, reason)
+        return message

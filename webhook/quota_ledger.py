@@ -1,0 +1,370 @@
+"""Per-namespace GPU usage: the pods the cluster cache shows, plus reviews admitted and not yet seen.
+
+The ledger is the one piece of quota state. The cluster cache feeds it pod events; the quota gate
+asks it, in one synchronous call with no await inside, whether a charge fits and, if it does,
+books it. Because asyncio runs one callback at a time, that call is atomic with respect to every
+other review in the process, so concurrent creates cannot both take the last unit of quota.
+
+What counts, per namespace:
+
+* **Pods.** Every pod the cache shows that asks for a vGPU and is neither terminal (phase
+  Succeeded/Failed) nor gone. A terminating pod (deletionTimestamp set) still holds its GPU and
+  counts until the cache sees it deleted, or until deletionTimestamp + deletionGracePeriodSeconds
+  has passed (Kubernetes' own quota rule, so a pod stuck on a lost node does not hold quota
+  forever). A pod's charge is computed once, when the ledger first sees it, and again only when
+  its `volcano.sh/vgpu-ids-new` booking changes: pod resources are immutable, so nothing else can
+  change it, and freezing it keeps usage from drifting as the GPU inventory changes.
+* **Reservations.** Every review this process admitted (not dryRun) whose pod the cache has not
+  shown yet. A reservation that no pod claims within `pending_seconds` (a later admission plugin
+  refused the pod, or the create failed) stops counting.
+
+Matching a reservation to its pod. At admission a pod has no uid, and has no name when it uses
+`generateName` (the API server picks the name after admission). When the cache shows a vGPU pod
+whose uid the ledger has not seen before, it claims at most one reservation of its namespace:
+
+1. the reservation made for its exact name, if the review carried a name;
+2. otherwise, among reservations made with no name and the same `generateName` (the pod's name
+   must start with it): the oldest whose charge equals the pod's, else the oldest of them
+   (percentages sized against a changed inventory can make an identical pod differ slightly).
+
+Pods of one `generateName` come from one controller and one template, so which of two such
+reservations a pod claims does not change the total; what matters is that each pod retires one
+reservation, once. A named review replaces an earlier reservation for the same name (two creates
+of one name cannot both succeed), and a review uid seen again (an API-server retry) replaces its
+own reservation, so neither is counted twice.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from contract.config import ResourceNames
+from contract.names import VGPU_IDS_NEW
+from contract.resources import RequestError, parse_pod
+from webhook.quota_charge import (
+    ZERO,
+    Charge,
+    Limits,
+    Resource,
+    booked_memory,
+    exceeded,
+    pod_charge,
+    pod_needs_gpu_size,
+    restartable_init_flags,
+)
+
+log = logging.getLogger("kube_vgpu.webhook.quota")
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+GpuSizer = Callable[[Mapping[str, Any]], "int | None"]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A review admitted by this process whose pod the cache has not shown yet."""
+
+    review_uid: str
+    name: str | None
+    generate_name: str | None
+    charge: Charge
+    expires_at: float  # on the ledger's monotonic clock
+
+
+@dataclass
+class _Pod:
+    """What the ledger remembers of one vGPU pod the cache shows."""
+
+    charge: Charge
+    booking: str | None  # the vgpu-ids-new value the charge was computed from
+    counted: bool
+    deadline: float | None = None  # wall-clock time a terminating pod stops counting
+
+
+@dataclass
+class _Namespace:
+    name: str
+    pods: dict[str, _Pod] = field(default_factory=dict)  # by uid
+    pods_total: Charge = ZERO
+    # By review uid, oldest first: one expiry period for all, so insertion order is expiry order.
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    reserved_total: Charge = ZERO
+    deadlines: list[tuple[float, str]] = field(default_factory=list)  # heap of terminating pods
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The ledger's answer to one review: the resources over quota (none = fits) and the usage it saw."""
+
+    over: tuple[Resource, ...]
+    usage: Charge
+
+    @property
+    def fits(self) -> bool:
+        """Whether every limited resource has room for the request."""
+        return not self.over
+
+
+def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _deletion_deadline(meta: Mapping[str, Any]) -> float | None:
+    stamp = meta.get("deletionTimestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        deleted_at = datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
+    grace = meta.get("deletionGracePeriodSeconds")
+    return deleted_at + (grace if isinstance(grace, int) and not isinstance(grace, bool) else 0)
+
+
+class QuotaLedger:
+    """Usage and in-flight reservations per namespace; see the module docstring for the rules.
+
+    `gpu_size(pod)` gives the memory of the largest GPU a pod from the cache could land on (for
+    percentages, before the scheduler has booked one); it is consulted once per pod.
+    """
+
+    def __init__(
+        self,
+        *,
+        names: ResourceNames,
+        pending_seconds: float,
+        gpu_size: GpuSizer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._names = names
+        self._pending = pending_seconds
+        self._gpu_size = gpu_size or (lambda pod: None)
+        self._clock = clock
+        self._wall = wall_clock
+        self._namespaces: dict[str, _Namespace] = {}
+
+    # -- the review side -------------------------------------------------------------------------
+
+    def try_reserve(
+        self,
+        namespace: str,
+        charge: Charge,
+        limits: Limits,
+        *,
+        review_uid: str,
+        name: str | None,
+        generate_name: str | None,
+        dry_run: bool,
+    ) -> Verdict:
+        """Check `charge` against `limits` and, when it fits and this is not a dry run, book it.
+
+        Synchronous on purpose: check and book happen with no await between them.
+        """
+        ns = self._namespace(namespace)
+        self._expire(ns)
+        replaced = ns.reservations.get(review_uid)
+        if replaced is None and name:
+            replaced = next((r for r in ns.reservations.values() if r.name == name), None)
+        usage = ns.pods_total + ns.reserved_total
+        if replaced is not None:
+            usage -= replaced.charge
+        verdict = Verdict(tuple(exceeded(charge, usage, limits)), usage)
+        if verdict.fits and not dry_run:
+            if replaced is not None:
+                self._drop_reservation(ns, replaced)
+            ns.reservations[review_uid] = Reservation(
+                review_uid, name or None, generate_name or None, charge, self._clock() + self._pending
+            )
+            ns.reserved_total += charge
+        self._forget_if_empty(ns)
+        return verdict
+
+    def usage(self, namespace: str) -> Charge:
+        """Pods plus live reservations, as the next review would see them."""
+        ns = self._namespaces.get(namespace)
+        if ns is None:
+            return ZERO
+        self._expire(ns)
+        return ns.pods_total + ns.reserved_total
+
+    def reserved(self, namespace: str) -> Charge:
+        """The live reservations alone (reviews admitted here and not yet in the cache)."""
+        ns = self._namespaces.get(namespace)
+        if ns is None:
+            return ZERO
+        self._expire(ns)
+        return ns.reserved_total
+
+    def namespaces(self) -> list[str]:
+        """Every namespace the ledger holds anything for."""
+        return list(self._namespaces)
+
+    # -- the cache side --------------------------------------------------------------------------
+
+    def pod_seen(self, pod: Mapping[str, Any]) -> None:
+        """A pod was added or modified in the cache."""
+        meta = _meta(pod)
+        namespace, uid = meta.get("namespace"), meta.get("uid")
+        if not isinstance(namespace, str) or not isinstance(uid, str):
+            return
+        ns = self._namespaces.get(namespace)
+        previous = ns.pods.get(uid) if ns is not None else None
+        entry = self._entry(pod, previous)
+        if entry is None:
+            return
+        ns = self._namespace(namespace)
+        if previous is None:
+            claimed = self._claim(ns, meta, entry.charge)
+            if claimed is not None and entry.booking is None and claimed.charge != entry.charge:
+                # The same pod, sized at admission: keep that figure, so retiring the
+                # reservation changes usage by exactly nothing.
+                entry.charge = claimed.charge
+        else:
+            self._uncount(ns, uid)
+        ns.pods[uid] = entry
+        if entry.counted:
+            ns.pods_total += entry.charge
+            if entry.deadline is not None and (previous is None or previous.deadline != entry.deadline):
+                heapq.heappush(ns.deadlines, (entry.deadline, uid))
+
+    def pod_gone(self, pod: Mapping[str, Any]) -> None:
+        """A pod was deleted from the cache: its share is free at once."""
+        meta = _meta(pod)
+        namespace, uid = meta.get("namespace"), meta.get("uid")
+        ns = self._namespaces.get(namespace) if isinstance(namespace, str) else None
+        if ns is None or not isinstance(uid, str) or uid not in ns.pods:
+            return
+        self._uncount(ns, uid)
+        del ns.pods[uid]
+        self._forget_if_empty(ns)
+
+    def resync(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """The cache re-listed: `pods` is now every pod. Known pods keep their charge."""
+        listed: dict[str, set[str]] = {}
+        for pod in pods:
+            meta = _meta(pod)
+            namespace, uid = meta.get("namespace"), meta.get("uid")
+            if isinstance(namespace, str) and isinstance(uid, str):
+                listed.setdefault(namespace, set()).add(uid)
+                self.pod_seen(pod)
+        for ns in list(self._namespaces.values()):
+            present = listed.get(ns.name, set())
+            for uid in [u for u in ns.pods if u not in present]:
+                self._uncount(ns, uid)
+                del ns.pods[uid]
+            self._forget_if_empty(ns)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _namespace(self, namespace: str) -> _Namespace:
+        ns = self._namespaces.get(namespace)
+        if ns is None:
+            ns = self._namespaces[namespace] = _Namespace(namespace)
+        return ns
+
+    def _forget_if_empty(self, ns: _Namespace) -> None:
+        if not ns.pods and not ns.reservations:
+            self._namespaces.pop(ns.name, None)
+
+    def _entry(self, pod: Mapping[str, Any], previous: _Pod | None) -> _Pod | None:
+        """The ledger's record of a pod, or None when it asks for no vGPU (or cannot be read)."""
+        meta = _meta(pod)
+        annotations = meta.get("annotations")
+        booking = annotations.get(VGPU_IDS_NEW) if isinstance(annotations, Mapping) else None
+        booking = booking if isinstance(booking, str) and booking else None
+        status = pod.get("status")
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        counted = phase not in TERMINAL_PHASES
+        deadline = _deletion_deadline(meta)
+        if deadline is not None and deadline <= self._wall():
+            counted = False
+        if previous is not None and previous.booking == booking:
+            return _Pod(previous.charge, booking, counted, deadline)
+        try:
+            request = parse_pod(pod, self._names)
+        except RequestError as exc:
+            # Only pods that bypassed admission can be malformed; they get no GPU either.
+            log.warning(
+                "event=quota_pod_unreadable namespace=%s pod=%s reason=%r",
+                meta.get("namespace"),
+                meta.get("name"),
+                str(exc),
+            )
+            return None
+        if not request.asks_vgpu:
+            return None
+        booked = booked_memory(pod, request)
+        gpu_mib = self._gpu_size(pod) if pod_needs_gpu_size(request, booked) else None
+        if gpu_mib is None and pod_needs_gpu_size(request, booked):
+            log.info(
+                "event=quota_pod_unsized namespace=%s pod=%s detail=%s",
+                meta.get("namespace"),
+                meta.get("name"),
+                "no GPU known to size its memory share; counted without that memory",
+            )
+            gpu_mib = 0
+        charge = pod_charge(request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod), booked_mib=booked)
+        return _Pod(charge, booking, counted, deadline)
+
+    def _uncount(self, ns: _Namespace, uid: str) -> None:
+        entry = ns.pods.get(uid)
+        if entry is not None and entry.counted:
+            ns.pods_total -= entry.charge
+            entry.counted = False
+
+    def _claim(self, ns: _Namespace, meta: Mapping[str, Any], charge: Charge) -> Reservation | None:
+        """Retire the reservation this newly seen pod was admitted under, if this process holds it."""
+        if not ns.reservations:
+            return None
+        self._expire(ns)
+        name = meta.get("name")
+        generate_name = meta.get("generateName")
+        match = next((r for r in ns.reservations.values() if r.name is not None and r.name == name), None)
+        if (
+            match is None
+            and isinstance(generate_name, str)
+            and generate_name
+            and isinstance(name, str)
+            and name.startswith(generate_name)
+        ):
+            candidates = [
+                r for r in ns.reservations.values() if r.name is None and r.generate_name == generate_name
+            ]
+            match = next((r for r in candidates if r.charge == charge), None) or next(iter(candidates), None)
+        if match is not None:
+            self._drop_reservation(ns, match)
+        return match
+
+    def _drop_reservation(self, ns: _Namespace, reservation: Reservation) -> None:
+        del ns.reservations[reservation.review_uid]
+        ns.reserved_total -= reservation.charge
+
+    def _expire(self, ns: _Namespace) -> None:
+        """Drop reservations past their time, and terminating pods past their grace period."""
+        now = self._clock()
+        while ns.reservations:
+            oldest = next(iter(ns.reservations.values()))
+            if oldest.expires_at > now:
+                break
+            self._drop_reservation(ns, oldest)
+            log.info(
+                "event=quota_reservation_expired namespace=%s review=%s pod=%s detail=%s",
+                ns.name,
+                oldest.review_uid,
+                oldest.name or f"{oldest.generate_name or ''}*",
+                "admitted pod never appeared in the cache",
+            )
+        if ns.deadlines:
+            wall = self._wall()
+            while ns.deadlines and ns.deadlines[0][0] <= wall:
+                deadline, uid = heapq.heappop(ns.deadlines)
+                entry = ns.pods.get(uid)
+                if entry is not None and entry.deadline == deadline:
+                    self._uncount(ns, uid)
