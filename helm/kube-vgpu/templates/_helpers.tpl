@@ -1,0 +1,153 @@
+{{/* Names, labels and the pieces several templates share. */}}
+
+{{- define "kube-vgpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Prefix of every object name: fullnameOverride, or "<release>-<name>" unless the release
+name already contains the chart name. Short enough that the longest suffix ("-certs-create")
+still fits a 63-character label value. */}}
+{{- define "kube-vgpu.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 48 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 48 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 48 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kube-vgpu.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels of one component; call with (dict "ctx" $ "component" "webhook"). */}}
+{{- define "kube-vgpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kube-vgpu.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Every label of one component's objects; same arguments as selectorLabels. */}}
+{{- define "kube-vgpu.labels" -}}
+{{ include "kube-vgpu.selectorLabels" . }}
+helm.sh/chart: {{ include "kube-vgpu.chart" .ctx }}
+app.kubernetes.io/part-of: kube-vgpu
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+{{- if .ctx.Chart.AppVersion }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+{{- end }}
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "kube-vgpu.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "kube-vgpu.webhookName" -}}
+{{- printf "%s-webhook" (include "kube-vgpu.fullname" .) }}
+{{- end }}
+
+{{/* The MutatingWebhookConfiguration is cluster-scoped: its name carries the release. */}}
+{{- define "kube-vgpu.webhookConfigurationName" -}}
+{{- include "kube-vgpu.fullname" . }}
+{{- end }}
+
+{{- define "kube-vgpu.tlsSecretName" -}}
+{{- default (printf "%s-webhook-tls" (include "kube-vgpu.fullname" .)) .Values.webhook.tls.secretName }}
+{{- end }}
+
+{{- define "kube-vgpu.configMapName" -}}
+{{- printf "%s-config" (include "kube-vgpu.fullname" .) }}
+{{- end }}
+
+{{- define "kube-vgpu.nodeName" -}}
+{{- printf "%s-node" (include "kube-vgpu.fullname" .) }}
+{{- end }}
+
+{{- define "kube-vgpu.certsCreateName" -}}
+{{- printf "%s-certs-create" (include "kube-vgpu.fullname" .) }}
+{{- end }}
+
+{{- define "kube-vgpu.certsPatchName" -}}
+{{- printf "%s-certs-patch" (include "kube-vgpu.fullname" .) }}
+{{- end }}
+
+{{/* Label that keeps a pod or namespace away from the webhook (SPEC §1). */}}
+{{- define "kube-vgpu.optOutLabelKey" -}}kube-vgpu.io/webhook{{- end }}
+{{- define "kube-vgpu.optOutLabelValue" -}}ignore{{- end }}
+
+{{/* The four configured resource names, checked to be distinct (the program refuses
+duplicates too, but only once it starts). */}}
+{{- define "kube-vgpu.resourceNames" -}}
+{{- $r := .Values.config.resourceNames }}
+{{- $names := list $r.count $r.memory $r.memoryPercentage $r.cores }}
+{{- if ne (len (uniq $names)) 4 }}
+{{- fail (printf "config.resourceNames: the four names must differ, got %s" (join ", " $names)) }}
+{{- end }}
+{{- join "," $names }}
+{{- end }}
+
+{{/* Whether the MutatingWebhookConfiguration carries matchConditions: GA (on by default) since
+Kubernetes 1.30, beta and on by default in 1.28 and 1.29, alpha and off before. */}}
+{{- define "kube-vgpu.matchConditionsEnabled" -}}
+{{- $version := .Capabilities.KubeVersion.Version }}
+{{- $mode := .Values.webhook.matchConditions }}
+{{- if eq $mode "auto" }}
+{{- if semverCompare ">=1.30.0-0" $version }}true{{ end }}
+{{- else if eq $mode "enabled" }}
+{{- if not (semverCompare ">=1.28.0-0" $version) }}
+{{- fail (printf "webhook.matchConditions=enabled needs Kubernetes >= 1.28 (matchConditions are alpha and off before); this cluster is %s: use auto or disabled" $version) }}
+{{- end }}true
+{{- end }}
+{{- end }}
+
+{{/* CEL: does the pod name one of the four resource names in the limits or requests of any
+container or init container? Every field access is guarded with has(): an evaluation error
+would count as a webhook failure under failurePolicy Fail. */}}
+{{- define "kube-vgpu.requestsVgpuExpression" -}}
+{{- $quoted := list }}
+{{- range (include "kube-vgpu.resourceNames" . | splitList ",") }}
+{{- $quoted = append $quoted (printf "'%s'" .) }}
+{{- end }}
+{{- $names := printf "[%s]" (join ", " $quoted) -}}
+(object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c,
+  has(c.resources) && (
+    (has(c.resources.limits) && {{ $names }}.exists(n, n in c.resources.limits)) ||
+    (has(c.resources.requests) && {{ $names }}.exists(n, n in c.resources.requests))))
+{{- end }}
+
+{{/* CEL: true unless the pod is one of this release's certificate hook pods. */}}
+{{- define "kube-vgpu.notHookPodExpression" -}}
+!(has(object.metadata.labels) &&
+  'app.kubernetes.io/instance' in object.metadata.labels &&
+  object.metadata.labels['app.kubernetes.io/instance'] == '{{ .Release.Name }}' &&
+  'app.kubernetes.io/component' in object.metadata.labels &&
+  object.metadata.labels['app.kubernetes.io/component'] in ['certs-create', 'certs-patch'])
+{{- end }}
+
+{{/* Security context of every container that runs as the image's non-root user. */}}
+{{- define "kube-vgpu.restrictedContainerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: {{ .Values.nonRootUser.uid }}
+runAsGroup: {{ .Values.nonRootUser.gid }}
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "kube-vgpu.restrictedPodSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.nonRootUser.uid }}
+runAsGroup: {{ .Values.nonRootUser.gid }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
