@@ -1,0 +1,123 @@
+"""What the node plugin tells the kubelet and the Node object, computed from the GPUs and their health.
+
+Pure functions: the ListAndWatch device list, the Volcano register annotation, the SPEC §1 node
+labels and the extended-resource capacity, each with the patch that brings a Node up to date (None
+when it already is, so nothing is written needlessly: every Node update makes Volcano rebuild its
+ledger).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from contract.config import ResourceNames
+from contract.models import model_label_name, register_type
+from contract.names import MODE_LABEL, MODEL_LABEL_PREFIX, NODE_REGISTER, UUID_LABEL_PREFIX
+from contract.register import GpuRecord, encode_register
+from node.gpus import GpuInfo
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+CORES_PER_GPU = 100
+
+
+@dataclass(frozen=True)
+class Device:
+    """One virtual device in a ListAndWatch message."""
+
+    id: str
+    health: str
+
+
+def device_list(gpus: Sequence[GpuInfo], unhealthy: Collection[str], split_count: int) -> list[Device]:
+    """The full device list: `split_count` devices per GPU, Unhealthy for every device of a sick GPU."""
+    return [
+        Device(gpu.device_id(k), UNHEALTHY if gpu.uuid in unhealthy else HEALTHY)
+        for gpu in gpus
+        for k in range(split_count)
+    ]
+
+
+def register_records(
+    gpus: Sequence[GpuInfo], unhealthy: Collection[str], split_count: int, mode: str
+) -> list[GpuRecord]:
+    """One record per GPU in minor-number order; a sick GPU registers count 0 (Volcano ignores health)."""
+    return [
+        GpuRecord(
+            uuid=gpu.uuid,
+            count=0 if gpu.uuid in unhealthy else split_count,
+            memory_mib=gpu.memory_mib,
+            type=register_type(gpu.name),
+            healthy=gpu.uuid not in unhealthy,
+            mode=mode,
+        )
+        for gpu in sorted(gpus, key=lambda g: (g.minor, g.index))
+    ]
+
+
+def register_value(gpus: Sequence[GpuInfo], unhealthy: Collection[str], split_count: int, mode: str) -> str:
+    """The `volcano.sh/node-vgpu-register` value."""
+    return encode_register(register_records(gpus, unhealthy, split_count, mode))
+
+
+def desired_labels(gpus: Sequence[GpuInfo], mode: str) -> dict[str, str]:
+    """The SPEC §1 labels: the mode, one per model, one per GPU (present GPUs, healthy or not)."""
+    labels = {MODE_LABEL: mode}
+    for gpu in gpus:
+        labels[MODEL_LABEL_PREFIX + model_label_name(gpu.name)] = "true"
+        labels[UUID_LABEL_PREFIX + gpu.uuid] = "true"
+    return labels
+
+
+def label_changes(current: Mapping[str, str], desired: Mapping[str, str]) -> dict[str, str | None]:
+    """Labels to set, and our labels (model/UUID prefixes) to remove with a merge-patch null."""
+    changes: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
+    for key in current:
+        if key.startswith((MODEL_LABEL_PREFIX, UUID_LABEL_PREFIX)) and key not in desired:
+            changes[key] = None
+    return changes
+
+
+def metadata_patch(
+    node: Mapping[str, Any], register: str, labels: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """The merge patch of the Node's metadata that publishes `register` and `labels`, or None."""
+    metadata = node.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    patch: dict[str, Any] = {}
+    if annotations.get(NODE_REGISTER) != register:
+        patch["annotations"] = {NODE_REGISTER: register}
+    changes = label_changes(metadata.get("labels") or {}, labels)
+    if changes:
+        patch["labels"] = changes
+    return {"metadata": patch} if patch else None
+
+
+def capacity(gpus: Sequence[GpuInfo], unhealthy: Collection[str], names: ResourceNames) -> dict[str, str]:
+    """The node-level extended resources: the healthy GPUs' MiB and 100 cores each."""
+    healthy = [g for g in gpus if g.uuid not in unhealthy]
+    return {
+        names.memory: str(sum(g.memory_mib for g in healthy)),
+        names.cores: str(CORES_PER_GPU * len(healthy)),
+    }
+
+
+def capacity_patch(node: Mapping[str, Any], wanted: Mapping[str, str]) -> dict[str, Any] | None:
+    """The merge patch of `status` that advertises `wanted`, or None when the node already says so.
+
+    Quantities are compared by value as the API server may normalise their text.
+    """
+    current = (node.get("status") or {}).get("capacity") or {}
+    stale = {k: v for k, v in wanted.items() if _quantity(current.get(k)) != int(v)}
+    return {"status": {"capacity": stale}} if stale else None
+
+
+def _quantity(text: object) -> int | None:
+    # Our values are plain integers; anything else (absent, suffixed, zeroed) is simply rewritten.
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    if isinstance(text, str) and text.isdigit():
+        return int(text)
+    return None
