@@ -8,9 +8,11 @@ ServiceAccount may do, what the program will read as its config) are checked on 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import functools
+import importlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -654,6 +656,12 @@ def test_webhook_deployment_is_highly_available(rendered: Rendered, case: Case) 
     assert tls == (values["tls"]["secretName"] or f"{case.prefix}-webhook-tls")
 
 
+def test_webhook_mounts_the_serving_pair_but_not_the_ca_key(rendered: Rendered) -> None:
+    volumes = {v["name"]: v for v in rendered.one("Deployment")["spec"]["template"]["spec"]["volumes"]}
+    items = volumes["tls"]["secret"]["items"]
+    assert {i["key"]: i["path"] for i in items} == {"tls.crt": "tls.crt", "tls.key": "tls.key"}
+
+
 def test_single_replica_gets_no_pod_disruption_budget() -> None:
     r = render({"webhook": {"replicas": 1}}, kube_version="v1.31.0")
     assert r.of_kind("PodDisruptionBudget") == []
@@ -868,3 +876,36 @@ def _camel(name: str) -> str:
 
 def _snake(section: Mapping[str, Any]) -> dict[str, Any]:
     return {re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower(): value for key, value in section.items()}
+
+
+# === the chart speaks the program's command line ============================================
+
+
+@pytest.mark.parametrize("case_id", ["custom-names", "mig-group"])
+@pytest.mark.parametrize("command", ["webhook", "node", "certs"])
+def test_container_args_parse_with_the_programs_own_parser(case_id: str, command: str) -> None:
+    from cli.main import SUBCOMMANDS
+
+    module_name, _ = SUBCOMMANDS[command]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        pytest.skip(f"{module_name} is not written yet")
+    parser = argparse.ArgumentParser(prog="kube-vgpu", exit_on_error=False)
+    sub = parser.add_subparsers(dest="command", required=True).add_parser(command)
+    module.add_arguments(sub)
+    r = _rendered(case_id)
+    all_args = [
+        template["spec"]["containers"][0]["args"]
+        for _, template in r.pod_templates()
+        if template["spec"]["containers"][0]["args"][0] == command
+    ]
+    assert all_args
+    for args in all_args:
+        try:
+            parsed = parser.parse_args(args)
+        except (argparse.ArgumentError, SystemExit) as exc:
+            pytest.fail(f"kube-vgpu rejects the chart's arguments {args}: {exc}")
+        assert parsed.command == command
