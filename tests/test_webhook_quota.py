@@ -10,12 +10,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from test_webhook_support import A100, H100, gpu_node
 
 from contract.config import ResourceNames
 from contract.devices import DeviceRecord, encode_pod_devices
-from contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, QUOTA_NUMBER_LABEL, VGPU_IDS_NEW
+from contract.names import (
+    QUOTA_CORES_LABEL,
+    QUOTA_MEMORY_LABEL,
+    QUOTA_NUMBER_LABEL,
+    USE_GPUTYPE,
+    VGPU_IDS_NEW,
+    VGPU_MODE,
+)
 from contract.resources import parse_pod
-from webhook.quota import QuotaGate
+from webhook import gates
+from webhook.inventory import Inventory
+from webhook.quota import NamespaceQuota, placement_sizer
 from webhook.quota_charge import Charge
 
 NAMES = ResourceNames()
@@ -85,9 +95,9 @@ def in_cache(p: Mapping[str, Any], *, name: str | None = None) -> dict[str, Any]
     return {**p, "metadata": meta}
 
 
-def make_gate(clocks: Clocks | None = None, **kwargs: Any) -> QuotaGate:
+def make_gate(clocks: Clocks | None = None, **kwargs: Any) -> NamespaceQuota:
     clocks = clocks or Clocks()
-    return QuotaGate(
+    return NamespaceQuota(
         names=NAMES,
         pending_seconds=PENDING,
         clock=lambda: clocks.mono,
@@ -97,7 +107,7 @@ def make_gate(clocks: Clocks | None = None, **kwargs: Any) -> QuotaGate:
 
 
 def admit(
-    gate: QuotaGate,
+    gate: NamespaceQuota,
     p: Mapping[str, Any],
     labels: Mapping[str, str],
     *,
@@ -387,7 +397,7 @@ def test_pods_without_vgpu_or_unreadable_are_not_counted() -> None:
     assert gate.ledger.namespaces() == []
 
 
-async def _review(gate: QuotaGate, index: int, labels: Mapping[str, str], rng: random.Random) -> bool:
+async def _review(gate: NamespaceQuota, index: int, labels: Mapping[str, str], rng: random.Random) -> bool:
     """One review as the webhook handles it: awaits around a synchronous gate call."""
     for _ in range(rng.randrange(4)):
         await asyncio.sleep(0)  # parsing, the cache lookup, other reviews interleaving
@@ -418,3 +428,33 @@ async def test_two_hundred_concurrent_reviews_admit_exactly_what_the_quota_fits(
     results = await asyncio.gather(*(_review(gate, i, labels, rng) for i in range(200)))
     assert sum(results) == 37
     assert gate.ledger.usage("team-a") == Charge(40, 40 * 1024, 400)
+
+
+def test_the_gate_is_the_quota_step_the_admission_pipeline_calls() -> None:
+    step: gates.QuotaGate = make_gate()  # mypy checks the Protocol; the call checks the keywords
+    p = make_pod(1024, name="a")
+    assert step.admit(
+        namespace="team-a",
+        namespace_labels={QUOTA_NUMBER_LABEL: "0"},
+        pod=p,
+        request=parse_pod(p, NAMES),
+        largest_gpu_mib=None,
+        review_uid="r",
+        dry_run=False,
+    )
+
+
+def test_cache_pods_are_sized_against_the_largest_gpu_their_selectors_allow() -> None:
+    inventory = Inventory()
+    inventory.upsert(gpu_node("small", "hami-core", [(A100, 40960)]))
+    inventory.upsert(gpu_node("big", "hami-core", [(H100, 81920)]))
+    size = placement_sizer(lambda: inventory, NAMES, "hami-core")
+    anywhere = in_cache(make_pod(None, percent=50, name="any"))
+    on_a100 = in_cache(make_pod(None, percent=50, name="a100", annotations={USE_GPUTYPE: "A100"}))
+    assert (size(anywhere), size(on_a100)) == (81920, 40960)
+    gate = make_gate(gpu_size=size)
+    gate.ledger.pod_seen(anywhere)
+    gate.ledger.pod_seen(on_a100)
+    assert gate.ledger.usage("team-a").memory_mib == 40960 + 20480
+    broken = in_cache(make_pod(None, percent=50, name="x", annotations={VGPU_MODE: "fast"}))
+    assert size(broken) is None

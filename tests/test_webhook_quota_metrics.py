@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from contract.config import ResourceNames
 from contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, QUOTA_NUMBER_LABEL
 from contract.resources import parse_pod
-from webhook.quota import QuotaGate
+from webhook.quota import NamespaceQuota
 from webhook.quota_metrics import QuotaMetrics
 
 NAMES = ResourceNames()
@@ -24,7 +24,7 @@ def gpu_pod(name: str, memory: int, *, uid: str | None = None, namespace: str = 
     return {"metadata": meta, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
 
 
-def admit(gate: QuotaGate, pod: Mapping[str, Any], labels: Mapping[str, str], review: str) -> str | None:
+def admit(gate: NamespaceQuota, pod: Mapping[str, Any], labels: Mapping[str, str], review: str) -> str | None:
     return gate.admit(
         namespace=pod["metadata"]["namespace"],
         namespace_labels=labels,
@@ -42,7 +42,7 @@ def sample(registry: CollectorRegistry, metric: str, namespace: str, resource: s
 
 def test_used_reserved_and_limit_per_namespace_and_resource() -> None:
     registry = CollectorRegistry()
-    gate = QuotaGate(names=NAMES, pending_seconds=60)
+    gate = NamespaceQuota(names=NAMES, pending_seconds=60)
     QuotaMetrics(gate, registry)
     labels = {QUOTA_MEMORY_LABEL: "10000", QUOTA_NUMBER_LABEL: "4"}
     gate.ledger.pod_seen(gpu_pod("old", 3000, uid="u1"))
@@ -58,7 +58,7 @@ def test_used_reserved_and_limit_per_namespace_and_resource() -> None:
 
 def test_denials_are_counted_by_reason() -> None:
     registry = CollectorRegistry()
-    gate = QuotaGate(names=NAMES, pending_seconds=60)
+    gate = NamespaceQuota(names=NAMES, pending_seconds=60)
     QuotaMetrics(gate, registry)
     assert admit(gate, gpu_pod("a", 2000), {QUOTA_MEMORY_LABEL: "1000"}, "r1") is not None
     assert admit(gate, gpu_pod("b", 2000), {QUOTA_MEMORY_LABEL: "1000"}, "r2") is not None
@@ -71,7 +71,7 @@ def test_denials_are_counted_by_reason() -> None:
 
 def test_limits_come_from_the_cache_namespaces_when_given_and_follow_relabels() -> None:
     registry = CollectorRegistry()
-    gate = QuotaGate(names=NAMES, pending_seconds=60)
+    gate = NamespaceQuota(names=NAMES, pending_seconds=60)
     namespaces: dict[str, dict[str, str]] = {"quiet": {QUOTA_NUMBER_LABEL: "8"}, "free": {}}
 
     def listing() -> Iterable[tuple[str, Mapping[str, str]]]:

@@ -1,10 +1,10 @@
 """The quota step of admission (SPEC §2 step 4): does this pod fit its namespace's GPU quota?
 
-`QuotaGate.admit` is the one call the webhook's decision pipeline makes after every other rule
+`NamespaceQuota.admit` is the one call the webhook's decision pipeline makes after every other rule
 has passed. It reads the limits from the namespace labels handed in with each review (so a
 relabel takes effect on the next review, no restart), sizes the pod (`webhook.quota_charge`) and
 asks the ledger (`webhook.quota_ledger`) to check and book it in one synchronous step. The
-cluster cache keeps the ledger current through `QuotaGate.ledger`'s pod callbacks.
+cluster cache keeps the ledger current through `NamespaceQuota.ledger`'s pod callbacks.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from contract.config import ResourceNames
-from contract.resources import PodRequest
+from contract.names import Mode
+from contract.resources import PodRequest, RequestError, parse_pod
+from webhook.admission import resolve_placement
+from webhook.inventory import Inventory
 from webhook.quota_charge import (
     Charge,
     Limits,
@@ -29,8 +32,9 @@ from webhook.quota_charge import (
     unsized_message,
 )
 from webhook.quota_ledger import GpuSizer, QuotaLedger, Verdict
+from webhook.selectors import SelectorError, parse_selectors
 
-__all__ = ["Charge", "DenialCounter", "QuotaGate", "QuotaLedger", "Verdict"]
+__all__ = ["Charge", "DenialCounter", "NamespaceQuota", "QuotaLedger", "Verdict", "placement_sizer"]
 
 log = logging.getLogger("kube_vgpu.webhook.quota")
 
@@ -42,7 +46,7 @@ class DenialCounter(Protocol):
         """One review in `namespace` was refused for `reason` (a resource, `invalid-label` or `unsized`)."""
 
 
-class QuotaGate:
+class NamespaceQuota:
     """Namespace GPU quotas at admission: no over-admission, no refusal of a pod that fits."""
 
     def __init__(
@@ -125,3 +129,23 @@ class QuotaGate:
         if self.denials is not None:
             self.denials.denied(namespace, reason)
         return message
+
+
+def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, default_mode: Mode) -> GpuSizer:
+    """The ledger's `gpu_size` for pods from the cache: the largest GPU the pod could land on.
+
+    Resolved exactly as admission resolves `largest_gpu_mib` (its selectors and mode against the
+    current inventory), so a pod the cache shows is sized as its review was.
+    """
+
+    def size(pod: Mapping[str, Any]) -> int | None:
+        meta = pod.get("metadata")
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        try:
+            selectors = parse_selectors(annotations if isinstance(annotations, Mapping) else {})
+            request = parse_pod(pod, names)
+        except (SelectorError, RequestError):
+            return None
+        return resolve_placement(selectors, request, inventory(), default_mode).largest_gpu_mib
+
+    return size

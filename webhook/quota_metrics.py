@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from webhook.quota import QuotaGate
+from webhook.quota import NamespaceQuota
 from webhook.quota_charge import RESOURCES, Charge, Limits, Resource, parse_limits
 
 NamespaceLabels = Callable[[], Iterable[tuple[str, Mapping[str, str]]]]
@@ -28,7 +28,7 @@ class QuotaMetrics(Collector):
     """
 
     def __init__(
-        self, gate: QuotaGate, registry: CollectorRegistry, *, namespaces: NamespaceLabels | None = None
+        self, gate: NamespaceQuota, registry: CollectorRegistry, *, namespaces: NamespaceLabels | None = None
     ) -> None:
         self._gate = gate
         self._namespaces = namespaces
