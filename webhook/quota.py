@@ -111,11 +111,14 @@ class NamespaceQuota:
         )
         if verdict.fits:
             log.debug(
-                "event=quota_admitted namespace=%s pod=%s review=%s charge=%s dry_run=%s",
+                "event=quota_admitted namespace=%s pod=%s review=%s "
+                "number=%d memory_mib=%d cores=%d dry_run=%s",
                 namespace,
                 name or f"{generate_name or ''}*",
                 review_uid,
-                charge,
+                charge.number,
+                charge.memory_mib,
+                charge.cores,
                 dry_run,
             )
             return None
