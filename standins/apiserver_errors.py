@@ -1,0 +1,171 @@
+"""Kubernetes API errors as the real server reports them: `Status` objects with reason and code.
+
+Every failure the stand-in API server answers is an `ApiError`; `status_body()` renders it in the
+exact shape kube-apiserver uses, so client code that inspects `reason` or `code` behaves as in production.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+Reason = Literal[
+    "BadRequest",
+    "Unauthorized",
+    "Forbidden",
+    "NotFound",
+    "AlreadyExists",
+    "Conflict",
+    "Gone",
+    "Expired",
+    "Invalid",
+    "MethodNotAllowed",
+    "UnsupportedMediaType",
+    "ServiceUnavailable",
+    "InternalError",
+]
+
+
+class StatusDetails(TypedDict, total=False):
+    """`Status.details`: which object the failure is about (`kind` holds the resource plural)."""
+
+    name: str
+    group: str
+    kind: str
+    uid: str
+
+
+class ApiError(Exception):
+    """A request the API server refuses; carries everything needed for the `Status` reply."""
+
+    def __init__(self, code: int, reason: Reason, message: str, details: StatusDetails | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason: Reason = reason
+        self.message = message
+        self.details: StatusDetails = details if details is not None else {}
+
+    def status_body(self) -> dict[str, Any]:
+        """The `Status` object for this error, as kube-apiserver encodes it."""
+        body: dict[str, Any] = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+        }
+        if self.details:
+            body["details"] = dict(self.details)
+        body["code"] = self.code
+        return body
+
+
+def _details(resource: str, name: str, group: str) -> StatusDetails:
+    details: StatusDetails = {}
+    if name:
+        details["name"] = name
+    if group:
+        details["group"] = group
+    details["kind"] = resource
+    return details
+
+
+def _qualified(resource: str, group: str) -> str:
+    # The real server names group resources as "<plural>.<group>" in messages.
+    return f"{resource}.{group}" if group else resource
+
+
+def not_found(resource: str, name: str, group: str = "") -> ApiError:
+    """`<resource> "<name>" not found` (404)."""
+    return ApiError(
+        404, "NotFound", f'{_qualified(resource, group)} "{name}" not found', _details(resource, name, group)
+    )
+
+
+def already_exists(resource: str, name: str, group: str = "") -> ApiError:
+    """`<resource> "<name>" already exists` (409)."""
+    return ApiError(
+        409,
+        "AlreadyExists",
+        f'{_qualified(resource, group)} "{name}" already exists',
+        _details(resource, name, group),
+    )
+
+
+def conflict(resource: str, name: str, group: str = "", why: str | None = None) -> ApiError:
+    """Optimistic-concurrency failure (409), by default the stale-resourceVersion message."""
+    if why is None:
+        why = "the object has been modified; please apply your changes to the latest version and try again"
+    return ApiError(
+        409,
+        "Conflict",
+        f'Operation cannot be fulfilled on {_qualified(resource, group)} "{name}": {why}',
+        _details(resource, name, group),
+    )
+
+
+def invalid(kind: str, name: str, causes: list[str], group: str = "") -> ApiError:
+    """Validation failure (422): `<Kind> "<name>" is invalid: <field>: <problem>`."""
+    qualified_kind = f"{kind}.{group}" if group else kind
+    message = f'{qualified_kind} "{name}" is invalid: ' + ", ".join(causes)
+    details: StatusDetails = {"kind": kind}
+    if name:
+        details["name"] = name
+    if group:
+        details["group"] = group
+    return ApiError(422, "Invalid", message, details)
+
+
+def unprocessable(message: str) -> ApiError:
+    """A patch that cannot be applied (422), as the server answers a failed JSON-patch `test`."""
+    return ApiError(422, "Invalid", message)
+
+
+def bad_request(message: str) -> ApiError:
+    """Malformed request (400)."""
+    return ApiError(400, "BadRequest", message)
+
+
+def expired(message: str) -> ApiError:
+    """A resourceVersion or continue token older than the retained history (410 Gone, reason Expired)."""
+    return ApiError(410, "Expired", message)
+
+
+def forbidden(message: str, resource: str, name: str, group: str) -> ApiError:
+    """RBAC refusal (403)."""
+    return ApiError(403, "Forbidden", message, _details(resource, name, group))
+
+
+def unauthorized() -> ApiError:
+    """Missing or wrong bearer token (401)."""
+    return ApiError(401, "Unauthorized", "Unauthorized")
+
+
+def page_not_found() -> ApiError:
+    """A path under /api or /apis that names no known resource (404)."""
+    return ApiError(404, "NotFound", "the server could not find the requested resource")
+
+
+def method_not_allowed(method: str, what: str) -> ApiError:
+    """A verb the resource does not support (405)."""
+    return ApiError(405, "MethodNotAllowed", f"{method} is not supported on {what}")
+
+
+def unsupported_media_type(content_type: str, accepted: list[str]) -> ApiError:
+    """A body in a media type the endpoint does not take (415)."""
+    return ApiError(
+        415,
+        "UnsupportedMediaType",
+        f"the body of the request was in an unknown format ({content_type!r}) - "
+        f"accepted media types include: {', '.join(accepted)}",
+    )
+
+
+def status_success(code: int | None = None, details: StatusDetails | None = None) -> dict[str, Any]:
+    """A `Status` with status Success, as answered by deletes and bindings."""
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+    if details:
+        body["details"] = dict(details)
+    if code is not None:
+        body["code"] = code
+    return body
