@@ -1,0 +1,158 @@
+"""ANDing the webhook's node requirements into a pod's required node affinity, without losing the user's.
+
+`nodeSelectorTerms` are ORed and the requirements inside one term are ANDed. The webhook's demands
+come as alternatives (e.g. "has model A" OR "has model B"), each a list of requirements; ANDing them
+into the pod's own terms is a cross product: every user term combined with every alternative. The
+user's `matchFields` and requirements stay in every combined term.
+
+Idempotence: the requirements the webhook added are recorded (see `selectors.AFFINITY_MARKER`) and,
+on a second admission, taken off the end of every term before the product is built again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+Requirement = dict[str, Any]  # a NodeSelectorRequirement: key, operator, values
+Term = dict[str, Any]  # a NodeSelectorTerm: matchExpressions, matchFields
+
+
+def exists(key: str) -> Requirement:
+    """`key` Exists."""
+    return {"key": key, "operator": "Exists"}
+
+
+def one_of(key: str, values: Iterable[str]) -> Requirement:
+    """`key` In `values`."""
+    return {"key": key, "operator": "In", "values": list(values)}
+
+
+def none_of(key: str, values: Iterable[str]) -> Requirement:
+    """`key` NotIn `values`."""
+    return {"key": key, "operator": "NotIn", "values": list(values)}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def encode_marker(requirements: Iterable[Requirement]) -> str:
+    """The marker annotation value: the distinct added requirements, in a stable order."""
+    return _canonical(sorted({_canonical(r): r for r in requirements}.values(), key=_canonical))
+
+
+def decode_marker(value: str | None) -> list[Requirement]:
+    """The requirements a marker records; a damaged marker records nothing (then nothing is taken off)."""
+    if not value:
+        return []
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return []
+    if not isinstance(decoded, list):
+        return []
+    return [r for r in decoded if isinstance(r, dict)]
+
+
+def _dedupe(terms: Iterable[Term]) -> list[Term]:
+    seen: dict[str, Term] = {}
+    for term in terms:
+        seen.setdefault(_canonical(term), term)
+    return list(seen.values())
+
+
+def _is_empty(term: Term) -> bool:
+    return not term.get("matchExpressions") and not term.get("matchFields")
+
+
+def _strip(terms: Sequence[Term], added: Sequence[Requirement]) -> list[Term]:
+    """Take the webhook's requirements off the end of each term; terms that were only those vanish."""
+    if not added:
+        return list(terms)
+    ours = {_canonical(r) for r in added}
+    out: list[Term] = []
+    for term in terms:
+        expressions = list(term.get("matchExpressions") or [])
+        if not expressions:
+            out.append(term)
+            continue
+        while expressions and _canonical(expressions[-1]) in ours:
+            expressions.pop()
+        stripped = {k: v for k, v in term.items() if k != "matchExpressions"}
+        if expressions:
+            stripped["matchExpressions"] = expressions
+        if _is_empty(stripped):
+            continue  # the whole term was the webhook's own
+        out.append(stripped)
+    return _dedupe(out)
+
+
+def _and(term: Term, alternative: Sequence[Requirement]) -> Term:
+    combined = copy.deepcopy(term)
+    expressions: list[Requirement] = combined.setdefault("matchExpressions", [])
+    present = {_canonical(e) for e in expressions}
+    for requirement in alternative:
+        if _canonical(requirement) not in present:
+            expressions.append(copy.deepcopy(requirement))
+            present.add(_canonical(requirement))
+    return combined
+
+
+def combine(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requirement]]) -> list[Term] | None:
+    """The user's `terms` ANDed with the OR of `alternatives`; None means no required node affinity."""
+    if not alternatives:
+        return list(terms) if terms else None
+    if not terms:
+        return _dedupe({"matchExpressions": [copy.deepcopy(r) for r in alt]} for alt in alternatives)
+    out: list[Term] = []
+    for term in terms:
+        if _is_empty(term):
+            # An empty term matches no node; ANDing into it would widen what the user wrote.
+            out.append(term)
+            continue
+        out.extend(_and(term, alt) for alt in alternatives)
+    return _dedupe(out)
+
+
+def apply_required(
+    pod: dict[str, Any], alternatives: Sequence[Sequence[Requirement]], previous: Sequence[Requirement]
+) -> None:
+    """Rewrite `pod`'s required node affinity in place: take `previous` off, AND `alternatives` in."""
+    spec = pod.setdefault("spec", {})
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    existing = required.get("nodeSelectorTerms")
+    if not isinstance(existing, list):
+        existing = None
+    if existing is not None:
+        existing = _strip([t for t in existing if isinstance(t, dict)], previous)
+    terms = combine(existing, alternatives)
+    if terms is None:
+        if "requiredDuringSchedulingIgnoredDuringExecution" in node_affinity and previous:
+            # The required affinity was the webhook's alone; leave no empty shell behind.
+            node_affinity = {
+                k: v
+                for k, v in node_affinity.items()
+                if k != "requiredDuringSchedulingIgnoredDuringExecution"
+            }
+            affinity = (
+                {**affinity, "nodeAffinity": node_affinity}
+                if node_affinity
+                else {k: v for k, v in affinity.items() if k != "nodeAffinity"}
+            )
+            if affinity:
+                spec["affinity"] = affinity
+            else:
+                spec.pop("affinity", None)
+        return
+    spec["affinity"] = {
+        **affinity,
+        "nodeAffinity": {
+            **node_affinity,
+            "requiredDuringSchedulingIgnoredDuringExecution": {**required, "nodeSelectorTerms": terms},
+        },
+    }
