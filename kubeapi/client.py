@@ -221,8 +221,9 @@ class Kube:
         """Patch an object (or its `status` subresource) and return the result."""
         return self._json(
             self._method("patch", kind, namespace, subresource),
-            name,
-            body,
+            # By keyword: namespaced methods take (name, namespace, body), cluster-scoped (name, body).
+            name=name,
+            body=body,
             timeout=timeout,
             _content_type=_CONTENT_TYPES[patch_type],
             **self._ns(namespace),
@@ -236,7 +237,9 @@ class Kube:
         self, kind: Kind, name: str, body: Mapping[str, Any], *, namespace: str | None = None
     ) -> builtins.dict[str, Any]:
         """Replace an object (optimistic concurrency on `metadata.resourceVersion`)."""
-        return self._json(self._method("replace", kind, namespace), name, body, **self._ns(namespace))
+        return self._json(
+            self._method("replace", kind, namespace), name=name, body=body, **self._ns(namespace)
+        )
 
     def create_binding(self, pod: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST a Binding for a pod (used by the local Volcano stand-in, as the real scheduler does)."""
