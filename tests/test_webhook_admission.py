@@ -103,7 +103,7 @@ def landing_nodes(obj: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]] = N
 @pytest.mark.parametrize(
     "obj",
     [
-        pod(container(name="cpu")),
+        pod(container("cpu")),
         pod({"name": "c", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu": "1"}}}),
         pod(annotations={USE_GPUTYPE: "A10", VGPU_MODE: "bogus"}),
     ],
