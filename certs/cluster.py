@@ -158,7 +158,8 @@ def ensure_secret(
                 body["data"] = {**(secret.get("data") or {}), **new}
                 kube.replace("secret", name, body, namespace=namespace)
         except ApiError as exc:
-            if exc.status == 409:
+            # 409: another writer got there first; 404 on a replace: the Secret was deleted meanwhile.
+            if exc.status == 409 or (exc.status == 404 and secret is not None):
                 log.info(
                     "event=secret_conflict secret=%s/%s attempt=%d reason=%r",
                     namespace,
