@@ -70,6 +70,7 @@ class Case:
 
 CASES: dict[str, Case] = {
     "defaults": Case("v1.31.0"),
+    "k8s-1.25": Case("v1.25.0"),
     "k8s-1.27": Case("v1.27.4"),
     "k8s-1.29-auto": Case("v1.29.0"),
     "k8s-1.28-forced": Case("v1.28.2", {"webhook": {"matchConditions": "enabled"}}),
