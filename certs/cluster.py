@@ -189,9 +189,7 @@ def read_ca(kube: Kube, *, namespace: str, secret_name: str) -> bytes:
     """`ca.crt` from the Secret, checked to be PEM certificates."""
     secret = _get(kube, "secret", "secrets", secret_name, namespace)
     if secret is None:
-        raise NotFoundError(
-            f"Secret {namespace}/{secret_name} not found (run `kube-vgpu certs create` first)"
-        )
+        raise NotFoundError(f"Secret {namespace}/{secret_name} not found (run kube-vgpu certs create first)")
     ca_pem = decode_secret_data(secret).get(CA_CERT)
     if not ca_pem:
         raise InvalidError(f"Secret {namespace}/{secret_name} has no {CA_CERT}")
