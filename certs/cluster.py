@@ -27,7 +27,7 @@ from certs.errors import (
     UnreachableError,
 )
 from certs.plan import RENEW_BEFORE, Action, build, decide, service_hosts
-from kubeapi.client import ApiError, ApiUnavailable, Kube
+from kubeapi.client import ApiError, ApiUnavailable, Kind, Kube
 
 log = logging.getLogger("kube_vgpu.certs")
 
@@ -87,7 +87,7 @@ def _raise_api(
     raise CertsError(f"{verb} {resource}{where} failed: {exc}") from None
 
 
-def _get(kube: Kube, kind: Any, resource: str, name: str, namespace: str | None) -> dict[str, Any] | None:
+def _get(kube: Kube, kind: Kind, resource: str, name: str, namespace: str | None) -> dict[str, Any] | None:
     try:
         return kube.get(kind, name, namespace=namespace)
     except (ApiError, ApiUnavailable) as exc:
