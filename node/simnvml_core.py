@@ -253,14 +253,11 @@ class SimCore:
 
     # -- events --------------------------------------------------------------------------------
 
-    def _elapsed(self) -> float:
-        return self.clock.monotonic() - (self._start if self._start is not None else self.clock.monotonic())
-
     def _pump(self) -> None:
         """Fire the file's events that have come due."""
         if self._start is None:
             return
-        for item in self._schedule.pop_due(self._elapsed()):
+        for item in self._schedule.pop_due(self.clock.monotonic() - self._start):
             spec = item.spec
             at = self._start + item.due
             if spec.xid is not None:

@@ -7,12 +7,10 @@ from collections.abc import Callable
 import pytest
 
 from contract.mig_geometry import (
-    DEFAULT_DEVICE_CONFIG_YAML,
     MigGeometryError,
     MigGroup,
     MigSlot,
     choose_slot,
-    default_device_config,
     encode_mig_device_id,
     find_group,
     geometry_for_type,
@@ -22,6 +20,7 @@ from contract.mig_geometry import (
     position_of,
     slot_for_position,
 )
+from contract.mig_geometry_default import DEFAULT_DEVICE_CONFIG_YAML, default_device_config
 
 # The ConfigMap of protocol §6.1, as Volcano ships it.
 FACTS_CONFIG = """\

@@ -8,7 +8,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from contract.mig_geometry import default_device_config, geometry_for_type
+from contract.mig_geometry import geometry_for_type
+from contract.mig_geometry_default import default_device_config
 from node.simnvml import SimProcess, SimulatedNvml, SimulationError, load_simulation
 from node.simnvml_events import FakeClock
 from node.simnvml_profiles import MODELS
