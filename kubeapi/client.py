@@ -9,8 +9,10 @@ API server costs a bounded wait, never a hang.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -98,6 +100,40 @@ def _api_error(exc: ApiException) -> ApiError:
     return ApiError(int(exc.status or 0), str(exc.reason), str(exc.body or ""))
 
 
+class WatchInterrupt:
+    """Ends a watch from another thread: `interrupt()` shuts the stream's socket down mid-read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._response: Any = None
+        self._interrupted = False
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether `interrupt()` was called."""
+        return self._interrupted
+
+    def attach(self, response: Any) -> None:
+        """Called by `Kube.watch` with the open stream (shut at once if already interrupted)."""
+        with self._lock:
+            self._response = response
+            if self._interrupted:
+                self._shutdown()
+
+    def interrupt(self) -> None:
+        """End the watch now (or as soon as it opens); calling it again does nothing."""
+        with self._lock:
+            if not self._interrupted:
+                self._interrupted = True
+                self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._response is not None:
+            # A stream that already ended has nothing left to shut down.
+            with contextlib.suppress(ValueError, OSError):
+                self._response.shutdown()
+
+
 class Kube:
     """Raw-JSON access to the handful of resources kube-vgpu reads and writes."""
 
@@ -168,11 +204,19 @@ class Kube:
         *,
         namespace: str | None = None,
         timeout_seconds: int = 300,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        interrupt: WatchInterrupt | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Watch events (`{"type": ..., "object": {...}}`) from `resource_version` until the stream ends.
 
-        A 410 Gone arrives as an event of type ERROR whose object is a Status with code 410.
+        A 410 Gone arrives as an event of type ERROR whose object is a Status with code 410. With
+        `interrupt`, another thread can end a watch blocked on a silent stream (it then raises
+        ApiUnavailable, and `interrupt.interrupted` tells the two apart).
         """
+        selectors = {
+            k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v
+        }
         response = self._call(
             self._method("list", kind, namespace),
             watch=True,
@@ -182,7 +226,10 @@ class Kube:
             # The read timeout bounds silence on the stream; the server's own timeout ends it sooner.
             timeout=(self.timeout[0], timeout_seconds + 30.0),
             **self._ns(namespace),
+            **selectors,
         )
+        if interrupt is not None:
+            interrupt.attach(response)
         try:
             buffer = b""
             for chunk in response.stream(amt=65536, decode_content=True):

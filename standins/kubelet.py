@@ -82,8 +82,16 @@ class _Registration(pb_grpc.RegistrationServicer):
 class KubeletStandin:
     """The device-manager part of a kubelet, over real unix sockets in `directory`."""
 
-    def __init__(self, directory: str | Path, *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        on_register: Callable[[pb.RegisterRequest], None] | None = None,
+    ) -> None:
+        """`on_register` is called with each accepted registration before Register answers."""
         self.directory = Path(directory)
+        self.on_register = on_register
         self.socket_path = self.directory / KUBELET_SOCKET
         self.max_message_bytes = max_message_bytes
         self.registrations: list[pb.RegisterRequest] = []
@@ -146,6 +154,8 @@ class KubeletStandin:
         if "/" not in request.resource_name or os.sep in request.endpoint:
             return f"invalid resource name {request.resource_name!r} or endpoint {request.endpoint!r}"
         self.registrations.append(request)
+        if self.on_register is not None:
+            self.on_register(request)
         previous = self.plugins.get(request.resource_name)
         plugin = PluginEndpoint(request.resource_name, request.endpoint)
         self.plugins[request.resource_name] = plugin

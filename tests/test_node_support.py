@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from contract.config import Config, NodeConfig
 from contract.names import (
     BIND_PHASE,
     BIND_TIME,
@@ -12,7 +20,14 @@ from contract.names import (
     VGPU_NODE,
     VGPU_TIME,
 )
+from kubeapi.client import Kube
 from node.gpus import GpuInfo
+from node.inventory import Inventory
+from node.plugin import NodePlugin, PluginSettings
+from node.simnvml import load_simulation
+from proto import deviceplugin_v1beta1_pb2 as pb
+from standins.apiserver import ApiServerStandin
+from standins.kubelet import KubeletStandin
 
 NODE = "gpu-node-1"
 UUID_A = "GPU-1c2d3e4f-0a1b-2c3d-4e5f-60718293a4b5"
@@ -104,3 +119,131 @@ def one_gpu_pod(name: str, uuid: str = UUID_A, mem: int = 1000, cores: int = 10,
         ids=f"{uuid},NVIDIA,{mem},{cores}:",
         **kw,
     )
+
+
+# --- a whole node plugin against the stand-ins ---------------------------------------------------------
+
+RESOURCE = "volcano.sh/vgpu-number"
+
+
+def node_object(
+    labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The Node the plugin runs on, as the kubelet registered it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": NODE,
+            "labels": {"kubernetes.io/hostname": NODE, **(labels or {})},
+            "annotations": dict(annotations or {}),
+        },
+        "status": {"capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"}},
+    }
+
+
+def simulation(count: int = 2, uuids: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    """A `--simulate` document: `count` V100 32 GB (the §2.2 node by default)."""
+    gpu: dict[str, Any] = {"model": V100, "memoryMiB": 32768, "count": count}
+    gpu["uuids"] = uuids if uuids is not None else [UUID_A, UUID_B][:count]
+    return {"gpus": [gpu], **extra}
+
+
+@dataclass
+class Harness:
+    """A running node plugin with its kubelet and API server stand-ins."""
+
+    api: ApiServerStandin
+    kubelet: KubeletStandin
+    plugin: NodePlugin
+    nvml: Any
+    hook: Path
+
+    @property
+    def inventory(self) -> Inventory:
+        assert self.plugin.inventory is not None
+        return self.plugin.inventory
+
+    def pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        found = self.api.get("Pod", name, namespace)
+        assert found is not None
+        return found
+
+    def annotations(self, name: str) -> dict[str, str]:
+        return dict(self.pod(name)["metadata"].get("annotations") or {})
+
+    async def allocate(self, count: int, *, deadline: float = 30.0) -> pb.AllocateResponse:
+        ids = [f"{UUID_A}-{k}" for k in range(count)]
+        return await self.kubelet.allocate(RESOURCE, ids, deadline=deadline)
+
+
+def plugin_settings(kubelet_dir: Path, tmp: Path, **node: Any) -> PluginSettings:
+    """Production settings with short waits, files under `tmp`."""
+    node_config = {
+        "allocate_timeout_seconds": 2.0,
+        "hook_path": str(tmp / "hook"),
+        "recovery_quiet_seconds": 0.5,
+        "register_interval_seconds": 30.0,
+        **node,
+    }
+    return PluginSettings(
+        node_name=NODE,
+        mode="hami-core",
+        kubelet_dir=kubelet_dir,
+        config=Config(node=NodeConfig(**node_config)),
+        lock_dir=str(tmp / "vgpulock"),
+        kubelet_poll_seconds=0.1,
+        xid_wait_ms=50,
+        probe_interval_seconds=0.1,
+        watch_timeout_seconds=5,
+        metrics_port=0,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_plugin(
+    api: ApiServerStandin,
+    kubelet_dir: Path,
+    tmp: Path,
+    *,
+    sim: dict[str, Any] | None = None,
+    start_kubelet: bool = True,
+    on_register: Callable[[pb.RegisterRequest], None] | None = None,
+    **node: Any,
+) -> AsyncIterator[Harness]:
+    """Start kubelet stand-in and plugin (the Node must exist in `api`); stop both afterwards."""
+    nvml = load_simulation(sim or simulation(), NODE)
+    nvml.nvmlInit()
+    kube = Kube(api.api_client())
+    kubelet = KubeletStandin(kubelet_dir, on_register=on_register)
+    plugin = NodePlugin(plugin_settings(kubelet_dir, tmp, **node), nvml, kube)
+    try:
+        if start_kubelet:
+            await kubelet.start()
+        await plugin.start()
+        if start_kubelet:
+            async with asyncio.timeout(20):
+                await kubelet.wait_registered(RESOURCE)
+        yield Harness(api, kubelet, plugin, nvml, tmp / "hook")
+    finally:
+        await plugin.stop()
+        await kubelet.stop()
+        kube.close()
+        nvml.nvmlShutdown()
+
+
+async def eventually(condition: Callable[[], bool], *, within: float = 20.0, step: float = 0.05) -> None:
+    """Wait until `condition()` holds (a bound, not a timing assertion: it fails only when it never does)."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110 - polls stand-in state that has no event to await
+            await asyncio.sleep(step)
+
+
+@contextlib.contextmanager
+def short_tempdir() -> Iterator[Path]:
+    """A fresh folder with a short path: unix socket paths are limited to 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="kv-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

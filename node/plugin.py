@@ -1,0 +1,283 @@
+"""The node plugin, assembled: NVML discovery, node publishing, the kubelet link, health, metrics.
+
+Start order matters: the GPUs are discovered, the Node is published (register annotation, labels,
+capacity) and only then is the device plugin registered with the kubelet, so the scheduler never sees
+resources without the annotation that says what they are (protocol §8 item 10). The kubelet's socket
+is watched by identity (inode and change times: a recreated socket may reuse the inode) and our own
+socket's presence; either changing means a kubelet restart, and the plugin serves and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from contract.config import Config
+from kubeapi.client import ApiError, ApiUnavailable, Kube
+from node.allocator import Allocator
+from node.api import NodeApi
+from node.deviceplugin import (
+    KUBELET_SOCKET,
+    DevicePluginService,
+    PluginServer,
+    register,
+    socket_identity,
+    socket_name,
+)
+from node.gpus import GpuInfo, Nvml, check_inventory, discover
+from node.hamicore import DEFAULT_LOCK_DIR
+from node.health import HealthMonitor, HealthTracker
+from node.inventory import Inventory
+from node.ledger import Ledger
+from node.metrics import Metrics, MetricsServer
+from node.publisher import NodePublisher
+
+log = logging.getLogger("kube_vgpu.node.plugin")
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    """How one node plugin runs; the defaults are production's, tests shorten the waits."""
+
+    node_name: str
+    mode: str
+    kubelet_dir: Path
+    config: Config
+    lock_dir: str = DEFAULT_LOCK_DIR
+    # How often the kubelet's socket is checked: a restart is noticed within this (SPEC: 5 s).
+    kubelet_poll_seconds: float = 0.5
+    register_deadline_seconds: float = 5.0
+    xid_wait_ms: int = 5000
+    probe_interval_seconds: float = 5.0
+    watch_timeout_seconds: int = 300
+    # None: the configured metricsPort; 0 picks a free port (tests).
+    metrics_port: int | None = None
+
+
+class NodePlugin:
+    """One node's vGPU plugin; `start()`, then `stop()` (or `run(stop_event)`)."""
+
+    def __init__(self, settings: PluginSettings, nvml: Nvml, kube: Kube) -> None:
+        self.settings = settings
+        self._nvml = nvml
+        self._config = settings.config
+        self.api = NodeApi(kube, settings.node_name)
+        self._stop = asyncio.Event()
+        self._stopped = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watch_thread: asyncio.Future[None] | None = None
+        self.inventory: Inventory | None = None
+        self.publisher: NodePublisher | None = None
+        self.allocator: Allocator | None = None
+        self.metrics: Metrics | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.health: HealthMonitor | None = None
+        self.server: PluginServer | None = None
+        self.registrations = 0
+
+    @property
+    def resource_name(self) -> str:
+        """The device plugin's resource, `vgpu-number` as configured."""
+        return self._config.resource_names.count
+
+    async def start(self) -> None:
+        """Discover, publish, and start serving the kubelet; raises on a node that cannot be served."""
+        s, node = self.settings, self._config.node
+        gpus: list[GpuInfo] = await asyncio.to_thread(discover, self._nvml)
+        check_inventory(gpus, node.device_split_count)
+        log.info(
+            "event=gpus_discovered node=%s count=%d gpus=%s",
+            s.node_name,
+            len(gpus),
+            ",".join(f"{g.uuid}:{g.name}:{g.memory_mib}MiB" for g in gpus),
+        )
+        inventory = self.inventory = Inventory(gpus, node.device_split_count, s.node_name)
+        ledger = Ledger(gpus, node.device_split_count, self._config.resource_names, s.node_name)
+        metrics = self.metrics = Metrics(inventory, ledger)
+        self._ledger = ledger
+        self.allocator = Allocator(
+            self.api,
+            inventory,
+            ledger,
+            metrics,
+            mode=s.mode,
+            names=self._config.resource_names,
+            config=node,
+            lock_dir=s.lock_dir,
+        )
+        publisher = self.publisher = NodePublisher(
+            self.api,
+            inventory,
+            mode=s.mode,
+            names=self._config.resource_names,
+            interval=node.register_interval_seconds,
+            call_budget=node.allocate_timeout_seconds,
+            watch_timeout_seconds=s.watch_timeout_seconds,
+        )
+        inventory.on_change(publisher.trigger)
+        self.metrics_server = MetricsServer(
+            metrics, node.metrics_port if s.metrics_port is None else s.metrics_port
+        )
+        await self.metrics_server.start()
+
+        loop = asyncio.get_running_loop()
+
+        def report(uuid: str, healthy: bool, reason: str) -> None:
+            loop.call_soon_threadsafe(inventory.set_health, uuid, healthy, reason)
+
+        tracker = HealthTracker([g.uuid for g in gpus], node.ignored_xids, node.recovery_quiet_seconds)
+        self.health = HealthMonitor(
+            self._nvml,
+            gpus,
+            tracker,
+            report,
+            wait_ms=s.xid_wait_ms,
+            probe_interval=s.probe_interval_seconds,
+        )
+        self.health.start()
+
+        # The annotation must be on the node before the kubelet learns of the resource.
+        if not await publisher.publish_first(self._stop):
+            return
+        self.server = PluginServer(
+            s.kubelet_dir / socket_name(self.resource_name),
+            DevicePluginService(inventory, self.allocator.allocate),
+        )
+        self._spawn(publisher.run(), "publisher")
+        self._spawn(self._kubelet_link(), "kubelet")
+        self._spawn(self._ledger_loop(), "ledger")
+        self._watch_thread = loop.run_in_executor(None, publisher.watch_forever, loop)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coroutine, name=f"kube-vgpu-{name}"))
+
+    async def _kubelet_link(self) -> None:
+        """Serve and register; again after every kubelet restart."""
+        s = self.settings
+        assert self.server is not None
+        kubelet_socket = s.kubelet_dir / KUBELET_SOCKET
+        waiting_logged = False
+        while True:
+            identity = socket_identity(kubelet_socket)
+            if identity is None:
+                if not waiting_logged:
+                    log.info("event=waiting_for_kubelet node=%s socket=%s", s.node_name, kubelet_socket)
+                    waiting_logged = True
+                await asyncio.sleep(s.kubelet_poll_seconds)
+                continue
+            waiting_logged = False
+            await self.server.start()
+            await self._register(kubelet_socket, identity)
+            # Polling the file system: a kubelet restart sends no event to wait on.
+            while socket_identity(kubelet_socket) == identity and self.server.intact:  # noqa: ASYNC110
+                await asyncio.sleep(s.kubelet_poll_seconds)
+            log.warning("event=kubelet_restarted node=%s: serving and registering again", s.node_name)
+            await self.server.stop(grace=0)
+
+    async def _register(self, kubelet_socket: Path, identity: object) -> None:
+        s = self.settings
+        assert self.server is not None
+        delay = s.kubelet_poll_seconds
+        while socket_identity(kubelet_socket) == identity and self.server.intact:
+            try:
+                await register(
+                    kubelet_socket,
+                    self.server.path.name,
+                    self.resource_name,
+                    deadline=s.register_deadline_seconds,
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.warning(
+                    "event=register_failed node=%s code=%s details=%r retry_in=%g",
+                    s.node_name,
+                    exc.code().name,
+                    exc.details(),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.registrations += 1
+            log.info(
+                "event=registered node=%s resource=%s endpoint=%s",
+                s.node_name,
+                self.resource_name,
+                self.server.path.name,
+            )
+            return
+
+    async def _ledger_loop(self) -> None:
+        """Rebuild the ledger from the node's pods every interval, reporting new over-commit."""
+        node = self._config.node
+        reported: set[tuple[str, str]] = set()
+        while True:
+            try:
+                pods = await self.api.pods_on_node(node.allocate_timeout_seconds)
+                for problem in self._ledger.rebuild(pods):
+                    log.warning("event=ledger_skipped node=%s %s", self.settings.node_name, problem)
+                current = {(o.gpu_uuid, o.resource): o for o in self._ledger.overcommits()}
+                for key in current.keys() - reported:
+                    o = current[key]
+                    log.warning(
+                        "event=gpu_overcommitted node=%s gpu=%s resource=%s used=%d capacity=%d",
+                        self.settings.node_name,
+                        o.gpu_uuid,
+                        o.resource,
+                        o.used,
+                        o.capacity,
+                    )
+                reported = set(current)
+            except (ApiError, ApiUnavailable) as exc:
+                log.warning("event=ledger_refresh_failed node=%s error=%r", self.settings.node_name, str(exc))
+            await asyncio.sleep(node.register_interval_seconds)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, serve until `stop` is set, then stop cleanly."""
+        try:
+            stop_waiter = asyncio.create_task(stop.wait())
+            start = asyncio.create_task(self.start())
+            done, _ = await asyncio.wait({stop_waiter, start}, return_when=asyncio.FIRST_COMPLETED)
+            if start in done:
+                start.result()
+                await stop_waiter
+            else:
+                self._stop.set()
+                await start
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Stop everything started, end the kubelet's stream, remove our socket (once)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        if self.inventory is not None:
+            self.inventory.close()  # ends ListAndWatch streams cleanly
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self.server is not None:
+            await self.server.stop(grace=1.0)
+        if self.publisher is not None:
+            self.publisher.stop_watch()
+        if self._watch_thread is not None:
+            with contextlib.suppress(Exception):
+                await self._watch_thread
+            self._watch_thread = None
+        if self.allocator is not None:
+            await self.allocator.drain()
+        if self.health is not None:
+            await asyncio.to_thread(self.health.stop)
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
+        await asyncio.to_thread(self.api.close)
+        log.info("event=stopped node=%s", self.settings.node_name)
