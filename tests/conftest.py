@@ -1,0 +1,25 @@
+"""Shared pytest fixtures; each block is owned by the part of the project it stands in for."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from standins.apiserver import ApiServerStandin
+
+# --- standins.apiserver: the stand-in Kubernetes API server -------------------------------------------
+
+
+@pytest.fixture
+def apiserver() -> Iterator[ApiServerStandin]:
+    """A stand-in kube-apiserver on its own thread for the test; stopped (thread joined) at teardown.
+
+    Point product code at it with `apiserver.write_kubeconfig(tmp_path / "kubeconfig")` or
+    `apiserver.api_client()`; switch faults with its methods (`set_outage`, `set_hang`, `deny`, ...).
+    """
+    with ApiServerStandin() as server:
+        yield server
+
+
+# --- end standins.apiserver ----------------------------------------------------------------------------
