@@ -1,0 +1,60 @@
+"""`kube-vgpu webhook`: flags, logging, and the exit code; the work is in `webhook.service`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import ssl
+import sys
+from pathlib import Path
+
+from contract.config import ConfigError, load_config
+from kubeapi.client import KubeConfigError
+from webhook.service import Options, serve
+
+LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The webhook's flags (each also readable from KUBE_VGPU_<FLAG>)."""
+    parser.add_argument("--tls-cert-file", required=True, help="PEM serving certificate (reloaded on change)")
+    parser.add_argument("--tls-key-file", required=True, help="PEM private key of the serving certificate")
+    parser.add_argument("--port", type=int, default=8443, help="HTTPS port")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--config", default=None, help="configuration file (YAML); default: every default")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file; default: in-cluster credentials")
+    parser.add_argument(
+        "--cert-poll-seconds",
+        type=float,
+        default=10.0,
+        help="how often the TLS files are checked for changes",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=20.0,
+        help="seconds reviews in flight get to finish on SIGTERM",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM; 0 on a clean stop, 2 on bad configuration or credentials."""
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    log = logging.getLogger("kube_vgpu.webhook")
+    try:
+        config = load_config(args.config)
+        options = Options(
+            tls_cert_file=Path(args.tls_cert_file),
+            tls_key_file=Path(args.tls_key_file),
+            port=args.port,
+            host=args.host,
+            kubeconfig=args.kubeconfig,
+            cert_poll_seconds=args.cert_poll_seconds,
+            shutdown_timeout_seconds=args.shutdown_timeout,
+        )
+        return asyncio.run(serve(options, config))
+    except (ConfigError, KubeConfigError, ssl.SSLError, OSError) as exc:
+        log.error("event=webhook_failed error=%r", str(exc))
+        return 2

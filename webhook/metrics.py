@@ -1,0 +1,100 @@
+"""Prometheus metrics of the webhook, on a CollectorRegistry of its own (so tests and replicas never share).
+
+Counters and the latency histogram are updated by the server; cache gauges are read at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+# Reviews answer in well under a millisecond of pipeline time; the API server's timeout is seconds.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class CacheState(Protocol):
+    """What the cache gauges read (implemented by `webhook.cache.ClusterCache`)."""
+
+    @property
+    def synced(self) -> bool:
+        """Every kind listed once."""
+        ...
+
+    def ready(self) -> bool:
+        """Synced and fresh."""
+        ...
+
+    def lag_seconds(self) -> float | None:
+        """Seconds since the API was last heard from."""
+        ...
+
+    def sizes(self) -> Mapping[str, int]:
+        """Objects cached per kind, and GPU nodes in the inventory."""
+        ...
+
+
+class _CacheCollector(Collector):
+    def __init__(self, state: Callable[[], CacheState | None]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        if state is None:
+            return
+        objects = GaugeMetricFamily(
+            "kube_vgpu_webhook_cache_objects", "Objects in the webhook's cluster cache.", labels=["kind"]
+        )
+        for kind, size in sorted(state.sizes().items()):
+            objects.add_metric([kind], size)
+        yield objects
+        lag = state.lag_seconds()
+        yield GaugeMetricFamily(
+            "kube_vgpu_webhook_cache_lag_seconds",
+            "Seconds since the API server was last heard from (NaN before the first list).",
+            value=float("nan") if lag is None else lag,
+        )
+        yield GaugeMetricFamily(
+            "kube_vgpu_webhook_cache_ready",
+            "1 when the cache is synced and fresh.",
+            value=float(state.ready()),
+        )
+
+
+class WebhookMetrics:
+    """The webhook's metrics and the registry they live on."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.reviews = Counter(
+            "kube_vgpu_webhook_reviews",
+            "Admission reviews answered, by outcome (allowed, denied, malformed, too_large, error).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "kube_vgpu_webhook_review_duration_seconds",
+            "Time from receiving a review's body to its answer.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.denials = Counter(
+            "kube_vgpu_webhook_denials",
+            "Pods refused, by reason (malformed-value, invalid-annotation, forged-annotation, privileged, "
+            "other-scheduler, no-matching-gpu, quota, not-ready, internal-error).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._cache: CacheState | None = None
+        self.registry.register(_CacheCollector(lambda: self._cache))
+
+    def track_cache(self, cache: CacheState) -> None:
+        """Report this cache's size, lag and readiness."""
+        self._cache = cache
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)

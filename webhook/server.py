@@ -1,0 +1,156 @@
+"""The thin HTTP edge: `POST /mutate`, `GET /healthz`, `GET /readyz`, `GET /metrics` (SPEC §2).
+
+The handler reads the body, parses it (`webhook.review`), asks the pure pipeline
+(`webhook.admission`), and encodes the answer. A body that is not an AdmissionReview is HTTP 400
+with a JSON reason, a body over the limit is 413; neither is ever a traceback or a 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from webhook.admission import Admission
+from webhook.metrics import WebhookMetrics
+from webhook.review import AdmissionRequest, MalformedReview, Verdict, encode_response, parse_review
+
+log = logging.getLogger("kube_vgpu.webhook.server")
+
+MAX_BODY_BYTES = 3 * 1024 * 1024
+# How long a review waits for a cache that has not finished its first list before it is refused.
+SYNC_WAIT_SECONDS = 2.0
+NOT_READY = "not-ready"
+INTERNAL_ERROR = "internal-error"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The cache facts the server needs: synced (first list done), ready (synced and fresh), and a waiter."""
+
+    synced: Callable[[], bool]
+    ready: Callable[[], bool]
+    wait_synced: Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the handlers use, stored in the application under `SERVICES`."""
+
+    admission: Admission
+    readiness: Readiness
+    metrics: WebhookMetrics
+    max_body_bytes: int = MAX_BODY_BYTES
+
+
+SERVICES = web.AppKey("services", Services)
+
+
+def _error(status: int, reason: str) -> web.Response:
+    return web.json_response({"error": reason}, status=status)
+
+
+def _pod_name(request: AdmissionRequest) -> str:
+    metadata = (request.object or {}).get("metadata") or {}
+    return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
+
+
+async def mutate(http: web.Request) -> web.Response:
+    """Answer one AdmissionReview."""
+    services = http.app[SERVICES]
+    metrics = services.metrics
+    limit = services.max_body_bytes
+    if http.content_length is not None and http.content_length > limit:
+        metrics.reviews.labels("too_large").inc()
+        return _error(413, f"body of {http.content_length} bytes is over the {limit}-byte limit")
+    try:
+        body = await http.read()
+    except web.HTTPRequestEntityTooLarge:
+        metrics.reviews.labels("too_large").inc()
+        return _error(413, f"body is over the {limit}-byte limit")
+    started = time.perf_counter()
+    try:
+        request = parse_review(body)
+    except MalformedReview as exc:
+        metrics.reviews.labels("malformed").inc()
+        log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
+        return _error(400, str(exc))
+    verdict = await _decide(services, request)
+    response = encode_response(request.uid, verdict)
+    metrics.latency.observe(time.perf_counter() - started)
+    metrics.reviews.labels("allowed" if verdict.allowed else "denied").inc()
+    if not verdict.allowed:
+        metrics.denials.labels(verdict.reason or "unknown").inc()
+    if request.is_pod_create:
+        log.info(
+            "event=review uid=%s namespace=%s pod=%s allowed=%s reason=%s patch_ops=%d warnings=%d%s",
+            request.uid,
+            request.namespace,
+            _pod_name(request),
+            verdict.allowed,
+            verdict.reason or "-",
+            len(verdict.patch),
+            len(verdict.warnings),
+            "" if verdict.allowed else f" message={verdict.message!r}",
+        )
+    return web.json_response(response)
+
+
+async def _decide(services: Services, request: AdmissionRequest) -> Verdict:
+    readiness = services.readiness
+    if not readiness.synced():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SYNC_WAIT_SECONDS):
+                await readiness.wait_synced()
+    try:
+        verdict = services.admission.review(request)
+    except Exception as exc:  # a bug must answer a review, not drop the connection
+        log.error("event=review_failed uid=%s error=%r", request.uid, f"{type(exc).__name__}: {exc}")
+        return Verdict(
+            allowed=False,
+            reason=INTERNAL_ERROR,
+            message=f"kube-vgpu webhook internal error: {type(exc).__name__}",
+        )
+    if not readiness.synced() and (not verdict.allowed or verdict.patch):
+        # Mutating from an empty cache would resolve against no GPUs and no namespace labels.
+        return Verdict(
+            allowed=False,
+            reason=NOT_READY,
+            message="kube-vgpu webhook has not loaded the cluster state yet; retry in a few seconds",
+        )
+    return verdict
+
+
+async def healthz(http: web.Request) -> web.Response:
+    """Liveness: the process serves HTTP."""
+    return web.json_response({"ok": True})
+
+
+async def readyz(http: web.Request) -> web.Response:
+    """Readiness: the cluster cache has synced and heard from the API recently."""
+    readiness = http.app[SERVICES].readiness
+    ready = readiness.ready()
+    return web.json_response({"ready": ready, "synced": readiness.synced()}, status=200 if ready else 503)
+
+
+async def metrics(http: web.Request) -> web.Response:
+    """Prometheus text exposition."""
+    body = http.app[SERVICES].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def build_app(services: Services) -> web.Application:
+    """The aiohttp application (no listener; the caller runs it with TLS)."""
+    # Over the limit, `read()` raises and the handler answers 413 in JSON.
+    app = web.Application(client_max_size=services.max_body_bytes)
+    app[SERVICES] = services
+    app.router.add_post("/mutate", mutate)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,145 @@
+"""Assembling and running the webhook process: API client, cluster cache, quota, pipeline, HTTPS server.
+
+`serve()` runs until SIGTERM/SIGINT (or `stop` is set), then stops accepting, finishes the reviews
+in flight, closes keep-alive connections and stops the cache's watch threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from contract.config import Config
+from kubeapi.client import Kube, load_api_client
+from webhook.admission import Admission
+from webhook.cache import CachedKind, CacheEvent, ClusterCache
+from webhook.gates import QuotaGate
+from webhook.metrics import WebhookMetrics
+from webhook.quota import NamespaceQuota, placement_sizer
+from webhook.quota_metrics import QuotaMetrics
+from webhook.server import Readiness, Services, build_app
+from webhook.tls import CertReloader
+
+log = logging.getLogger("kube_vgpu.webhook")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything `serve` needs besides the configuration file's content."""
+
+    tls_cert_file: Path
+    tls_key_file: Path
+    port: int = 8443
+    host: str = "0.0.0.0"
+    kubeconfig: str | None = None
+    cert_poll_seconds: float = 10.0
+    shutdown_timeout_seconds: float = 20.0
+
+
+def build_quota(cache: ClusterCache, config: Config, metrics: WebhookMetrics) -> QuotaGate:
+    """The quota step (SPEC §2 step 4): namespace quotas fed by the cache's pod events.
+
+    The one place the quota ledger is wired; return `webhook.gates.AllowAllQuota()` to switch it off.
+    """
+    names = config.resource_names
+    gate = NamespaceQuota(
+        names=names,
+        pending_seconds=config.webhook.quota_pending_seconds,
+        gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
+    )
+
+    def on_pod(event: CacheEvent) -> None:
+        if event.type == "deleted":
+            gate.ledger.pod_gone(event.obj)
+        else:
+            gate.ledger.pod_seen(event.obj)
+
+    def on_relist(kind: CachedKind) -> None:
+        if kind == "pod":
+            gate.ledger.resync(cache.objects("pod").values())
+
+    def namespaces() -> Iterator[tuple[str, Mapping[str, str]]]:
+        for name in cache.objects("namespace"):
+            yield name, cache.namespace_labels(name) or {}
+
+    cache.subscribe("pod", on_pod)
+    cache.subscribe_relist(on_relist)
+    QuotaMetrics(gate, metrics.registry, namespaces=namespaces)
+    return gate
+
+
+def build_services(cache: ClusterCache, config: Config, metrics: WebhookMetrics) -> Services:
+    """The handlers' dependencies, wired to a live cache."""
+    metrics.track_cache(cache)
+    admission = Admission(config, cache, build_quota(cache, config, metrics))
+    readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
+    return Services(admission=admission, readiness=readiness, metrics=metrics)
+
+
+class WebhookServer:
+    """The running parts of one webhook process, startable and stoppable on the current event loop."""
+
+    def __init__(self, options: Options, config: Config, *, kube: Kube | None = None) -> None:
+        self.options = options
+        self.config = config
+        self.reloader = CertReloader(
+            options.tls_cert_file, options.tls_key_file, poll_seconds=options.cert_poll_seconds
+        )
+        self.kube = kube or Kube(load_api_client(options.kubeconfig))
+        self.cache = ClusterCache(self.kube, staleness_seconds=config.webhook.cache_staleness_seconds)
+        self.metrics = WebhookMetrics()
+        self.app = build_app(build_services(self.cache, config, self.metrics))
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, shutdown_timeout=options.shutdown_timeout_seconds
+        )
+        self._reload_task: asyncio.Task[None] | None = None
+        self.port = options.port
+
+    async def start(self) -> None:
+        """Listen (port 0 picks a free one, see `port`), start the cache and the certificate poller."""
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner, self.options.host, self.options.port, ssl_context=self.reloader.context
+        )
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        await self.cache.start()
+        self._reload_task = asyncio.create_task(self.reloader.run(), name="tls-reload")
+        log.info("event=webhook_started address=%s:%d", self.options.host, self.port)
+
+    async def stop(self) -> None:
+        """Stop accepting, let reviews in flight finish, close keep-alive connections, stop the cache."""
+        await self._runner.cleanup()
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+            await asyncio.gather(self._reload_task, return_exceptions=True)
+            self._reload_task = None
+        await self.cache.stop()
+        self.kube.close()
+        log.info("event=webhook_stopped")
+
+
+async def serve(options: Options, config: Config, *, stop: asyncio.Event | None = None) -> int:
+    """Run the webhook until SIGTERM/SIGINT (or `stop`); returns the exit code."""
+    server = WebhookServer(options, config)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        try:
+            await server.start()
+            await stop.wait()
+            log.info("event=webhook_stopping grace_s=%.0f", options.shutdown_timeout_seconds)
+        finally:
+            await server.stop()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    return 0

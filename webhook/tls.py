@@ -1,0 +1,86 @@
+"""The serving certificate, reloaded by content without a restart (SPEC §2).
+
+A mounted Secret is updated by swapping a `..data` symlink, which file events report unreliably, so
+the files are read and hashed on a timer. On a change the new pair is first checked in a scratch
+context, then loaded into the live SSLContext in place: new handshakes use it, open connections
+keep theirs. Both steps read the same private snapshot of the bytes, so a swap between reading the
+certificate and the key can never install a mismatched pair; a bad pair is logged and retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import ssl
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("kube_vgpu.webhook.tls")
+
+
+def server_context() -> ssl.SSLContext:
+    """A server-side SSLContext with TLS 1.2 as the minimum and no certificate loaded yet."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+class CertReloader:
+    """Owns the server's SSLContext and keeps it loaded with the current certificate files."""
+
+    def __init__(self, cert_file: str | Path, key_file: str | Path, *, poll_seconds: float = 10.0) -> None:
+        self.cert_file = Path(cert_file)
+        self.key_file = Path(key_file)
+        self.poll_seconds = poll_seconds
+        self.context = server_context()
+        self.reloads = 0
+        self._digest = ""
+        if not self.reload_if_changed():
+            raise ssl.SSLError(
+                f"cannot load the serving certificate {self.cert_file} and key {self.key_file}"
+            )
+
+    def _read(self) -> tuple[bytes, bytes] | None:
+        try:
+            return self.cert_file.read_bytes(), self.key_file.read_bytes()
+        except OSError as exc:
+            log.warning(
+                "event=tls_read_failed cert=%s key=%s error=%r", self.cert_file, self.key_file, str(exc)
+            )
+            return None
+
+    def reload_if_changed(self) -> bool:
+        """Load the files into the live context if their content changed; False when they cannot be used."""
+        pair = self._read()
+        if pair is None:
+            return False
+        digest = hashlib.sha256(pair[0] + b"\0" + pair[1]).hexdigest()
+        if digest == self._digest:
+            return True
+        with tempfile.TemporaryDirectory(prefix="kube-vgpu-tls-") as scratch:
+            cert, key = Path(scratch, "tls.crt"), Path(scratch, "tls.key")
+            cert.write_bytes(pair[0])
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(pair[1])
+            try:
+                # A failed load can leave a context with a certificate and no key: try a scratch one first.
+                server_context().load_cert_chain(cert, key)
+                self.context.load_cert_chain(cert, key)
+            except (ssl.SSLError, OSError) as exc:
+                log.warning("event=tls_load_failed cert=%s error=%r", self.cert_file, str(exc))
+                return False
+        first = not self._digest
+        self._digest = digest
+        if not first:
+            self.reloads += 1
+        log.info("event=tls_loaded cert=%s sha256=%s reload=%s", self.cert_file, digest[:16], not first)
+        return True
+
+    async def run(self) -> None:
+        """Poll the files until cancelled."""
+        while True:
+            await asyncio.sleep(self.poll_seconds)
+            self.reload_if_changed()
