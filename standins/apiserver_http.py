@@ -20,14 +20,21 @@ from standins import apiserver_errors as errors
 from standins.apiserver_errors import ApiError
 from standins.apiserver_faults import Faults, RequestRecord
 from standins.apiserver_ops import Operations, Scope, selected
-from standins.apiserver_resources import GROUP_VERSIONS, GroupVersion, ResourceType, lookup
+from standins.apiserver_resources import ResourceType
+from standins.apiserver_routes import (
+    Target,
+    discovery,
+    parse_path,
+    query_bool,
+    query_dry_run,
+    query_int,
+    verb_of,
+    version_info,
+)
 from standins.apiserver_selectors import FieldSelector, LabelSelector, SelectorError
 from standins.apiserver_store import Bookmark, Change, Stored, Subscription, encode
 
 log = logging.getLogger("standins.apiserver")
-
-_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-_FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
 
 @dataclass
@@ -40,21 +47,6 @@ class ServerConfig:
     default_watch_timeout_s: float = 1800.0
     bookmark_interval_s: float = 60.0
     address: str = "127.0.0.1:0"
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a resource path names."""
-
-    rt: ResourceType
-    namespace: str | None  # None: cluster-scoped, or all namespaces
-    name: str | None
-    subresource: str | None
-
-    @property
-    def resource(self) -> str:
-        """The resource as RBAC names it (`pods`, `pods/status`)."""
-        return f"{self.rt.plural}/{self.subresource}" if self.subresource else self.rt.plural
 
 
 class ApiHttp:
@@ -108,9 +100,9 @@ class ApiHttp:
             raise errors.unauthorized()
         if path == "/version":
             return _json(version_info(self.config.git_version))
-        discovery = self._discovery(path)
-        if discovery is not None:
-            return _json(discovery)
+        document = discovery(path, self.config.address)
+        if document is not None:
+            return _json(document)
         if not (path.startswith("/api/") or path.startswith("/apis/")):
             return web.Response(status=404, text="404 page not found\n")
         target = parse_path(path)
@@ -118,11 +110,11 @@ class ApiHttp:
 
     async def _serve(self, request: web.Request, target: Target, body: bytes) -> web.StreamResponse:
         query = request.query
-        verb = _verb(request.method, target, query)
+        verb = verb_of(request.method, target, query)
         self._authorize(verb, target)
         rt, name, sub = target.rt, target.name, target.subresource
         namespace = target.namespace or ""
-        dry_run = _dry_run(query.get("dryRun"))
+        dry_run = query_dry_run(query.get("dryRun"))
         ops = self.ops
         if verb == "get":
             assert name is not None
@@ -154,7 +146,7 @@ class ApiHttp:
         if not isinstance(options, dict):
             raise errors.bad_request("DeleteOptions must be a JSON object")
         if "gracePeriodSeconds" in query:
-            options["gracePeriodSeconds"] = _int(query, "gracePeriodSeconds")
+            options["gracePeriodSeconds"] = query_int(query, "gracePeriodSeconds")
         deleted = ops.delete(rt, namespace, name, options, dry_run=dry_run)
         if deleted.removed and not rt.return_deleted_object and rt.plural != "namespaces":
             details: errors.StatusDetails = {"name": name, "kind": rt.plural}
@@ -180,10 +172,10 @@ class ApiHttp:
 
     def _list(self, target: Target, query: Any) -> web.Response:
         labels, fields = _selectors(target, query)
-        limit = _int(query, "limit") if query.get("limit") else None
+        limit = query_int(query, "limit") if query.get("limit") else None
         exact_rv = None
         if query.get("resourceVersionMatch") == "Exact" and query.get("resourceVersion"):
-            exact_rv = _int(query, "resourceVersion")
+            exact_rv = query_int(query, "resourceVersion")
         page = self.ops.list(
             target.rt,
             target.namespace,
@@ -258,72 +250,6 @@ class ApiHttp:
                 continue
             await _send_change(response, item, params.select)
 
-    def _discovery(self, path: str) -> dict[str, Any] | None:
-        if path == "/api":
-            return {
-                "kind": "APIVersions",
-                "versions": ["v1"],
-                "serverAddressByClientCIDRs": [
-                    {"clientCIDR": "0.0.0.0/0", "serverAddress": self.config.address}
-                ],
-            }
-        groups = sorted({gv.group for gv in GROUP_VERSIONS.values() if gv.group})
-        if path == "/apis":
-            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(g) for g in groups]}
-        parts = path.strip("/").split("/")
-        if parts[0] == "apis" and len(parts) == 2 and parts[1] in groups:
-            return {"kind": "APIGroup", "apiVersion": "v1", **_group(parts[1])}
-        gv = None
-        if parts[0] == "api" and len(parts) == 2:
-            gv = GROUP_VERSIONS.get(("", parts[1]))
-        elif parts[0] == "apis" and len(parts) == 3:
-            gv = GROUP_VERSIONS.get((parts[1], parts[2]))
-        return _resource_list(gv) if gv is not None else None
-
-
-def version_info(git_version: str) -> dict[str, str]:
-    """The `/version` answer for a gitVersion such as `v1.30.0`."""
-    core = git_version.lstrip("v").split("-", 1)[0].split("+", 1)[0]
-    major, _, rest = core.partition(".")
-    minor = rest.partition(".")[0]
-    return {
-        "major": major,
-        "minor": minor,
-        "gitVersion": git_version,
-        "gitCommit": "0000000000000000000000000000000000000000",
-        "gitTreeState": "clean",
-        "buildDate": "2024-04-17T17:27:03Z",
-        "goVersion": "go1.22.2",
-        "compiler": "gc",
-        "platform": "linux/amd64",
-    }
-
-
-def parse_path(path: str) -> Target:
-    """The resource a REST path names; 404 (a Status) for paths no resource answers."""
-    parts = path.strip("/").split("/")
-    if parts[0] == "api" and len(parts) >= 2:
-        gv, rest = GROUP_VERSIONS.get(("", parts[1])), parts[2:]
-    elif parts[0] == "apis" and len(parts) >= 3:
-        gv, rest = GROUP_VERSIONS.get((parts[1], parts[2])), parts[3:]
-    else:
-        raise errors.page_not_found()
-    if gv is None or not rest or any(not p for p in rest):
-        raise errors.page_not_found()
-    namespaced = rest[0] == "namespaces" and len(rest) >= 3 and rest[2] in gv.resources
-    if namespaced and gv.resources[rest[2]].namespaced:
-        rt, namespace, tail = gv.resources[rest[2]], rest[1], rest[3:]
-    else:
-        rt_or_none = gv.resources.get(rest[0])
-        if rt_or_none is None:
-            raise errors.page_not_found()
-        rt, namespace, tail = rt_or_none, None, rest[1:]
-        if rt.namespaced and tail:
-            raise errors.page_not_found()
-    if len(tail) > 2 or (len(tail) == 2 and tail[1] not in rt.subresources):
-        raise errors.page_not_found()
-    return Target(rt, namespace, tail[0] if tail else None, tail[1] if len(tail) == 2 else None)
-
 
 @dataclass(frozen=True)
 class WatchParams:
@@ -342,10 +268,10 @@ def _watch_params(target: Target, query: Any, default_timeout_s: float) -> Watch
         # The deprecated single-object watch is a watch of the collection selected by name.
         terms = filter(None, (query.get("fieldSelector"), f"metadata.name={_escape(target.name)}"))
         fields = FieldSelector.parse(",".join(terms), target.rt.field_selectable)
-    initial = _bool(query, "sendInitialEvents")
-    timeout = float(_int(query, "timeoutSeconds")) if query.get("timeoutSeconds") else 0.0
+    initial = query_bool(query, "sendInitialEvents")
+    timeout = float(query_int(query, "timeoutSeconds")) if query.get("timeoutSeconds") else 0.0
     rv_text = query.get("resourceVersion", "")
-    from_rv = None if initial or rv_text in ("", "0") else _int(query, "resourceVersion")
+    from_rv = None if initial or rv_text in ("", "0") else query_int(query, "resourceVersion")
     filtered = not (labels.empty and fields.empty)
     namespace = target.namespace
 
@@ -358,33 +284,9 @@ def _watch_params(target: Target, query: Any, default_timeout_s: float) -> Watch
         from_rv=from_rv,
         select=select,
         timeout_s=timeout if timeout > 0 else default_timeout_s,
-        bookmarks=_bool(query, "allowWatchBookmarks"),
+        bookmarks=query_bool(query, "allowWatchBookmarks"),
         initial_events=initial,
     )
-
-
-def _verb(method: str, target: Target, query: Any) -> str:
-    name, sub, rt = target.name, target.subresource, target.rt
-    if rt.create_only:
-        if method == "POST" and name is None:
-            return "create"
-    elif method == "GET":
-        if _bool(query, "watch"):
-            return "watch"
-        if name is None:
-            return "list"
-        if sub in (None, "status"):
-            return "get"
-    elif method == "POST":
-        if name is None and (target.namespace is not None or not rt.namespaced):
-            return "create"
-        if sub == "binding":
-            return "create"
-    elif method in ("PUT", "PATCH") and name is not None and sub in (None, "status"):
-        return "update" if method == "PUT" else "patch"
-    elif method == "DELETE" and name is not None and sub is None:
-        return "delete"
-    raise errors.method_not_allowed(method, target.resource)
 
 
 def _selectors(target: Target, query: Any) -> tuple[LabelSelector, FieldSelector]:
@@ -426,48 +328,6 @@ def _bookmark_line(rt: ResourceType, bookmark: Bookmark) -> bytes:
     return encode({"type": "BOOKMARK", "object": obj}) + b"\n"
 
 
-def _group(group: str) -> dict[str, Any]:
-    versions = [
-        {"groupVersion": gv.group_version, "version": gv.version}
-        for gv in GROUP_VERSIONS.values()
-        if gv.group == group
-    ]
-    return {"name": group, "versions": versions, "preferredVersion": versions[0]}
-
-
-def _resource_list(gv: GroupVersion) -> dict[str, Any]:
-    resources: list[dict[str, Any]] = []
-    for rt in gv.resources.values():
-        entry: dict[str, Any] = {
-            "name": rt.plural,
-            "singularName": rt.kind.lower(),
-            "namespaced": rt.namespaced,
-            "kind": rt.kind,
-            "verbs": list(rt.verbs),
-        }
-        if rt.short_names:
-            entry["shortNames"] = list(rt.short_names)
-        resources.append(entry)
-        for sub in rt.subresources:
-            sub_kind = lookup("bindings").kind if sub == "binding" else rt.kind
-            sub_verbs = ["create"] if sub == "binding" else ["get", "patch", "update"]
-            resources.append(
-                {
-                    "name": f"{rt.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": rt.namespaced,
-                    "kind": sub_kind,
-                    "verbs": sub_verbs,
-                }
-            )
-    return {
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": gv.group_version,
-        "resources": resources,
-    }
-
-
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=encode(body), status=status, content_type="application/json")
 
@@ -492,33 +352,6 @@ def _name_in(binding: Any) -> str:
             "Binding", "", ["metadata.name: Required value: name or generateName is required"]
         )
     return name
-
-
-def _bool(query: Any, key: str) -> bool:
-    value = query.get(key)
-    if value is None or value == "":
-        return False
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise errors.bad_request(f'invalid value for {key}: "{value}" is not a boolean')
-
-
-def _int(query: Any, key: str) -> int:
-    value = query.get(key)
-    try:
-        return int(value)
-    except (TypeError, ValueError) as exc:
-        raise errors.bad_request(f'invalid value for {key}: "{value}" is not an integer') from exc
-
-
-def _dry_run(value: str | None) -> bool:
-    if value is None or value == "":
-        return False
-    if value != "All":
-        raise errors.bad_request(f'Invalid dry run value: "{value}": supported values: "All"')
-    return True
 
 
 def _escape(value: str) -> str:

@@ -18,19 +18,30 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from standins import apiserver_errors as errors
+from standins.apiserver_defaults import bare_object, check_namespace, check_preconditions, default, validate
 from standins.apiserver_patch import apply_patch
-from standins.apiserver_resources import ResourceType, field_value, lookup, lookup_object, name_problem
+from standins.apiserver_resources import (
+    NAMESPACES,
+    PODS,
+    ResourceType,
+    field_value,
+    lookup,
+    lookup_object,
+    name_problem,
+)
 from standins.apiserver_selectors import FieldSelector, LabelSelector
 from standins.apiserver_store import ObjectKey, Store, Stored
 
 # Which part of an object a write may change: the main resource leaves status alone, `/status` changes
 # only status, and tests' direct writes change everything.
+
 Scope = Literal["main", "status", "all"]
 
+
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the real server's: no vowels, no look-alikes
+
+
 _SERVER_OWNED = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation")
-NAMESPACES = lookup("namespaces")
-PODS = lookup("pods")
 
 
 def timestamp(moment: datetime | None = None) -> str:
@@ -120,9 +131,9 @@ class Operations:
     ) -> Stored:
         """POST: a new object with server-set metadata; 409 AlreadyExists, 404 for a missing namespace.
         `direct` (tests' own writes) keeps the status given and skips the namespace check."""
-        obj = _bare(rt, body)
+        obj = bare_object(rt, body)
         metadata = obj["metadata"]
-        _check_namespace_matches(rt, metadata, namespace)
+        check_namespace(rt, metadata, namespace)
         with self.store.lock:
             if rt.namespaced and not direct and self.store.get(NAMESPACES, "", namespace) is None:
                 raise errors.not_found("namespaces", namespace)
@@ -146,8 +157,8 @@ class Operations:
             metadata["creationTimestamp"] = timestamp()
             if rt.has_generation:
                 metadata["generation"] = 1
-            _default(rt, obj, creating=not direct)
-            _validate(rt, obj)
+            default(rt, obj, creating=not direct)
+            validate(rt, obj)
             if dry_run:
                 return Stored(obj, self.store.rv)
             return self.store.commit(rt, "ADDED", obj, None)
@@ -163,9 +174,9 @@ class Operations:
         dry_run: bool = False,
     ) -> Stored:
         """PUT: replace the object; 409 Conflict when body's resourceVersion is stale."""
-        obj = _bare(rt, body)
+        obj = bare_object(rt, body)
         metadata = obj["metadata"]
-        _check_namespace_matches(rt, metadata, namespace)
+        check_namespace(rt, metadata, namespace)
         if metadata.get("name", name) != name:
             raise errors.bad_request(
                 f"the name of the object ({metadata.get('name')}) does not match the name on the URL ({name})"
@@ -211,7 +222,7 @@ class Operations:
         grace = options.get("gracePeriodSeconds")
         with self.store.lock:
             current = self.get(rt, namespace, name)
-            _check_preconditions(rt, current, options.get("preconditions"))
+            check_preconditions(rt, current, options.get("preconditions"))
             obj = current.copy()
             metadata = obj["metadata"]
             if rt is NAMESPACES:
@@ -302,7 +313,7 @@ class Operations:
             if current is None:
                 return self.create(rt, namespace, copied, direct=True)
             copied["metadata"].pop("resourceVersion", None)
-            return self._write(rt, current, _bare(rt, copied), scope="all", dry_run=False)
+            return self._write(rt, current, bare_object(rt, copied), scope="all", dry_run=False)
 
     # -- helpers ------------------------------------------------------------------------------------
 
@@ -326,8 +337,8 @@ class Operations:
         metadata["namespace"] = old["metadata"].get("namespace")
         if not rt.namespaced:
             metadata.pop("namespace", None)
-        _default(rt, obj, creating=False)
-        _validate(rt, obj)
+        default(rt, obj, creating=False)
+        validate(rt, obj)
         if rt.has_generation and _spec_part(obj) != _spec_part(old):
             metadata["generation"] = int(old["metadata"].get("generation") or 0) + 1
         metadata["resourceVersion"] = str(current.rv)
@@ -380,57 +391,6 @@ def _resource_of(obj: Mapping[str, Any]) -> ResourceType:
         raise ValueError(str(exc)) from exc
 
 
-def _bare(rt: ResourceType, body: Any) -> dict[str, Any]:
-    """The request body as a bare object: checked to be this resource's type, kind/apiVersion removed."""
-    if not isinstance(body, dict):
-        raise errors.bad_request(f"the body of a {rt.kind} request must be a JSON object")
-    obj = dict(body)
-    api_version, kind = obj.pop("apiVersion", None), obj.pop("kind", None)
-    if api_version not in (None, "", rt.api_version):
-        raise errors.bad_request(
-            f"the API version in the data ({api_version}) does not match "
-            f"the expected API version ({rt.api_version})"
-        )
-    if kind not in (None, "", rt.kind):
-        raise errors.bad_request(
-            f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})"
-        )
-    metadata = obj.get("metadata")
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, dict):
-        raise errors.bad_request("metadata must be a JSON object")
-    obj["metadata"] = dict(metadata)
-    return obj
-
-
-def _check_namespace_matches(rt: ResourceType, metadata: dict[str, Any], namespace: str) -> None:
-    if not rt.namespaced:
-        metadata.pop("namespace", None)
-        return
-    if metadata.get("namespace") not in (None, "", namespace):
-        raise errors.bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request"
-        )
-    metadata["namespace"] = namespace
-
-
-def _check_preconditions(rt: ResourceType, current: Stored, preconditions: Any) -> None:
-    if not isinstance(preconditions, dict):
-        return
-    metadata = current.obj["metadata"]
-    uid, rv = preconditions.get("uid"), preconditions.get("resourceVersion")
-    if uid and uid != metadata.get("uid"):
-        why = f"Precondition failed: UID in precondition: {uid}, UID in object meta: {metadata.get('uid')}"
-        raise errors.conflict(rt.plural, current.key[1], rt.group, why=why)
-    if rv and str(rv) != str(current.rv):
-        why = (
-            f"Precondition failed: ResourceVersion in precondition: {rv}, "
-            f"ResourceVersion in object meta: {current.rv}"
-        )
-        raise errors.conflict(rt.plural, current.key[1], rt.group, why=why)
-
-
 def selected(obj: dict[str, Any], labels: LabelSelector, fields: FieldSelector) -> bool:
     """Whether a bare object is selected by both selectors."""
     if not labels.empty and not labels.matches((obj.get("metadata") or {}).get("labels")):
@@ -465,81 +425,3 @@ def _set_or_drop(target: dict[str, Any], key: str, value: Any) -> None:
 
 def _spec_part(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
-
-
-def _validate(rt: ResourceType, obj: dict[str, Any]) -> None:
-    """The checks of the real server that product code could trip over (not its full validation)."""
-    metadata = obj["metadata"]
-    for field in ("labels", "annotations"):
-        values = metadata.get(field)
-        if values is None:
-            continue
-        if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
-            # The real server fails to decode such a body before validating it.
-            raise errors.bad_request(
-                f"json: cannot unmarshal metadata.{field} of {rt.kind} {metadata.get('name')!r}: "
-                f"it must be an object of strings, got {json.dumps(values)}"
-            )
-    if rt is not PODS:
-        return
-    causes: list[str] = []
-    containers = (obj.get("spec") or {}).get("containers")
-    if not isinstance(containers, list) or not containers:
-        causes.append("spec.containers: Required value")
-    else:
-        for index, container in enumerate(containers):
-            for field in ("name", "image"):
-                if not isinstance(container, dict) or not container.get(field):
-                    causes.append(f"spec.containers[{index}].{field}: Required value")
-    if causes:
-        raise errors.invalid(rt.kind, str(metadata.get("name") or ""), causes)
-
-
-def _default(rt: ResourceType, obj: dict[str, Any], *, creating: bool) -> None:
-    """The defaulting the real server applies before storing (the part product code can observe)."""
-    metadata = obj["metadata"]
-    if rt is NAMESPACES:
-        metadata["labels"] = {
-            **(metadata.get("labels") or {}),
-            "kubernetes.io/metadata.name": metadata["name"],
-        }
-        obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
-        obj.setdefault("status", {}).setdefault("phase", "Active")
-    elif rt is PODS:
-        _default_pod(obj, creating=creating)
-    elif rt.plural == "secrets":
-        obj.setdefault("type", "Opaque")
-        string_data = obj.pop("stringData", None)
-        if isinstance(string_data, dict):
-            data = dict(obj.get("data") or {})
-            data.update({k: base64.b64encode(str(v).encode()).decode() for k, v in string_data.items()})
-            obj["data"] = data
-
-
-def _default_pod(pod: dict[str, Any], *, creating: bool) -> None:
-    spec = pod.setdefault("spec", {})
-    spec.setdefault("restartPolicy", "Always")
-    spec.setdefault("dnsPolicy", "ClusterFirst")
-    spec.setdefault("schedulerName", "default-scheduler")
-    spec.setdefault("terminationGracePeriodSeconds", 30)
-    spec.setdefault("securityContext", {})
-    for group in ("initContainers", "containers"):
-        for container in spec.get(group) or []:
-            if not isinstance(container, dict):
-                continue
-            container.setdefault("terminationMessagePath", "/dev/termination-log")
-            container.setdefault("terminationMessagePolicy", "File")
-            image = str(container.get("image") or "")
-            tag = image.rsplit("/", 1)[-1]
-            untagged_or_latest = "@" not in tag and (":" not in tag or tag.endswith(":latest"))
-            container.setdefault("imagePullPolicy", "Always" if untagged_or_latest else "IfNotPresent")
-            resources = container.setdefault("resources", {})
-            limits = resources.get("limits")
-            if isinstance(limits, dict) and limits:
-                # Requests default to the limits, resource by resource.
-                resources["requests"] = {**limits, **(resources.get("requests") or {})}
-    if creating:
-        # A created pod starts Pending whatever status it was sent with.
-        pod["status"] = {"phase": "Pending"}
-    else:
-        pod.setdefault("status", {}).setdefault("phase", "Pending")

@@ -250,3 +250,7 @@ NAME_VALIDATORS: dict[str, Callable[[str], str | None]] = {"namespaces": _label_
 def name_problem(rt: ResourceType, name: str) -> str | None:
     """Why `name` is not a valid object name for `rt`, or None when it is."""
     return NAME_VALIDATORS.get(rt.plural, _subdomain_problem)(name)
+
+
+NAMESPACES = lookup("namespaces")
+PODS = lookup("pods")

@@ -1,0 +1,194 @@
+"""The stand-in API server's errors and injected faults, and the ways to run it, driven only through
+the official Kubernetes client."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from kubernetes import client, config
+
+from standins.apiserver import ApiServerStandin
+
+
+@pytest.fixture
+def core(apiserver: ApiServerStandin) -> Iterator[client.CoreV1Api]:
+    with apiserver.api_client() as api_client:
+        yield client.CoreV1Api(api_client)
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+def status_of(exc: client.ApiException) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(exc.body)
+    return body
+
+
+# -- errors and faults ----------------------------------------------------------------------------------
+
+
+def test_unknown_paths_are_404(core: client.CoreV1Api) -> None:
+    for path in (
+        "/api/v1/widgets",
+        "/api/v1/namespaces/default/pods/p/nonsense",
+        "/apis/apps/v1/deployments",
+    ):
+        request = core.api_client.param_serialize("GET", path, auth_settings=["BearerToken"])
+        response = core.api_client.call_api(*request)
+        response.read()
+        assert response.status == 404, path
+        assert json.loads(response.data)["reason"] == "NotFound"
+
+
+def test_requests_without_the_token_are_unauthorized(apiserver: ApiServerStandin) -> None:
+    configuration = client.Configuration(host=apiserver.url)
+    with client.ApiClient(configuration) as anonymous, pytest.raises(client.ApiException) as caught:
+        client.CoreV1Api(anonymous).list_node()
+    assert caught.value.status == 401
+
+
+def test_denied_requests_get_the_rbac_message(apiserver: ApiServerStandin, core: client.CoreV1Api) -> None:
+    apiserver.put(node("n1"))
+    apiserver.deny("patch", "nodes")
+    apiserver.deny("list", "pods", namespace="kube-system")
+    user = 'User "system:serviceaccount:kube-vgpu:kube-vgpu"'
+    with pytest.raises(client.ApiException) as caught:
+        core.patch_node("n1", {"metadata": {"labels": {"a": "b"}}})
+    assert caught.value.status == 403
+    assert status_of(caught.value)["reason"] == "Forbidden"
+    assert status_of(caught.value)["message"] == (
+        f'nodes "n1" is forbidden: {user} cannot patch resource "nodes" in API group "" at the cluster scope'
+    )
+    with pytest.raises(client.ApiException) as caught:
+        core.list_namespaced_pod("kube-system")
+    assert status_of(caught.value)["message"] == (
+        f'pods is forbidden: {user} cannot list resource "pods" in API group "" '
+        'in the namespace "kube-system"'
+    )
+    # Rules are precise: another verb, subresource or namespace is still allowed.
+    assert core.patch_node_status("n1", {"status": {"capacity": {"cpu": "1"}}}).status.capacity == {
+        "cpu": "1"
+    }
+    assert core.list_namespaced_pod("default").items == []
+    apiserver.allow_all()
+    assert core.patch_node("n1", {"metadata": {"labels": {"a": "b"}}}).metadata.labels == {"a": "b"}
+
+
+def test_outage_refuses_connections_then_recovers_on_the_same_port(
+    apiserver: ApiServerStandin, core: client.CoreV1Api
+) -> None:
+    apiserver.put(node("n1"))
+    port = apiserver.port
+    assert core.read_node("n1").metadata.name == "n1"  # a keep-alive connection is now pooled
+    apiserver.set_outage(True)
+    with pytest.raises(urllib3.exceptions.MaxRetryError) as caught:
+        core.read_node("n1")
+    assert isinstance(caught.value.reason, urllib3.exceptions.NewConnectionError)
+    apiserver.set_outage(False)
+    assert apiserver.port == port
+    assert core.read_node("n1").metadata.name == "n1"
+
+
+def test_hang_is_detected_by_the_client_timeout(apiserver: ApiServerStandin, core: client.CoreV1Api) -> None:
+    apiserver.put(node("n1"))
+    apiserver.set_hang(True, paths=["/api/v1/nodes"])
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        core.patch_node("n1", {"metadata": {"labels": {"a": "b"}}}, _request_timeout=0.2)
+    [hung] = apiserver.requests("PATCH")
+    assert hung.status is None  # never answered
+    assert core.read_namespace("default").metadata.name == "default"  # other paths still answer
+    apiserver.set_hang(False)
+    assert core.read_node("n1", _request_timeout=5).metadata.name == "n1"
+
+
+def test_request_log_keeps_method_path_query_and_body(
+    apiserver: ApiServerStandin, core: client.CoreV1Api
+) -> None:
+    apiserver.put(node("n1"))
+    core.list_node(label_selector="a=b")
+    core.patch_node("n1", {"metadata": {"labels": {"a": "b"}}})
+    listed, patched = apiserver.requests()
+    assert (listed.method, listed.path, listed.query, listed.status) == (
+        "GET",
+        "/api/v1/nodes",
+        {"labelSelector": "a=b"},
+        200,
+    )
+    assert (patched.method, patched.path, patched.json()) == (
+        "PATCH",
+        "/api/v1/nodes/n1",
+        {"metadata": {"labels": {"a": "b"}}},
+    )
+    apiserver.clear_requests()
+    assert apiserver.requests() == []
+
+
+# -- running it -----------------------------------------------------------------------------------------
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "standin")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+def test_https_through_a_kubeconfig_file(tmp_path: Path) -> None:
+    cert_file, key_file = _self_signed(tmp_path)
+    with ApiServerStandin(tls_cert_file=cert_file, tls_key_file=key_file, ca_file=cert_file) as api:
+        api.put(node("n1"))
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        assert configuration.host.startswith("https://127.0.0.1:")
+        with client.ApiClient(configuration) as api_client:
+            assert [n.metadata.name for n in client.CoreV1Api(api_client).list_node().items] == ["n1"]
+
+
+async def test_runs_on_the_callers_loop() -> None:
+    async with ApiServerStandin() as api:
+        api.put(node("n1"))
+        with api.api_client() as api_client:
+            core = client.CoreV1Api(api_client)
+            # The sync client blocks, so it runs on a worker thread while this loop serves it.
+            nodes = await asyncio.to_thread(core.list_node)
+            assert [n.metadata.name for n in nodes.items] == ["n1"]
+            await api.set_outage_async(True)
+            with pytest.raises(urllib3.exceptions.MaxRetryError):
+                await asyncio.to_thread(core.list_node)
+            await api.set_outage_async(False)
+            assert len((await asyncio.to_thread(core.list_node)).items) == 1
