@@ -1,0 +1,109 @@
+"""`kube-vgpu node`: flags, NVML (real or simulated), credentials, signals and the exit code.
+
+The work is in `node.plugin`; this module only turns the command line into a running plugin and stops
+it cleanly on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from contract.config import ConfigError, load_config
+from contract.names import HAMI_CORE, MIG, MODES
+from kubeapi.client import Kube, KubeConfigError, load_api_client
+from node.gpus import DiscoveryError
+from node.plugin import NodePlugin, PluginSettings
+
+LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+log = logging.getLogger("kube_vgpu.node")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The node plugin's flags (each also readable from KUBE_VGPU_<FLAG>)."""
+    parser.add_argument(
+        "--node-name", required=True, help="this node's name (the DaemonSet passes spec.nodeName)"
+    )
+    parser.add_argument(
+        "--mode", default=HAMI_CORE, choices=list(MODES), help="how GPUs are shared on this node"
+    )
+    parser.add_argument(
+        "--kubelet-dir", default=DEFAULT_KUBELET_DIR, help="the kubelet's device-plugin folder"
+    )
+    parser.add_argument("--config", default=None, help="configuration file (YAML); default: every default")
+    parser.add_argument(
+        "--simulate",
+        default=None,
+        help="run over a simulated NVML described by this YAML file (no GPU needed)",
+    )
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file; default: in-cluster credentials")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _load_nvml(args: argparse.Namespace) -> Any:
+    if args.simulate:
+        from node.simnvml import load_simulation
+
+        return load_simulation(Path(args.simulate), args.node_name)
+    import pynvml
+
+    return pynvml
+
+
+async def _serve(plugin: NodePlugin) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await plugin.run(stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM: 0 on a clean stop, 1 when NVML or the GPUs fail, 2 on bad input."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    if args.mode == MIG:
+        log.error(
+            "event=node_failed error=%r", "mig mode is not available in this version; use --mode hami-core"
+        )
+        return 2
+    try:
+        config = load_config(args.config)
+        nvml = _load_nvml(args)
+        kube = Kube(load_api_client(args.kubeconfig))
+    except (ConfigError, KubeConfigError, ValueError) as exc:
+        # ValueError: SimulationError, a bad --simulate file.
+        log.error("event=node_failed node=%s error=%r", args.node_name, str(exc))
+        return 2
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        log.error(
+            "event=node_failed node=%s error=%r",
+            args.node_name,
+            f"cannot initialise NVML: {exc} (no NVIDIA driver here? --simulate FILE runs without one)",
+        )
+        kube.close()
+        return 1
+    settings = PluginSettings(
+        node_name=args.node_name, mode=args.mode, kubelet_dir=Path(args.kubelet_dir), config=config
+    )
+    try:
+        asyncio.run(_serve(NodePlugin(settings, nvml, kube)))
+    except (DiscoveryError, OSError) as exc:
+        log.error("event=node_failed node=%s error=%r", args.node_name, str(exc))
+        return 1
+    finally:
+        nvml.nvmlShutdown()
+        kube.close()
+    return 0
