@@ -2,8 +2,8 @@
 
 The decisions are pure (`node.selection`, `node.verify`, `node.hamicore`); this module does the I/O
 around them within `allocateTimeoutSeconds`: list the node's pods, consume the entry with a JSON patch
-that first tests the value it read (so two concurrent Allocates never take the same entry; the loser
-re-reads and retries), write the bind phase, release the node lock. It never touches
+that first tests the value it read (so two writers never take the same entry; the loser re-reads and
+retries), write the bind phase, release the node lock. It never touches
 `volcano.sh/vgpu-ids-new`.
 """
 
@@ -108,6 +108,11 @@ class Allocator:
         self._lock_dir = lock_dir
         self._new_cache_file = new_cache_file
         self._background: set[asyncio.Task[None]] = set()
+        # Allocates of this process run one at a time: concurrent ones would all pick the same oldest
+        # pod and all but one lose the JSON-patch test, round after round. The test still guards
+        # against other writers (a second plugin during a rolling update). The wait counts against
+        # each call's own deadline.
+        self._one_at_a_time = asyncio.Lock()
 
     async def allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
         """Answer one Allocate of `len(device_ids)` vGPUs, or raise AllocateFailed with the reason."""
@@ -115,7 +120,7 @@ class Allocator:
         deadline = asyncio.get_running_loop().time() + timeout
         attempt = _Attempt()
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(deadline), self._one_at_a_time:
                 response = await self._allocate(len(device_ids), attempt, deadline)
         except TimeoutError:
             message = (

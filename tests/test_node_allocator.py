@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -13,6 +14,7 @@ from test_node_support import (
     CORES,
     COUNT,
     EXAMPLE_IDS,
+    GPUS,
     MEMORY,
     NODE,
     UUID_A,
@@ -28,6 +30,7 @@ from test_node_support import (
     short_tempdir,
 )
 
+from contract.config import ResourceNames
 from contract.names import (
     BIND_PHASE,
     DEVICES_TO_ALLOCATE,
@@ -36,6 +39,10 @@ from contract.names import (
     VGPU_TIME,
     VGPU_TIME_DONE,
 )
+from kubeapi.client import Kube
+from node.allocator import Allocator
+from node.api import NodeApi
+from node.ledger import Ledger
 from standins.apiserver import ApiServerStandin
 
 
@@ -117,6 +124,52 @@ async def test_concurrent_pods_each_get_their_own_entry(h: Harness) -> None:
     for name in ("a", "b", "c"):
         annotations = h.annotations(name)
         assert (annotations[DEVICES_TO_ALLOCATE], annotations[BIND_PHASE]) == ("", "success")
+
+
+class RacingApi(NodeApi):
+    """A NodeApi after whose first pod list another writer consumes the oldest pod's entry."""
+
+    def __init__(self, kube: Kube, standin: ApiServerStandin) -> None:
+        super().__init__(kube, NODE)
+        self._standin = standin
+        self._raced = False
+
+    async def pods_on_node(self, budget: float) -> list[dict[str, Any]]:
+        pods = await super().pods_on_node(budget)
+        if not self._raced:
+            self._raced = True
+            # E.g. a second plugin during a rolling update, answering for the same pod first.
+            done = {DEVICES_TO_ALLOCATE: "", BIND_PHASE: "success", VGPU_TIME: VGPU_TIME_DONE}
+            self._standin.patch("Pod", "first", {"metadata": {"annotations": done}}, patch_type="merge")
+        return pods
+
+
+async def test_an_entry_consumed_by_another_writer_is_not_taken_again(h: Harness) -> None:
+    assert h.plugin.metrics is not None
+    h.api.put(one_gpu_pod("first", mem=1001, vgpu_time="100"))
+    h.api.put(one_gpu_pod("second", mem=1002, vgpu_time="101"))
+    kube = Kube(h.api.api_client())
+    racing = RacingApi(kube, h.api)
+    allocator = Allocator(
+        racing,
+        h.inventory,
+        Ledger(GPUS, 10, ResourceNames(), NODE),
+        h.plugin.metrics,
+        mode="hami-core",
+        names=ResourceNames(),
+        config=h.plugin.settings.config.node,
+        lock_dir=h.plugin.settings.lock_dir,
+    )
+    h.api.clear_requests()
+    try:
+        response = await allocator.allocate([f"{UUID_A}-0"])
+    finally:
+        await asyncio.to_thread(racing.close)
+        kube.close()
+    assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1002m"
+    statuses = [r.status for r in h.api.requests("PATCH", "/api/v1/namespaces/default/pods/")]
+    assert statuses == [422, 200]  # the test op refused the stale write; the retry took the next pod
+    assert h.annotations("second")[BIND_PHASE] == "success"
 
 
 @pytest.mark.parametrize(
