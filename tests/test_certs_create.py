@@ -200,10 +200,12 @@ def test_a_secret_that_is_not_tls_is_refused_untouched(
 
 
 def _wait_hung(api: ApiServerStandin, count: int) -> None:
-    event = threading.Event()
-    while not event.wait(0.01):
+    pause = threading.Event()
+    for _ in range(3000):  # 30 s at most
         if sum(1 for r in api.requests("GET") if r.status is None) >= count:
             return
+        pause.wait(0.01)
+    raise AssertionError(f"{count} requests never arrived: {api.requests()}")
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["empty", "expiring"])
