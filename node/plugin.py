@@ -120,6 +120,7 @@ class NodePlugin:
             interval=node.register_interval_seconds,
             call_budget=node.allocate_timeout_seconds,
             watch_timeout_seconds=s.watch_timeout_seconds,
+            handshake=node.write_handshake,
         )
         inventory.on_change(publisher.trigger)
         self.metrics_server = MetricsServer(

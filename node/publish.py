@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from contract.config import ResourceNames
 from contract.models import model_label_name, register_type
-from contract.names import MODE_LABEL, MODEL_LABEL_PREFIX, NODE_REGISTER, UUID_LABEL_PREFIX
+from contract.names import MODE_LABEL, MODEL_LABEL_PREFIX, NODE_HANDSHAKE, NODE_REGISTER, UUID_LABEL_PREFIX
 from contract.register import GpuRecord, encode_register
 from node.gpus import GpuInfo
 
@@ -121,3 +122,19 @@ def _quantity(text: object) -> int | None:
     if isinstance(text, str) and text.isdigit():
         return int(text)
     return None
+
+
+def handshake_due(node: Mapping[str, Any]) -> bool:
+    """Whether the legacy handshake annotation must be written again (protocol §2.4).
+
+    Volcano v1.12-v1.14.2 and v1.15.0 answer any other value with `Requesting_<time>` and drop the
+    node once that is 60 s old, so the plugin rewrites it whenever it says Requesting (or Deleted, or
+    is missing), on its periodic reconcile.
+    """
+    value = ((node.get("metadata") or {}).get("annotations") or {}).get(NODE_HANDSHAKE)
+    return value is None or "Requesting" in value or "Deleted" in value
+
+
+def handshake_value(now: datetime) -> str:
+    """A handshake value the old scheduler accepts (neither `Requesting` nor `Deleted`)."""
+    return f"Reported {now.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S')} +0000 UTC"

@@ -13,13 +13,23 @@ import contextlib
 import logging
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from contract.config import ResourceNames
+from contract.names import NODE_HANDSHAKE
 from kubeapi.client import ApiError, ApiUnavailable, KubeError, WatchInterrupt
 from node.api import NodeApi
 from node.inventory import Inventory
-from node.publish import capacity, capacity_patch, desired_labels, metadata_patch, register_value
+from node.publish import (
+    capacity,
+    capacity_patch,
+    desired_labels,
+    handshake_due,
+    handshake_value,
+    metadata_patch,
+    register_value,
+)
 
 log = logging.getLogger("kube_vgpu.node.publisher")
 
@@ -43,8 +53,10 @@ class NodePublisher:
         interval: float,
         call_budget: float = 10.0,
         watch_timeout_seconds: int = 300,
+        handshake: bool = False,
     ) -> None:
         self._api = api
+        self._handshake = handshake
         self._inventory = inventory
         self._mode = mode
         self._names = names
@@ -78,12 +90,18 @@ class NodePublisher:
         register, labels, wanted = self._wanted()
         wrote = False
         meta = metadata_patch(node, register, labels)
+        if self._handshake and handshake_due(node):
+            # Only here, never on a watch event: the old scheduler rewrites it after every change.
+            meta = meta or {"metadata": {}}
+            meta["metadata"].setdefault("annotations", {})[NODE_HANDSHAKE] = handshake_value(
+                datetime.now(UTC)
+            )
         if meta is not None:
             await self._api.patch_node(meta, self._budget)
             log.info(
-                "event=node_published node=%s register=%r labels=%s",
+                "event=node_published node=%s annotations=%s labels=%s",
                 self._inventory.node_name,
-                register,
+                meta["metadata"].get("annotations") or {},
                 sorted((meta["metadata"].get("labels") or {}).items()),
             )
             wrote = True

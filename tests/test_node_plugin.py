@@ -24,7 +24,7 @@ from test_node_support import (
 )
 
 from contract.models import register_type
-from contract.names import NODE_REGISTER
+from contract.names import NODE_HANDSHAKE, NODE_REGISTER
 from contract.register import GpuRecord, decode_register
 from node.deviceplugin import socket_name
 from proto import deviceplugin_v1beta1_pb2 as pb
@@ -237,3 +237,20 @@ async def test_stop_ends_the_stream_and_removes_the_socket(
             await h.kubelet.wait_for(lambda: plugin.ended is not None)
         assert not (kdir / socket_name(RESOURCE)).exists()
         assert plugin.healthy == 0
+
+
+async def test_legacy_handshake_when_configured(api: ApiServerStandin, kdir: Path, tmp_path: Path) -> None:
+    async with running_plugin(api, kdir, tmp_path, write_handshake=True) as h:
+        assert h.plugin.publisher is not None
+        assert node_annotations(api)[NODE_HANDSHAKE].startswith("Reported ")
+        # What Volcano 1.12-1.14.2 writes back; the periodic reconcile answers it, a watch event does not.
+        requesting = {"metadata": {"annotations": {NODE_HANDSHAKE: "Requesting_2026.08.20 10:07:21"}}}
+        node = api.patch("Node", NODE, requesting, patch_type="merge")
+        assert not h.plugin.publisher.drifted(node)
+        assert await h.plugin.publisher.reconcile()
+        assert node_annotations(api)[NODE_HANDSHAKE].startswith("Reported ")
+
+
+async def test_no_handshake_by_default(api: ApiServerStandin, kdir: Path, tmp_path: Path) -> None:
+    async with running_plugin(api, kdir, tmp_path):
+        assert NODE_HANDSHAKE not in node_annotations(api)

@@ -97,3 +97,18 @@ def test_capacity_patch_rewrites_zeroed_or_missing_values_only() -> None:
 def test_h200_device_ids_fit_the_kubelet_limit() -> None:
     gpu = GpuInfo(0, "GPU-" + "f" * 8 + "-ffff-ffff-ffff-" + "f" * 12, "NVIDIA H200", 0, 143771)
     assert len(gpu.device_id(99)) <= 63
+
+
+def test_handshake_is_due_unless_the_plugin_value_stands() -> None:
+    from datetime import UTC, datetime
+
+    from contract.names import NODE_HANDSHAKE
+    from node.publish import handshake_due, handshake_value
+
+    value = handshake_value(datetime(2026, 8, 20, 10, 7, 21, tzinfo=UTC))
+    assert value == "Reported 2026-08-20 10:07:21 +0000 UTC"
+    assert "Requesting" not in value and "Deleted" not in value
+    assert handshake_due({"metadata": {}})
+    assert handshake_due({"metadata": {"annotations": {NODE_HANDSHAKE: "Requesting_2026.08.20 10:07:21"}}})
+    assert handshake_due({"metadata": {"annotations": {NODE_HANDSHAKE: "Deleted_2026.08.20 10:07:21"}}})
+    assert not handshake_due({"metadata": {"annotations": {NODE_HANDSHAKE: value}}})
