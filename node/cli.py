@@ -98,12 +98,13 @@ def run(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         node_name=args.node_name, mode=args.mode, kubelet_dir=Path(args.kubelet_dir), config=config
     )
+    plugin = NodePlugin(settings, nvml, kube)
     try:
-        asyncio.run(_serve(NodePlugin(settings, nvml, kube)))
+        asyncio.run(_serve(plugin))
     except (DiscoveryError, OSError) as exc:
         log.error("event=node_failed node=%s error=%r", args.node_name, str(exc))
         return 1
     finally:
         nvml.nvmlShutdown()
         kube.close()
-    return 0
+    return 1 if plugin.failed else 0

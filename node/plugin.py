@@ -71,6 +71,8 @@ class NodePlugin:
         self.api = NodeApi(kube, settings.node_name)
         self._stop = asyncio.Event()
         self._stopped = False
+        self._external_stop: asyncio.Event | None = None
+        self.failed = False  # a background loop died: the process should exit non-zero
         self._tasks: list[asyncio.Task[None]] = []
         self._watch_thread: asyncio.Future[None] | None = None
         self.inventory: Inventory | None = None
@@ -157,7 +159,25 @@ class NodePlugin:
         self._watch_thread = loop.run_in_executor(None, publisher.watch_forever, loop)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
-        self._tasks.append(asyncio.create_task(coroutine, name=f"kube-vgpu-{name}"))
+        task = asyncio.create_task(coroutine, name=f"kube-vgpu-{name}")
+        task.add_done_callback(self._task_ended)
+        self._tasks.append(task)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        # These loops run until cancelled; ending any other way is a bug, and the plugin cannot go on
+        # half-working: stop, so the DaemonSet restarts it.
+        if task.cancelled():
+            return
+        log.error(
+            "event=task_died node=%s task=%s",
+            self.settings.node_name,
+            task.get_name(),
+            exc_info=task.exception(),
+        )
+        self.failed = True
+        self._stop.set()
+        if self._external_stop is not None:
+            self._external_stop.set()
 
     async def _kubelet_link(self) -> None:
         """Serve and register; again after every kubelet restart."""
@@ -174,7 +194,14 @@ class NodePlugin:
                 await asyncio.sleep(s.kubelet_poll_seconds)
                 continue
             waiting_logged = False
-            await self.server.start()
+            try:
+                await self.server.start()
+            except (OSError, RuntimeError) as exc:
+                log.error(
+                    "event=serve_failed node=%s socket=%s error=%r", s.node_name, self.server.path, str(exc)
+                )
+                await asyncio.sleep(max(s.kubelet_poll_seconds, 1.0))
+                continue
             await self._register(kubelet_socket, identity)
             # Polling the file system: a kubelet restart sends no event to wait on.
             while socket_identity(kubelet_socket) == identity and self.server.intact:  # noqa: ASYNC110
@@ -241,6 +268,7 @@ class NodePlugin:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start, serve until `stop` is set, then stop cleanly."""
+        self._external_stop = stop
         try:
             stop_waiter = asyncio.create_task(stop.wait())
             start = asyncio.create_task(self.start())
