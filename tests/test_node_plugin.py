@@ -149,6 +149,18 @@ async def test_kubelet_restart_means_serving_and_registering_again(
         assert h.plugin.registrations == 2
 
 
+async def test_a_recreated_kubelet_socket_alone_is_noticed(
+    api: ApiServerStandin, kdir: Path, tmp_path: Path
+) -> None:
+    # Our socket survives; only kubelet.sock is replaced (possibly on the same inode).
+    async with running_plugin(api, kdir, tmp_path) as h:
+        await h.kubelet.stop()
+        await asyncio.sleep(0.05)  # past a coarse file-system clock tick, so the change time moves
+        await h.kubelet.start()
+        async with asyncio.timeout(5):
+            await h.kubelet.wait_registered(RESOURCE, count=2)
+
+
 async def test_waits_for_the_kubelet_and_removes_a_stale_socket(
     api: ApiServerStandin, kdir: Path, tmp_path: Path
 ) -> None:
