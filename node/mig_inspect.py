@@ -1,0 +1,123 @@
+"""Read-only MIG inspection: `python -m node.mig_inspect [--simulate FILE --node-name NAME]`.
+
+Prints, as JSON, what the node plugin's MIG mode would work from on every GPU: MIG mode (current
+and pending), the GPU instance profiles with memory and placements, and the existing GPU/compute
+instances with their MIG device UUIDs. It changes nothing, so it is safe on a production node; run
+it on a real GPU to compare NVML's answers with the simulator's tables and the geometry ConfigMap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from node.gpus import Nvml
+from node.mig_nvml import gpu_handle, mig_mode, read_instances, read_profiles
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def describe_gpu(nvml: Nvml, index: int) -> dict[str, Any]:
+    """One GPU's MIG facts as plain data; an NVML failure is reported in `error`, not raised."""
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+    out: dict[str, Any] = {"index": index, "uuid": uuid, "name": _text(nvml.nvmlDeviceGetName(handle))}
+    try:
+        out["memoryMiB"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
+        mode = mig_mode(nvml, gpu_handle(nvml, uuid))
+        out["migMode"] = (
+            {"current": mode.current, "pending": mode.pending} if mode.supported else "not supported"
+        )
+        if not mode.supported:
+            return out
+        profiles = read_profiles(nvml, handle)
+        out["profiles"] = [
+            {
+                "name": p.name,
+                "id": p.profile_id,
+                "sliceCount": p.slice_count,
+                "memoryMiB": p.memory_mib,
+                "instanceCount": p.instance_count,
+                "placements": [[s, p.placement_size] for s in p.starts],
+            }
+            for p in sorted(profiles.values(), key=lambda p: (p.slice_count, p.memory_mib, p.name))
+        ]
+        by_id = {p.profile_id: p.name for p in profiles.values()}
+        if mode.current == 1:
+            out["instances"] = [
+                {
+                    "gpuInstanceId": o.gi_id,
+                    "profile": by_id.get(o.profile_id, str(o.profile_id)),
+                    "placement": [o.start, o.size],
+                    "computeInstances": [
+                        {"id": c.ci_id, "migUuid": c.mig_uuid, "memoryMiB": c.memory_mib, "full": c.full}
+                        for c in o.compute
+                    ],
+                }
+                for o in read_instances(nvml, handle, list(profiles.values()))
+            ]
+            out["migDeviceOrder"] = _mig_device_order(nvml, handle)
+    except nvml.NVMLError as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _mig_device_order(nvml: Nvml, handle: Any) -> list[Any]:
+    # What `nvmlDeviceGetMigDeviceHandleByIndex` lists at each index: the reference plugin's
+    # "index = position" assumption can be checked against it on real hardware.
+    order: list[Any] = []
+    for index in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+        except nvml.NVMLError_NotFound:
+            order.append(None)
+            continue
+        order.append(
+            [int(nvml.nvmlDeviceGetGpuInstanceId(mig)), int(nvml.nvmlDeviceGetComputeInstanceId(mig))]
+        )
+    return order
+
+
+def describe_mig(nvml: Nvml) -> dict[str, Any]:
+    """Every GPU's MIG facts (nvmlInit must have been called)."""
+    return {
+        "driverVersion": _text(nvml.nvmlSystemGetDriverVersion()),
+        "gpus": [describe_gpu(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount()))],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print `describe_mig` as JSON; 1 when NVML cannot start."""
+    parser = argparse.ArgumentParser(prog="python -m node.mig_inspect", description=__doc__)
+    parser.add_argument(
+        "--simulate", default=None, help="inspect a simulated NVML described by this YAML file"
+    )
+    parser.add_argument("--node-name", default="inspect", help="node name for the simulation's default UUIDs")
+    args = parser.parse_args(argv)
+    if args.simulate:
+        from node.simnvml import load_simulation
+
+        nvml: Nvml = load_simulation(Path(args.simulate), args.node_name)
+    else:
+        import pynvml
+
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        print(f"cannot initialise NVML: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(json.dumps(describe_mig(nvml), indent=2))
+    finally:
+        nvml.nvmlShutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
