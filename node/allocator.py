@@ -37,6 +37,7 @@ from node.hamicore import DEFAULT_LOCK_DIR, ContainerResponse, build_response, c
 from node.inventory import Inventory
 from node.ledger import Ledger
 from node.metrics import Metrics
+from node.mig import MigManager, MigRefused
 from node.selection import Claim, PodRef, annotations_of, pod_ref, select
 from node.verify import claim_problem
 
@@ -96,6 +97,7 @@ class Allocator:
         config: NodeConfig,
         lock_dir: str = DEFAULT_LOCK_DIR,
         new_cache_file: Callable[[], str] = lambda: f"{uuid.uuid4()}.cache",
+        mig: MigManager | None = None,
     ) -> None:
         self._api = api
         self._inventory = inventory
@@ -107,6 +109,7 @@ class Allocator:
         self._config = config
         self._lock_dir = lock_dir
         self._new_cache_file = new_cache_file
+        self._mig = mig  # mig mode: MIG slots instead of the hami-core response
         self._background: set[asyncio.Task[None]] = set()
         # Allocates of this process run one at a time: concurrent ones would all pick the same oldest
         # pod and all but one lose the JSON-patch test, round after round. The test still guards
@@ -182,7 +185,7 @@ class Allocator:
                 )
             attempt.pod = claim.pod
             pod = next(p for p in pods if pod_ref(p) == claim.pod)
-            response = await self._honour(claim, pod, deadline, attempt)
+            response = await self._honour(claim, pod, deadline, attempt, pods)
             if response is not None:
                 return response
         assert attempt.pod is not None  # every round that did not return or raise found a claim
@@ -195,14 +198,25 @@ class Allocator:
         )
 
     async def _honour(
-        self, claim: Claim, pod: dict[str, Any], deadline: float, attempt: _Attempt
+        self,
+        claim: Claim,
+        pod: dict[str, Any],
+        deadline: float,
+        attempt: _Attempt,
+        pods: Sequence[dict[str, Any]] = (),
     ) -> ContainerResponse | None:
         """Check, build and consume one claim; None when another Allocate consumed it first."""
         inventory = self._inventory
         problem = claim_problem(
             claim.records, annotations_of(pod), inventory.by_uuid, inventory.unhealthy, self._mode
         )
-        if problem is None:
+        response: ContainerResponse | None = None
+        if problem is None and self._mig is not None:
+            try:
+                response = await self._mig.respond(claim, pods)
+            except MigRefused as exc:
+                problem = str(exc)
+        elif problem is None:
             try:
                 self._make_dirs(claim)
             except OSError as exc:
@@ -212,7 +226,7 @@ class Allocator:
             attempt.settled = True
             await self._release_lock(deadline)
             raise _Refused(f"pod {claim.pod}: {problem}", "rejected", grpc.StatusCode.FAILED_PRECONDITION)
-        response = build_response(
+        response = response or build_response(
             claim.records,
             inventory.by_uuid,
             claim.container,

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from contract.config import ConfigError, load_config
-from contract.names import HAMI_CORE, MIG, MODES
+from contract.names import HAMI_CORE, MODES
 from kubeapi.client import Kube, KubeConfigError, load_api_client
 from node.gpus import DiscoveryError
+from node.mig_config import MigConfigError
 from node.plugin import NodePlugin, PluginSettings
 
 LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
@@ -72,11 +73,6 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM: 0 on a clean stop, 1 when NVML or the GPUs fail, 2 on bad input."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
-    if args.mode == MIG:
-        log.error(
-            "event=node_failed error=%r", "mig mode is not available in this version; use --mode hami-core"
-        )
-        return 2
     try:
         config = load_config(args.config)
         nvml = _load_nvml(args)
@@ -101,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     plugin = NodePlugin(settings, nvml, kube)
     try:
         asyncio.run(_serve(plugin))
-    except (DiscoveryError, OSError) as exc:
+    except (DiscoveryError, MigConfigError, OSError) as exc:
         log.error("event=node_failed node=%s error=%r", args.node_name, str(exc))
         return 1
     finally:

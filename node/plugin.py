@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from contract.config import Config
+from contract.names import MIG
 from kubeapi.client import ApiError, ApiUnavailable, Kube
 from node.allocator import Allocator
 from node.api import NodeApi
@@ -37,6 +38,7 @@ from node.health import HealthMonitor, HealthTracker
 from node.inventory import Inventory
 from node.ledger import Ledger
 from node.metrics import Metrics, MetricsServer
+from node.mig_start import reconcile_interval, start_mig
 from node.publisher import NodePublisher
 
 log = logging.getLogger("kube_vgpu.node.plugin")
@@ -104,6 +106,11 @@ class NodePlugin:
         ledger = Ledger(gpus, node.device_split_count, self._config.resource_names, s.node_name)
         metrics = self.metrics = Metrics(inventory, ledger)
         self._ledger = ledger
+        mig = None
+        if s.mode == MIG:
+            mig = await start_mig(self._nvml, gpus, self.api, node, stop=self._stop)
+            if mig is None:
+                return
         self.allocator = Allocator(
             self.api,
             inventory,
@@ -113,6 +120,7 @@ class NodePlugin:
             names=self._config.resource_names,
             config=node,
             lock_dir=s.lock_dir,
+            mig=mig,
         )
         publisher = self.publisher = NodePublisher(
             self.api,
@@ -156,6 +164,13 @@ class NodePlugin:
         self._spawn(publisher.run(), "publisher")
         self._spawn(self._kubelet_link(), "kubelet")
         self._spawn(self._ledger_loop(), "ledger")
+        if mig is not None:
+            self._spawn(
+                mig.run(
+                    lambda: self.api.pods_on_node(node.allocate_timeout_seconds), reconcile_interval(node)
+                ),
+                "mig",
+            )
         self._watch_thread = loop.run_in_executor(None, publisher.watch_forever, loop)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:

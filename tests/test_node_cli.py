@@ -92,7 +92,6 @@ async def test_runs_on_simulated_gpus_and_stops_on_sigterm(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--mode=mig"], "mig mode is not available"),
         (["--simulate=/nonexistent/sim.yaml"], "cannot read simulation file"),
         (["--config=BADCONFIG"], "unknown key"),
     ],
