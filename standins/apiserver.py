@@ -193,6 +193,8 @@ class ApiServerStandin:
         """Stop the server started by `start()` and join its thread."""
         thread, loop = self._thread, self._loop
         if thread is None or loop is None:
+            if self._runner is not None:
+                raise RuntimeError("started with start_async(): stop it with await stop_async()")
             return
         try:
             asyncio.run_coroutine_threadsafe(self.stop_async(), loop).result(timeout=30)

@@ -211,8 +211,15 @@ class ApiHttp:
             return response
         try:
             await response.prepare(request)
+            # The backlog (up to every object of the resource) goes out in large writes.
+            batch = bytearray()
             for change in backlog:
-                await _send_change(response, change, params.select)
+                batch += _change_line(change, params.select)
+                if len(batch) >= 256 * 1024:
+                    await response.write(bytes(batch))
+                    batch.clear()
+            if batch:
+                await response.write(bytes(batch))
             if params.initial_events:
                 store.bookmark(subscription, initial_events_end=True)
             await self._follow(response, subscription, params)
@@ -248,7 +255,9 @@ class ApiHttp:
                 if params.bookmarks or item.initial_events_end:
                     await response.write(_bookmark_line(subscription.rt, item))
                 continue
-            await _send_change(response, item, params.select)
+            line = _change_line(item, params.select)
+            if line:
+                await response.write(line)
 
 
 @dataclass(frozen=True)
@@ -298,9 +307,8 @@ def _selectors(target: Target, query: Any) -> tuple[LabelSelector, FieldSelector
     return labels, fields
 
 
-async def _send_change(
-    response: web.StreamResponse, change: Change, select: Callable[[dict[str, Any]], bool]
-) -> None:
+def _change_line(change: Change, select: Callable[[dict[str, Any]], bool]) -> bytes:
+    """The event a change is for a watcher selecting with `select` (empty when it does not see it)."""
     new_in = select(change.new.obj)
     if change.type == "MODIFIED" and change.old is not None:
         old_in = select(change.old.obj)
@@ -310,8 +318,7 @@ async def _send_change(
         kind = "DELETED" if select(change.old.obj if change.old else change.new.obj) else None
     else:
         kind = change.type if new_in else None
-    if kind is not None:
-        await response.write(_event_line(kind, change.rt, change.new))
+    return _event_line(kind, change.rt, change.new) if kind is not None else b""
 
 
 def _event_line(kind: str, rt: ResourceType, stored: Stored) -> bytes:
