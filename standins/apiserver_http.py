@@ -93,13 +93,16 @@ class ApiHttp:
 
     async def _answer(self, request: web.Request, body: bytes) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
+        token, presented = self.config.token, request.headers.get("Authorization")
+        if token is not None and presented is not None and presented != f"Bearer {token}":
+            raise errors.unauthorized()
+        # Health and version are public, as the real server's system:public-info-viewer role makes them.
         if path in ("/healthz", "/livez", "/readyz"):
             return web.Response(text="ok")
-        token = self.config.token
-        if token is not None and request.headers.get("Authorization") != f"Bearer {token}":
-            raise errors.unauthorized()
         if path == "/version":
             return _json(version_info(self.config.git_version))
+        if token is not None and presented is None:
+            raise errors.unauthorized()
         document = discovery(path, self.config.address)
         if document is not None:
             return _json(document)

@@ -53,11 +53,18 @@ def test_unknown_paths_are_404(core: client.CoreV1Api) -> None:
         assert json.loads(response.data)["reason"] == "NotFound"
 
 
-def test_requests_without_the_token_are_unauthorized(apiserver: ApiServerStandin) -> None:
-    configuration = client.Configuration(host=apiserver.url)
-    with client.ApiClient(configuration) as anonymous, pytest.raises(client.ApiException) as caught:
-        client.CoreV1Api(anonymous).list_node()
-    assert caught.value.status == 401
+def test_requests_without_the_right_token_are_unauthorized(apiserver: ApiServerStandin) -> None:
+    anonymous = client.Configuration(host=apiserver.url)
+    wrong = client.Configuration(host=apiserver.url, api_key={"BearerToken": "Bearer wrong"})
+    for configuration in (anonymous, wrong):
+        with client.ApiClient(configuration) as api_client:
+            with pytest.raises(client.ApiException) as caught:
+                client.CoreV1Api(api_client).list_node()
+            assert caught.value.status == 401
+            assert json.loads(caught.value.body)["reason"] == "Unauthorized"
+    # The version is public, as on a real cluster.
+    with client.ApiClient(anonymous) as api_client:
+        assert client.VersionApi(api_client).get_code().git_version == apiserver.git_version
 
 
 def test_denied_requests_get_the_rbac_message(apiserver: ApiServerStandin, core: client.CoreV1Api) -> None:
