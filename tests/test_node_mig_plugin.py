@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from grpc import aio
 from test_node_mig_support import A100_40, GPU_0, GPU_1, mig_pod, mig_sim, running_mig_plugin
-from test_node_support import Harness, eventually, node_object, short_tempdir
+from test_node_support import NODE, Harness, eventually, node_object, short_tempdir
 
 from contract.models import register_type
 from contract.names import BIND_PHASE, NODE_REGISTER
 from contract.register import GpuRecord, decode_register
+from node import cli as node_cli
 from node.mig_nvml import read_state
 from node.simnvml import SimulatedNvml
 from standins.apiserver import ApiServerStandin
+
+
+def node_main(argv: list[str]) -> int:
+    """`kube-vgpu node ARGV`, in this process."""
+    parser = argparse.ArgumentParser(prog="kube-vgpu node")
+    node_cli.add_arguments(parser)
+    return node_cli.run(parser.parse_args(argv))
 
 
 @pytest.fixture
@@ -150,3 +160,35 @@ async def test_the_geometry_comes_from_the_configured_configmap(
     state = read_state(nvml, GPU_0)
     assert [(o.start, o.size) for o in state.instances] == [(0, 4), (4, 4)]
     assert state.instances[1].compute[0].mig_uuid == mig_uuid
+
+
+def test_a_geometry_configmap_that_does_not_parse_stops_the_node_command(
+    apiserver: ApiServerStandin, kdir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    apiserver.put(node_object())
+    apiserver.put(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "volcano-vgpu-device-config", "namespace": "kube-system"},
+            "data": {
+                "device-config.yaml": "nvidia:\n"
+                "  knownMigGeometries: [{models: [A100], allowedGeometries: 3}]\n"
+            },
+        }
+    )
+    sim = tmp_path / "sim.yaml"
+    sim.write_text(yaml.safe_dump({"gpus": [{"model": A100_40, "migCapable": True, "migEnabled": True}]}))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"node": {"metricsPort": 0}}))
+    argv = [
+        f"--node-name={NODE}",
+        "--mode=mig",
+        f"--kubelet-dir={kdir}",
+        f"--simulate={sim}",
+        f"--config={config}",
+        f"--kubeconfig={apiserver.write_kubeconfig(tmp_path / 'kubeconfig')}",
+    ]
+    assert node_main(argv) == 1
+    assert "configmap kube-system/volcano-vgpu-device-config key device-config.yaml" in caplog.text
+    assert "allowedGeometries" in caplog.text and "Traceback" not in caplog.text
