@@ -1,8 +1,9 @@
-"""Read-only MIG inspection: `python -m node.mig_inspect [--simulate FILE --node-name NAME]`.
+"""Read-only MIG inspection: `python -m node.mig_inspect [--device-config FILE] [--simulate FILE]`.
 
 Prints, as JSON, what the node plugin's MIG mode would work from on every GPU: MIG mode (current
-and pending), the GPU instance profiles with memory and placements, and the existing GPU/compute
-instances with their MIG device UUIDs. It changes nothing, so it is safe on a production node; run
+and pending), the GPU instance profiles with memory and placements, where the plugin would place
+each position of each geometry group, and the existing GPU/compute instances with their MIG device
+UUIDs and NVML's MIG device index order. It changes nothing, so it is safe on a production node; run
 it on a real GPU to compare NVML's answers with the simulator's tables and the geometry ConfigMap.
 """
 
@@ -14,7 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contract.mig_geometry import DeviceConfig, geometry_for_type, parse_device_config
+from contract.mig_geometry_default import default_device_config
+from contract.models import register_type
 from node.gpus import Nvml
+from node.mig_layout import LayoutError, ProfileSpec, plan_group
 from node.mig_nvml import gpu_handle, mig_mode, read_instances, read_profiles
 
 
@@ -22,8 +27,26 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def describe_gpu(nvml: Nvml, index: int) -> dict[str, Any]:
-    """One GPU's MIG facts as plain data; an NVML failure is reported in `error`, not raised."""
+def describe_geometry(config: DeviceConfig, name: str, profiles: dict[str, ProfileSpec]) -> Any:
+    """Where each position of each group the scheduler may choose would be placed on this GPU
+    (the plugin's plan), or why a group cannot be laid out."""
+    groups = geometry_for_type(config, register_type(name))
+    if groups is None:
+        return "no knownMigGeometries entry matches this model"
+    out: dict[str, Any] = {}
+    for group in groups:
+        try:
+            plan = plan_group(group, profiles)
+        except LayoutError as exc:
+            out[group.name] = {"error": str(exc)}
+            continue
+        out[group.name] = [[p.position, p.type_name, p.start, p.size, p.memory_mib] for p in plan.instances]
+    return out
+
+
+def describe_gpu(nvml: Nvml, index: int, config: DeviceConfig | None = None) -> dict[str, Any]:
+    """One GPU's MIG facts as plain data; an NVML failure is reported in `error`, not raised.
+    With `config`, also the plan of every group of its geometry (`describe_geometry`)."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     uuid = _text(nvml.nvmlDeviceGetUUID(handle))
     out: dict[str, Any] = {"index": index, "uuid": uuid, "name": _text(nvml.nvmlDeviceGetName(handle))}
@@ -47,6 +70,8 @@ def describe_gpu(nvml: Nvml, index: int) -> dict[str, Any]:
             }
             for p in sorted(profiles.values(), key=lambda p: (p.slice_count, p.memory_mib, p.name))
         ]
+        if config is not None:
+            out["plans"] = describe_geometry(config, out["name"], profiles)
         by_id = {p.profile_id: p.name for p in profiles.values()}
         if mode.current == 1:
             out["instances"] = [
@@ -83,11 +108,11 @@ def _mig_device_order(nvml: Nvml, handle: Any) -> list[Any]:
     return order
 
 
-def describe_mig(nvml: Nvml) -> dict[str, Any]:
-    """Every GPU's MIG facts (nvmlInit must have been called)."""
+def describe_mig(nvml: Nvml, config: DeviceConfig | None = None) -> dict[str, Any]:
+    """Every GPU's MIG facts (nvmlInit must have been called); with `config`, the group plans too."""
     return {
         "driverVersion": _text(nvml.nvmlSystemGetDriverVersion()),
-        "gpus": [describe_gpu(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount()))],
+        "gpus": [describe_gpu(nvml, i, config) for i in range(int(nvml.nvmlDeviceGetCount()))],
     }
 
 
@@ -98,7 +123,21 @@ def main(argv: list[str] | None = None) -> int:
         "--simulate", default=None, help="inspect a simulated NVML described by this YAML file"
     )
     parser.add_argument("--node-name", default="inspect", help="node name for the simulation's default UUIDs")
+    parser.add_argument(
+        "--device-config",
+        default=None,
+        help="a device-config.yaml to plan its groups against the GPUs (default: the built-in geometry)",
+    )
     args = parser.parse_args(argv)
+    try:
+        config = (
+            parse_device_config(Path(args.device_config).read_text(encoding="utf-8"))
+            if args.device_config
+            else default_device_config()
+        )
+    except (OSError, ValueError) as exc:
+        print(f"cannot use --device-config {args.device_config}: {exc}", file=sys.stderr)
+        return 2
     if args.simulate:
         from node.simnvml import load_simulation
 
@@ -113,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot initialise NVML: {exc}", file=sys.stderr)
         return 1
     try:
-        print(json.dumps(describe_mig(nvml), indent=2))
+        print(json.dumps(describe_mig(nvml, config), indent=2))
     finally:
         nvml.nvmlShutdown()
     return 0

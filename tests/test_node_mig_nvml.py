@@ -92,6 +92,33 @@ def test_mig_inspect_runs_over_a_simulation_file(tmp_path: Path, capsys: pytest.
     report = json.loads(capsys.readouterr().out)
     assert [g["migMode"] for g in report["gpus"]] == [{"current": 0, "pending": 0}, "not supported"]
     assert "instances" not in report["gpus"][0]  # MIG is off: nothing to list
+    # The built-in geometry's groups, planned on this GPU's profiles.
+    assert report["gpus"][0]["plans"]["group2"] == [
+        [0, "2g.10gb", 0, 2, 9856],
+        [1, "2g.10gb", 2, 2, 9856],
+        [2, "2g.10gb", 4, 2, 9856],
+        [3, "1g.5gb", 6, 1, 4864],
+    ]
+
+
+def test_mig_inspect_plans_a_given_device_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sim = tmp_path / "sim.yaml"
+    sim.write_text(yaml.safe_dump({"gpus": [{"model": A100_40, "migCapable": True, "migEnabled": True}]}))
+    config = tmp_path / "device-config.yaml"
+    config.write_text(
+        "nvidia:\n  knownMigGeometries:\n  - models: [A100-SXM4-40GB]\n    allowedGeometries:\n"
+        "    - group: ok\n      geometries:\n"
+        "      - {name: 4g.20gb, memory: 19968, count: 1}\n"
+        "      - {name: 3g.20gb, memory: 19968, count: 1}\n"
+        "    - group: bad\n      geometries: [{name: 3g.20gb, memory: 19968, count: 3}]\n"
+    )
+    assert main(["--simulate", str(sim), "--device-config", str(config)]) == 0
+    plans = json.loads(capsys.readouterr().out)["gpus"][0]["plans"]
+    assert plans["ok"] == [[0, "4g.20gb", 0, 4, 19968], [1, "3g.20gb", 4, 4, 19968]]
+    assert "at most 2" in plans["bad"]["error"]
+    config.write_text("nvidia: [")
+    assert main(["--simulate", str(sim), "--device-config", str(config)]) == 2
+    assert "cannot use --device-config" in capsys.readouterr().err
 
 
 def test_mig_inspect_over_the_real_nvml_reports_or_says_why_not(capsys: pytest.CaptureFixture[str]) -> None:
