@@ -1,0 +1,94 @@
+"""`kube-vgpu demo`: bring up the local installation, carry the example pods through it, report.
+
+Exit code: 0 when every example ended as its file says, 1 otherwise, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import aiohttp
+
+from contract.config import ConfigError, load_config
+from demo.cluster import DemoError, LocalCluster, demo_config
+from demo.examples import ExampleError, load_namespaces, load_nodes, load_pods
+from demo.flow import PodFlow, check
+from demo.report import render
+
+DEFAULT_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's flags."""
+    parser.add_argument(
+        "--examples",
+        type=Path,
+        default=DEFAULT_EXAMPLES,
+        help="folder with nodes.yaml, namespaces.yaml and pods/",
+    )
+    parser.add_argument("--config", default=None, help="configuration file (YAML); default: every default")
+    parser.add_argument(
+        "--once", action="store_true", help="exit after the examples instead of serving until Ctrl-C"
+    )
+    parser.add_argument("--verbose", action="store_true", help="show the parts' own logs")
+
+
+async def _demo(args: argparse.Namespace, out: list[str]) -> int:
+    examples: Path = args.examples
+    nodes = load_nodes(examples / "nodes.yaml")
+    namespaces = load_namespaces(examples / "namespaces.yaml")
+    pods = load_pods(examples / "pods")
+    with tempfile.TemporaryDirectory(prefix="kube-vgpu-demo-") as tmp:
+        workdir = Path(tmp)
+        cluster = LocalCluster(workdir, demo_config(load_config(args.config), workdir))
+        try:
+            await cluster.up(nodes, namespaces)
+            print(f"kube-vgpu demo: {len(nodes)} simulated node(s), {len(pods)} example pod(s)\n", flush=True)
+            failures = 0
+            async with aiohttp.ClientSession() as session:
+                flow = PodFlow(cluster, session)
+                for example in pods:
+                    outcome = await flow.run(example)
+                    problems = check(outcome)
+                    failures += bool(problems)
+                    for line in render(outcome, problems):
+                        print(line, flush=True)
+            print(f"{len(pods) - failures} of {len(pods)} examples ended as expected.", flush=True)
+            if not args.once:
+                assert cluster.webhook is not None
+                print("\nMetrics (Ctrl-C to stop):")
+                print(f"  webhook  https://127.0.0.1:{cluster.webhook.port}/metrics (CA: {workdir}/tls)")
+                for name, node in cluster.nodes.items():
+                    port = node.plugin.metrics_server.port if node.plugin.metrics_server else "?"
+                    print(f"  node {name}: http://127.0.0.1:{port}/metrics")
+                stop = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(signum, stop.set)
+                await stop.wait()
+            return 1 if failures else 0
+        finally:
+            await cluster.down()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; see the module docstring for exit codes."""
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.ERROR,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return asyncio.run(_demo(args, []))
+    except (ExampleError, ConfigError) as exc:
+        print(f"kube-vgpu demo: {exc}", file=sys.stderr)
+        return 2
+    except DemoError as exc:
+        print(f"kube-vgpu demo: the local installation failed: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,215 @@
+"""A whole kube-vgpu installation on one machine: the product's real parts around local stand-ins.
+
+Real: the webhook server (HTTPS, certificates minted here), one node plugin per simulated node (its
+real code over the simulated NVML), the kube-vgpu codecs. Stand-ins, speaking the wire contracts
+only: the Kubernetes API server, a kubelet per node (device-plugin gRPC over unix sockets), and
+Volcano's vGPU allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from certs.issue import issue_ca, issue_serving
+from contract.config import Config
+from contract.mig_geometry import DeviceConfig, choose_slot, geometry_for_type
+from contract.mig_geometry_default import DEFAULT_DEVICE_CONFIG_YAML, default_device_config
+from contract.names import DEVICE_CONFIG_KEY, DEVICE_CONFIG_MAP, HOSTNAME_LABEL
+from demo.examples import NamespaceSpec, NodeSpec
+from kubeapi.client import Kube
+from node.plugin import NodePlugin, PluginSettings
+from node.simnvml import load_simulation
+from standins.apiserver import ApiServerStandin
+from standins.kubelet import KubeletStandin
+from standins.volcano import VolcanoStandin
+from webhook.service import Options, WebhookServer
+
+log = logging.getLogger("kube_vgpu.demo")
+
+
+class DemoError(RuntimeError):
+    """The local installation did not come up; the message says which part."""
+
+
+def mig_chooser(
+    config: DeviceConfig,
+) -> Callable[[str, Sequence[tuple[str, int]], int], tuple[str, int] | None]:
+    """Volcano's MIG slot choice (protocol §6.2) for the Volcano stand-in, from a geometry config."""
+
+    def choose(gpu_type: str, used: Sequence[tuple[str, int]], request_mib: int) -> tuple[str, int] | None:
+        groups = geometry_for_type(config, gpu_type)
+        if groups is None:
+            return None
+        held: dict[str, set[int]] = {}
+        for group, position in used:
+            held.setdefault(group, set()).add(position)
+        return choose_slot(groups, held, request_mib)
+
+    return choose
+
+
+@dataclass
+class SimulatedNode:
+    """One node: its plugin, its kubelet stand-in, and the device IDs the kubelet has handed out."""
+
+    spec: NodeSpec
+    kubelet: KubeletStandin
+    plugin: NodePlugin
+    nvml: Any
+    kube: Kube
+    assigned: set[str] = field(default_factory=set)
+
+
+@dataclass
+class LocalCluster:
+    """Everything `up()` started, for `down()` to stop in reverse order."""
+
+    workdir: Path
+    config: Config
+    apiserver: ApiServerStandin = field(default_factory=ApiServerStandin)
+    nodes: dict[str, SimulatedNode] = field(default_factory=dict)
+    webhook: WebhookServer | None = None
+    volcano: VolcanoStandin | None = None
+    ca_pem: bytes = b""
+    _kubes: list[Kube] = field(default_factory=list)
+
+    def kube(self) -> Kube:
+        """A fresh API client for one component, as each process in a cluster has its own."""
+        client = Kube(self.apiserver.api_client())
+        self._kubes.append(client)
+        return client
+
+    async def up(self, nodes: Sequence[NodeSpec], namespaces: Sequence[NamespaceSpec]) -> None:
+        """Start the API server, seed it, start the node plugins, the webhook and Volcano."""
+        await self.apiserver.start_async()
+        for ns in namespaces:
+            self.apiserver.put(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": ns.name, "labels": dict(ns.labels)},
+                }
+            )
+        self.apiserver.put(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": DEVICE_CONFIG_MAP,
+                    "namespace": self.config.node.device_config_namespace,
+                },
+                "data": {DEVICE_CONFIG_KEY: DEFAULT_DEVICE_CONFIG_YAML},
+            }
+        )
+        for spec in nodes:
+            await self._start_node(spec)
+        await self._start_webhook()
+        self.volcano = VolcanoStandin(
+            self.kube(), self.config.resource_names, mig_chooser=mig_chooser(default_device_config())
+        )
+        await self._wait_inventory()
+
+    async def _start_node(self, spec: NodeSpec) -> None:
+        self.apiserver.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": spec.name, "labels": {HOSTNAME_LABEL: spec.name}},
+                "status": {
+                    "capacity": {"cpu": "32", "memory": "256Gi"},
+                    "allocatable": {"cpu": "32", "memory": "256Gi"},
+                },
+            }
+        )
+        kubelet_dir = self.workdir / "kubelet" / spec.name
+        kubelet = KubeletStandin(kubelet_dir)
+        await kubelet.start()
+        nvml = load_simulation(dict(spec.simulation), spec.name)
+        nvml.nvmlInit()
+        settings = PluginSettings(
+            node_name=spec.name,
+            mode=spec.mode,
+            kubelet_dir=kubelet_dir,
+            config=self.config,
+            lock_dir=str(self.workdir / "vgpulock"),
+            metrics_port=0,
+            # The XID wait blocks a thread until it times out; short waits make Ctrl-C quick.
+            xid_wait_ms=250,
+        )
+        kube = self.kube()
+        plugin = NodePlugin(settings, nvml, kube)
+        node = self.nodes[spec.name] = SimulatedNode(spec, kubelet, plugin, nvml, kube)
+        await plugin.start()
+        endpoint = await asyncio.wait_for(kubelet.wait_registered(plugin.resource_name), 10)
+        await kubelet.wait_devices(plugin.resource_name, bool)
+        self._sync_allocatable(node, len([d for d in endpoint.devices if d.health == "Healthy"]))
+
+    def _sync_allocatable(self, node: SimulatedNode, healthy_devices: int) -> None:
+        """What the kubelet does with node status: capacity into allocatable, plus device-plugin counts."""
+        stored = self.apiserver.get("Node", node.spec.name)
+        if stored is None:
+            raise DemoError(f"node {node.spec.name} vanished from the API server")
+        capacity = dict((stored.get("status") or {}).get("capacity") or {})
+        capacity[node.plugin.resource_name] = str(healthy_devices)
+        self.apiserver.patch(
+            "Node",
+            node.spec.name,
+            {"status": {"capacity": capacity, "allocatable": capacity}},
+            patch_type="merge",
+        )
+
+    async def _start_webhook(self) -> None:
+        ca = issue_ca("kube-vgpu demo CA", 1)
+        serving = issue_serving(ca, ["localhost"], ["127.0.0.1"], 1)
+        tls = self.workdir / "tls"
+        tls.mkdir(parents=True, exist_ok=True)
+        (tls / "tls.crt").write_bytes(serving.cert_pem)
+        (tls / "tls.key").write_bytes(serving.key_pem)
+        (tls / "tls.key").chmod(0o600)
+        self.ca_pem = ca.cert_pem
+        options = Options(
+            tls_cert_file=tls / "tls.crt", tls_key_file=tls / "tls.key", port=0, host="127.0.0.1"
+        )
+        self.webhook = WebhookServer(options, self.config, kube=self.kube())
+        await self.webhook.start()
+        await asyncio.wait_for(self.webhook.cache.wait_synced(), 15)
+
+    async def _wait_inventory(self, within: float = 15.0) -> None:
+        """Until the webhook's cache knows every node's GPUs, as published by the node plugins."""
+        assert self.webhook is not None
+        deadline = time.monotonic() + within
+        while set(self.webhook.cache.inventory.nodes) != set(self.nodes):
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"webhook inventory holds {sorted(self.webhook.cache.inventory.nodes)}, "
+                    f"expected {sorted(self.nodes)}: node plugins did not publish"
+                )
+            await asyncio.sleep(0.05)
+
+    async def down(self) -> None:
+        """Stop everything that `up()` started, the last started first."""
+        if self.webhook is not None:
+            await self.webhook.stop()
+        for node in reversed(list(self.nodes.values())):
+            await node.plugin.stop()
+            await node.kubelet.stop()
+            with contextlib.suppress(Exception):
+                node.nvml.nvmlShutdown()
+        for client in self._kubes:
+            if client is not (self.webhook.kube if self.webhook else None):
+                client.close()
+        await self.apiserver.stop_async()
+
+
+def demo_config(base: Config, workdir: Path) -> Config:
+    """`base` with host paths moved under `workdir`, so the demo writes nothing outside it."""
+    node = dataclasses.replace(base.node, hook_path=str(workdir / "vgpu-hook"), metrics_port=0)
+    return dataclasses.replace(base, node=node)

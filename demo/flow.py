@@ -1,0 +1,206 @@
+"""One example pod from CREATE to Allocate, the way a cluster would carry it.
+
+1. The API server sends an AdmissionReview to the webhook over HTTPS; the returned JSONPatch is
+   applied with `jsonpatch` (or the denial recorded).
+2. The pod is created in the (stand-in) API server.
+3. The Volcano stand-in picks a node and GPUs and binds the pod with the allocation annotations.
+4. The node's kubelet stand-in calls the node plugin's Allocate once per container that asks for
+   `vgpu-number`, with device IDs from the plugin's ListAndWatch, exactly as the kubelet does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import ssl
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import grpc
+import jsonpatch
+
+from contract.names import DEVICES_TO_ALLOCATE, VGPU_IDS_NEW
+from contract.resources import parse_pod
+from demo.cluster import DemoError, LocalCluster
+from demo.examples import ExamplePod
+from standins.volcano import Placement
+
+
+@dataclass
+class ContainerAllocation:
+    """What one container would start with."""
+
+    container: str
+    envs: dict[str, str]
+    mounts: list[tuple[str, str, bool]]
+    error: str | None = None
+
+
+@dataclass
+class Outcome:
+    """Everything the demo saw for one pod."""
+
+    example: ExamplePod
+    allowed: bool = False
+    message: str = ""
+    warnings: list[str] = field(default_factory=list)
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    node: str | None = None
+    devices: str | None = None
+    waiting: str | None = None
+    allocations: list[ContainerAllocation] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def allocated(self) -> bool:
+        """Admitted, placed, and every vGPU container allocated without error."""
+        return self.allowed and self.node is not None and all(a.error is None for a in self.allocations)
+
+
+def admission_review(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The AdmissionReview v1 the API server sends for a pod CREATE."""
+    meta = pod["metadata"]
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": meta.get("name", ""),
+            "namespace": meta["namespace"],
+            "operation": "CREATE",
+            "userInfo": {"username": "demo-user", "groups": ["system:authenticated"]},
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
+
+
+class PodFlow:
+    """Carries example pods through a running LocalCluster."""
+
+    def __init__(self, cluster: LocalCluster, session: aiohttp.ClientSession) -> None:
+        self.cluster = cluster
+        self.session = session
+
+    @staticmethod
+    def client_ssl(ca_pem: bytes) -> ssl.SSLContext:
+        """TLS as the API server dials the webhook: verify against the webhook's CA bundle."""
+        context = ssl.create_default_context(cadata=ca_pem.decode())
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        return context
+
+    async def run(self, example: ExamplePod) -> Outcome:
+        """Admit, create, schedule and allocate one pod."""
+        outcome = Outcome(example)
+        pod = copy.deepcopy(dict(example.manifest))
+        await self._admit(pod, outcome)
+        if not outcome.allowed:
+            return outcome
+        patched = jsonpatch.apply_patch(pod, outcome.patch)
+        created = self.cluster.apiserver.put(patched)
+        await self._schedule(created, outcome)
+        if outcome.node is not None:
+            await self._allocate(created, outcome)
+        return outcome
+
+    async def _admit(self, pod: dict[str, Any], outcome: Outcome) -> None:
+        assert self.cluster.webhook is not None
+        url = f"https://127.0.0.1:{self.cluster.webhook.port}/mutate"
+        async with self.session.post(
+            url, json=admission_review(pod), ssl=self.client_ssl(self.cluster.ca_pem)
+        ) as resp:
+            body = await resp.json()
+            if resp.status != 200:
+                raise DemoError(f"webhook answered HTTP {resp.status}: {body}")
+        response = body["response"]
+        outcome.allowed = bool(response["allowed"])
+        outcome.message = str((response.get("status") or {}).get("message", ""))
+        outcome.warnings = list(response.get("warnings") or [])
+        if response.get("patch"):
+            outcome.patch = json.loads(base64.b64decode(response["patch"]))
+
+    async def _schedule(self, pod: Mapping[str, Any], outcome: Outcome) -> None:
+        assert self.cluster.volcano is not None
+        results = await asyncio.to_thread(self.cluster.volcano.schedule_once)
+        result = results.get(outcome.example.key)
+        if isinstance(result, Placement):
+            outcome.node, outcome.devices = result.node, result.devices
+        else:
+            outcome.waiting = result or "not considered by the scheduler"
+
+    async def _allocate(self, pod: Mapping[str, Any], outcome: Outcome) -> None:
+        assert outcome.node is not None
+        node = self.cluster.nodes[outcome.node]
+        resource = node.plugin.resource_name
+        request = parse_pod(pod, self.cluster.config.resource_names)
+        # The kubelet admits init containers first, then app containers, calling Allocate for each
+        # container that has the device-plugin resource.
+        for container in request.containers:
+            if container.number is None:
+                continue
+            free = [
+                d.id
+                for d in node.kubelet.plugins[resource].devices
+                if d.health == "Healthy" and d.id not in node.assigned
+            ]
+            ids = free[: container.number]
+            try:
+                response = await node.kubelet.allocate(resource, ids, deadline=30)
+            except grpc.aio.AioRpcError as exc:
+                outcome.allocations.append(ContainerAllocation(container.container, {}, [], exc.details()))
+                break
+            node.assigned.update(ids)
+            answer = response.container_responses[0]
+            outcome.allocations.append(
+                ContainerAllocation(
+                    container.container,
+                    dict(sorted(answer.envs.items())),
+                    [(m.container_path, m.host_path, m.read_only) for m in answer.mounts],
+                )
+            )
+        stored = self.cluster.apiserver.get("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
+        if stored is not None:
+            annotations = stored["metadata"].get("annotations") or {}
+            if annotations.get(VGPU_IDS_NEW) != outcome.devices:
+                outcome.problems.append("the node plugin changed volcano.sh/vgpu-ids-new")
+            outcome.devices = annotations.get(VGPU_IDS_NEW, outcome.devices)
+            left = annotations.get(DEVICES_TO_ALLOCATE, "")
+            if outcome.allocated and left.replace(";", ""):
+                outcome.problems.append(f"devices-to-allocate not consumed: {left!r}")
+
+
+def check(outcome: Outcome) -> list[str]:
+    """How the outcome differs from the example's expectation (empty when it matches)."""
+    expect = outcome.example.expect
+    problems = list(outcome.problems)
+    if expect.outcome == "denied":
+        if outcome.allowed:
+            problems.append("expected a denial, the webhook allowed the pod")
+        elif expect.message and expect.message not in outcome.message:
+            problems.append(f"denial message lacks {expect.message!r}")
+        return problems
+    if not outcome.allowed:
+        return [*problems, f"expected allocation, the webhook denied: {outcome.message}"]
+    if outcome.node is None:
+        return [*problems, f"expected allocation, the pod was not scheduled: {outcome.waiting}"]
+    if expect.node and outcome.node != expect.node:
+        problems.append(f"expected node {expect.node}, got {outcome.node}")
+    problems.extend(f"Allocate for {a.container} failed: {a.error}" for a in outcome.allocations if a.error)
+    if not outcome.allocations:
+        problems.append("no container was allocated")
+    first_env = outcome.allocations[0].envs if outcome.allocations else {}
+    for name, prefix in expect.env:
+        if not first_env.get(name, "").startswith(prefix):
+            problems.append(f"expected env {name} to start with {prefix!r}, got {first_env.get(name)!r}")
+    return problems

@@ -1,0 +1,75 @@
+"""The demo doubles as an end-to-end test: every example pod ends as its file says, through the real parts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from demo.cli import DEFAULT_EXAMPLES
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE_VGPU_")}
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "demo", "--once", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_every_example_ends_as_expected() -> None:
+    result = run_demo()
+    assert result.returncode == 0, result.stdout + result.stderr
+    pods = sorted((DEFAULT_EXAMPLES / "pods").glob("*.yaml"))
+    assert f"{len(pods)} of {len(pods)} examples ended as expected." in result.stdout
+    # Each kind of outcome is shown in readable form.
+    assert "webhook: DENIED: namespace team-small: vgpu-memory quota exceeded" in result.stdout
+    assert "env   NVIDIA_VISIBLE_DEVICES=MIG-" in result.stdout
+    assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10240m" in result.stdout
+    assert 'replace /metadata/annotations/nvidia.com/use-gputype = "[NVIDIA A100-SXM4-80GB]"' in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    quota = examples / "pods" / "06-over-quota.yaml"
+    # 8 GiB fits team-small's 16 GiB quota, so the expected denial does not happen.
+    quota.write_text(
+        quota.read_text().replace('volcano.sh/vgpu-memory: "24576"', 'volcano.sh/vgpu-memory: "8192"')
+    )
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "expected a denial, the webhook allowed the pod" in result.stdout
+    assert f"{len(list((examples / 'pods').glob('*.yaml'))) - 1} of" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("nodes.yaml", "mode: hami-core", "mode: turbo"), "nodes[0].mode: expected one of hami-core, mig"),
+        (("pods/01-plain-slice.yaml", "expect: allocated", "expect: maybe"), "must be allocated or denied"),
+    ],
+)
+def test_bad_example_files_are_named_with_exit_2(
+    tmp_path: Path, edit: tuple[str, str, str], message: str
+) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    name, old, new = edit
+    path = examples / name
+    path.write_text(path.read_text().replace(old, new, 1))
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
