@@ -80,8 +80,10 @@ def read_profiles(nvml: Nvml, handle: Any) -> dict[str, ProfileSpec]:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
             continue  # a profile this GPU does not have
-        places = _placements(nvml, handle, int(info.id))
         name = _text(info.name).removeprefix("MIG ").strip()
+        if name in profiles:
+            continue  # the plain profile (lowest index) is the one a geometry name means
+        places = _placements(nvml, handle, int(info.id))
         profiles[name] = ProfileSpec(
             name=name,
             profile_id=int(info.id),
