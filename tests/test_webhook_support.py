@@ -6,13 +6,23 @@ It holds no tests; it is named like a test module so it lives among the webhook'
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import http.client
+import json
+import ssl
+import threading
+import time
 import uuid as uuidlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 import jsonpatch
 
+from certs.issue import Issued, issue_ca, issue_serving
+from contract.config import Config
 from contract.models import model_label_name, register_type
 from contract.names import (
     HOSTNAME_LABEL,
@@ -24,6 +34,9 @@ from contract.names import (
     UUID_LABEL_PREFIX,
 )
 from contract.register import GpuRecord, encode_register
+from webhook.service import Options, WebhookServer
+
+_T = TypeVar("_T")
 
 A10 = "NVIDIA A10"
 A100 = "NVIDIA A100-PCIE-40GB"
@@ -179,3 +192,131 @@ def node_matches(node: Mapping[str, Any], terms: Sequence[Mapping[str, Any]]) ->
         return all(requirement(e, labels) for e in exprs) and all(requirement(f, fields) for f in flds)
 
     return any(term(t) for t in terms)
+
+
+# --- a real webhook over HTTPS, on a loop of its own ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throwaway CA and a serving pair for 127.0.0.1/localhost, written to disk."""
+
+    ca: Issued
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        """A client context trusting only this CA."""
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+
+def write_tls(directory: Path, ca: Issued | None = None) -> TlsFiles:
+    """Mint a CA (unless given) and a serving certificate into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = ca or issue_ca("kube-vgpu-test-ca", 1)
+    leaf = issue_serving(ca, ["localhost"], ["127.0.0.1"], 1)
+    files = TlsFiles(ca, directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
+    files.ca_file.write_bytes(ca.cert_pem)
+    files.cert_file.write_bytes(leaf.cert_pem)
+    files.key_file.write_bytes(leaf.key_pem)
+    return files
+
+
+class ThreadedWebhook:
+    """`webhook.service.WebhookServer` on a background event loop, for synchronous test clients."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        tls: TlsFiles,
+        config: Config | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        cert_poll_seconds: float = 10.0,
+    ) -> None:
+        options = Options(
+            tls_cert_file=tls.cert_file,
+            tls_key_file=tls.key_file,
+            host="127.0.0.1",
+            port=0,
+            kubeconfig=str(kubeconfig),
+            cert_poll_seconds=cert_poll_seconds,
+            shutdown_timeout_seconds=5.0,
+        )
+        self.tls = tls
+        self._connections: list[http.client.HTTPSConnection] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-under-test", daemon=True)
+        self._thread.start()
+        self.server: WebhookServer = self.call(_make_server(options, config or Config(), clock))
+
+    def call(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        """Run a coroutine on the webhook's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+
+    def read(self, fn: Callable[[], _T]) -> _T:
+        """Evaluate `fn` on the webhook's loop (the cache is only touched there)."""
+
+        async def run() -> _T:
+            return fn()
+
+        return self.call(run())
+
+    def __enter__(self) -> ThreadedWebhook:
+        self.call(self.server.start())
+
+        async def synced() -> None:
+            async with asyncio.timeout(20):
+                await self.server.cache.wait_synced()
+
+        self.call(synced())
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for conn in self._connections:
+            conn.close()
+        try:
+            self.call(self.server.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def connect(self) -> http.client.HTTPSConnection:
+        """A keep-alive HTTPS connection that verifies the server against the test CA."""
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", self.port, context=self.tls.client_context(), timeout=30
+        )
+        self._connections.append(conn)  # closed at exit even when a test fails half-way
+        return conn
+
+
+async def _make_server(options: Options, config: Config, clock: Callable[[], float]) -> WebhookServer:
+    return WebhookServer(options, config, clock=clock)
+
+
+def post(
+    conn: http.client.HTTPSConnection, body: bytes | Mapping[str, Any], path: str = "/mutate"
+) -> tuple[int, Any]:
+    """POST a body (a mapping is sent as JSON); returns the status and the decoded JSON answer."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    raw = response.read()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw.decode(errors="replace")
+
+
+def get(conn: http.client.HTTPSConnection, path: str) -> tuple[int, bytes]:
+    """GET a path; the status and raw body."""
+    conn.request("GET", path)
+    response = conn.getresponse()
+    return response.status, response.read()

@@ -91,6 +91,8 @@ class ClusterCache:
         self._relist_listeners: list[RelistListener] = []
         self.inventory = Inventory()
         self.relists: dict[CachedKind, int] = dict.fromkeys(KINDS, 0)
+        # Failed list/watch calls per kind (each followed by a retry after a backoff).
+        self.failures: dict[CachedKind, int] = dict.fromkeys(KINDS, 0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._interrupts: dict[CachedKind, WatchInterrupt] = {}
@@ -115,6 +117,10 @@ class ClusterCache:
     def sizes(self) -> Mapping[str, int]:
         """Objects cached per kind, and `gpu-node` for the nodes in the GPU inventory."""
         return {**{kind: len(store) for kind, store in self._stores.items()}, "gpu-node": len(self.inventory)}
+
+    def api_failures(self) -> Mapping[str, int]:
+        """Failed list/watch calls per kind so far."""
+        return {str(kind): count for kind, count in self.failures.items()}
 
     @property
     def synced(self) -> bool:
@@ -217,60 +223,73 @@ class ClusterCache:
                     resource_version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
                     if not self._post(self._on_list, kind, listed.get("items") or []):
                         return
-                resource_version = self._watch(kind, resource_version)
-                delay = self._retry
+                started = time.monotonic()
+                resource_version, events = self._watch(kind, resource_version)
+                if events or time.monotonic() - started >= 1.0:
+                    delay = self._retry
+                    continue
+                # A stream that ends at once with nothing in it, again and again, must not become a
+                # busy loop against the API server: back off as after an error.
             except ApiError as exc:
                 if exc.status == 410:
                     log.info("event=cache_relist kind=%s reason=gone", kind)
                     resource_version = None
                     continue
+                self._post(self._on_failure, kind)
                 log.warning("event=cache_api_error kind=%s status=%d error=%r", kind, exc.status, exc.message)
             except ApiUnavailable as exc:
                 if self._stopping.is_set():
                     return
+                self._post(self._on_failure, kind)
                 log.warning(
                     "event=cache_api_unavailable kind=%s error=%r retry_s=%.1f", kind, str(exc), delay
                 )
             except Exception as exc:  # a thread that dies would leave the cache silently stale
+                self._post(self._on_failure, kind)
                 log.error("event=cache_error kind=%s error=%r", kind, f"{type(exc).__name__}: {exc}")
                 resource_version = None
             self._stopping.wait(delay)
             delay = min(delay * 2, self._max_retry)
 
-    def _watch(self, kind: CachedKind, resource_version: str) -> str | None:
-        """Follow one watch stream; returns the resourceVersion to resume from (None: re-list)."""
+    def _watch(self, kind: CachedKind, resource_version: str) -> tuple[str | None, int]:
+        """Follow one watch stream: (resourceVersion to resume from or None to re-list, events seen)."""
         stream = self._kube.watch(
             kind, resource_version, timeout_seconds=self._watch_timeout, interrupt=self._interrupts[kind]
         )
+        events = 0
         try:
             for event in stream:
                 if self._stopping.is_set():
-                    return resource_version
+                    return resource_version, events
+                events += 1
                 event_type = event.get("type")
                 obj = event.get("object") or {}
                 if event_type == "ERROR":
                     code = obj.get("code")
                     log.info("event=cache_relist kind=%s reason=watch_error code=%s", kind, code)
-                    return None
+                    return None, events
                 resource_version = _rv(obj) or resource_version
                 if event_type == "BOOKMARK":
                     self._post(self._on_contact, kind)
                 elif event_type in ("ADDED", "MODIFIED", "DELETED") and not self._post(
                     self._on_event, kind, event_type, obj
                 ):
-                    return resource_version
+                    return resource_version, events
         finally:
             close = getattr(stream, "close", None)  # a generator: closing it releases the connection
             if close is not None:
                 close()
         # The server ended the stream (its timeout): the API is alive, resume where we were.
         self._post(self._on_contact, kind)
-        return resource_version
+        return resource_version, events
 
     # -- applied on the event loop ---------------------------------------------------------------
 
     def _on_contact(self, kind: CachedKind) -> None:
         self._contact[kind] = self._clock()
+
+    def _on_failure(self, kind: CachedKind) -> None:
+        self.failures[kind] += 1
 
     def _emit(self, event: CacheEvent) -> None:
         if event.kind == "node":

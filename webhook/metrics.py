@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 # Reviews answer in well under a millisecond of pipeline time; the API server's timeout is seconds.
@@ -36,6 +36,10 @@ class CacheState(Protocol):
         """Objects cached per kind, and GPU nodes in the inventory."""
         ...
 
+    def api_failures(self) -> Mapping[str, int]:
+        """Failed API calls per kind."""
+        ...
+
 
 class _CacheCollector(Collector):
     def __init__(self, state: Callable[[], CacheState | None]) -> None:
@@ -51,6 +55,14 @@ class _CacheCollector(Collector):
         for kind, size in sorted(state.sizes().items()):
             objects.add_metric([kind], size)
         yield objects
+        failures = CounterMetricFamily(
+            "kube_vgpu_webhook_cache_api_errors",
+            "Failed list/watch calls of the cluster cache (each is retried after a backoff).",
+            labels=["kind"],
+        )
+        for kind, count in sorted(state.api_failures().items()):
+            failures.add_metric([kind], count)
+        yield failures
         lag = state.lag_seconds()
         yield GaugeMetricFamily(
             "kube_vgpu_webhook_cache_lag_seconds",

@@ -171,9 +171,37 @@ def _check_pod_shape(pod: Mapping[str, Any]) -> None:
             security = container.get("securityContext")
             if security is not None and not isinstance(security, dict):
                 raise MalformedReview(f"request.object.spec.{key}[].securityContext is not an object")
-    affinity = spec.get("affinity")
-    if affinity is not None and not isinstance(affinity, dict):
-        raise MalformedReview("request.object.spec.affinity is not an object")
+    _check_affinity_shape(spec.get("affinity"))
+
+
+def _check_affinity_shape(affinity: Any) -> None:
+    """The required node affinity, which the webhook rewrites, must have the API's shape."""
+    where = "request.object.spec.affinity"
+    if affinity is None:
+        return
+    if not isinstance(affinity, dict):
+        raise MalformedReview(f"{where} is not an object")
+    node_affinity = affinity.get("nodeAffinity")
+    if node_affinity is None:
+        return
+    if not isinstance(node_affinity, dict):
+        raise MalformedReview(f"{where}.nodeAffinity is not an object")
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return
+    where += ".nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    if not isinstance(required, dict):
+        raise MalformedReview(f"{where} is not an object")
+    terms = required.get("nodeSelectorTerms")
+    if terms is not None and (not isinstance(terms, list) or not all(isinstance(t, dict) for t in terms)):
+        raise MalformedReview(f"{where}.nodeSelectorTerms must be a list of objects")
+    for term in terms or []:
+        for key in ("matchExpressions", "matchFields"):
+            value = term.get(key)
+            if value is not None and (
+                not isinstance(value, list) or not all(isinstance(r, dict) for r in value)
+            ):
+                raise MalformedReview(f"{where}.nodeSelectorTerms[].{key} must be a list of objects")
 
 
 @dataclass(frozen=True)

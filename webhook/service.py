@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,14 +86,23 @@ def build_services(cache: ClusterCache, config: Config, metrics: WebhookMetrics)
 class WebhookServer:
     """The running parts of one webhook process, startable and stoppable on the current event loop."""
 
-    def __init__(self, options: Options, config: Config, *, kube: Kube | None = None) -> None:
+    def __init__(
+        self,
+        options: Options,
+        config: Config,
+        *,
+        kube: Kube | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.options = options
         self.config = config
         self.reloader = CertReloader(
             options.tls_cert_file, options.tls_key_file, poll_seconds=options.cert_poll_seconds
         )
         self.kube = kube or Kube(load_api_client(options.kubeconfig))
-        self.cache = ClusterCache(self.kube, staleness_seconds=config.webhook.cache_staleness_seconds)
+        self.cache = ClusterCache(
+            self.kube, staleness_seconds=config.webhook.cache_staleness_seconds, clock=clock
+        )
         self.metrics = WebhookMetrics()
         self.app = build_app(build_services(self.cache, config, self.metrics))
         self._runner = web.AppRunner(
