@@ -60,23 +60,36 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str
             action.help = f"{action.help} [env {variable}]"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser, each part's flags included."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, just that subcommand's module is imported (the others stay listed).
+
+    Importing one part per run keeps start-up light (`certs` need not load gRPC) and keeps one
+    part's import problem from stopping the others.
+    """
     parser = argparse.ArgumentParser(prog="kube-vgpu", description="GPU sharing for Kubernetes.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, summary) in SUBCOMMANDS.items():
-        module: Subcommand = importlib.import_module(module_name)
         sub = subparsers.add_parser(name, help=summary, description=summary)
+        if only is not None and name != only:
+            continue
+        module: Subcommand = importlib.import_module(module_name)
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)
     return parser
 
 
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv, if it is the first argument that is not an option."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in SUBCOMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments and run the chosen subcommand; returns the process exit code."""
-    parser = build_parser()
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_chosen(arguments))
     apply_env_defaults(parser, os.environ)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     try:
         code: int = args._run(args)
     except KeyboardInterrupt:
