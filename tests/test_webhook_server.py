@@ -77,8 +77,7 @@ def start_webhook(
         }
     )
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    extra = {"clock": clock} if clock else {}
-    return ThreadedWebhook(kubeconfig, write_tls(tmp_path / "tls"), config, **extra)
+    return ThreadedWebhook(kubeconfig, write_tls(tmp_path / "tls"), config, clock=clock or time.monotonic)
 
 
 @pytest.fixture

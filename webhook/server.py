@@ -12,9 +12,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from webhook.admission import Admission
 from webhook.metrics import WebhookMetrics
@@ -38,6 +39,49 @@ class Readiness:
     wait_synced: Callable[[], Awaitable[None]]
 
 
+class Drain:
+    """Requests in flight, so that shutdown can wait for them before closing connections.
+
+    aiohttp's own graceful shutdown stops reading from a connection at once, so a review whose body
+    is still arriving would never finish; counting requests from their headers on avoids that.
+    """
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def begin(self) -> None:
+        """A request's headers arrived."""
+        self.in_flight += 1
+        self._idle.clear()
+
+    def end(self) -> None:
+        """A request was answered."""
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Switch to draining (answers close their connection) and wait until nothing is in flight."""
+        self.draining = True
+        await self._idle.wait()
+
+
+@web.middleware
+async def _track(request: web.Request, handler: Handler) -> web.StreamResponse:
+    drain = request.app[SERVICES].drain
+    drain.begin()
+    try:
+        response = await handler(request)
+        if drain.draining:
+            response.force_close()  # the client must not send more on this connection
+        return response
+    finally:
+        drain.end()
+
+
 @dataclass(frozen=True)
 class Services:
     """What the handlers use, stored in the application under `SERVICES`."""
@@ -46,6 +90,7 @@ class Services:
     readiness: Readiness
     metrics: WebhookMetrics
     max_body_bytes: int = MAX_BODY_BYTES
+    drain: Drain = field(default_factory=Drain)
 
 
 SERVICES = web.AppKey("services", Services)
@@ -147,7 +192,7 @@ async def metrics(http: web.Request) -> web.Response:
 def build_app(services: Services) -> web.Application:
     """The aiohttp application (no listener; the caller runs it with TLS)."""
     # Over the limit, `read()` raises and the handler answers 413 in JSON.
-    app = web.Application(client_max_size=services.max_body_bytes)
+    app = web.Application(client_max_size=services.max_body_bytes, middlewares=[_track])
     app[SERVICES] = services
     app.router.add_post("/mutate", mutate)
     app.router.add_get("/healthz", healthz)

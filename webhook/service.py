@@ -24,7 +24,7 @@ from webhook.gates import QuotaGate
 from webhook.metrics import WebhookMetrics
 from webhook.quota import NamespaceQuota, placement_sizer
 from webhook.quota_metrics import QuotaMetrics
-from webhook.server import Readiness, Services, build_app
+from webhook.server import SERVICES, Readiness, Services, build_app
 from webhook.tls import CertReloader
 
 log = logging.getLogger("kube_vgpu.webhook")
@@ -125,6 +125,17 @@ class WebhookServer:
 
     async def stop(self) -> None:
         """Stop accepting, let reviews in flight finish, close keep-alive connections, stop the cache."""
+        for site in list(self._runner.sites):
+            await site.stop()
+        drain = self.app[SERVICES].drain
+        try:
+            async with asyncio.timeout(self.options.shutdown_timeout_seconds):
+                await drain.wait_idle()
+        except TimeoutError:
+            log.warning("event=webhook_drain_timeout in_flight=%d", drain.in_flight)
+        # No await since the wait: no request can have started; idle keep-alive connections close now.
+        if self._runner.server is not None:
+            self._runner.server.pre_shutdown()
         await self._runner.cleanup()
         if self._reload_task is not None:
             self._reload_task.cancel()
