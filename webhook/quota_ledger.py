@@ -93,6 +93,9 @@ class _Namespace:
     pods_total: Charge = ZERO
     # By review uid, oldest first: one expiry period for all, so insertion order is expiry order.
     reservations: dict[str, Reservation] = field(default_factory=dict)
+    # Indexes of `reservations`, so matching costs the same with 10 or 10,000 in flight.
+    by_name: dict[str, str] = field(default_factory=dict)  # pod name -> review uid
+    by_prefix: dict[str, dict[str, None]] = field(default_factory=dict)  # generateName -> review uids
     reserved_total: Charge = ZERO
     deadlines: list[tuple[float, str]] = field(default_factory=list)  # heap of terminating pods
 
@@ -170,8 +173,8 @@ class QuotaLedger:
         ns = self._namespace(namespace)
         self._expire(ns)
         replaced = ns.reservations.get(review_uid)
-        if replaced is None and name:
-            replaced = next((r for r in ns.reservations.values() if r.name == name), None)
+        if replaced is None and name and name in ns.by_name:
+            replaced = ns.reservations[ns.by_name[name]]
         usage = ns.pods_total + ns.reserved_total
         if replaced is not None:
             usage -= replaced.charge
@@ -179,10 +182,12 @@ class QuotaLedger:
         if verdict.fits and not dry_run:
             if replaced is not None:
                 self._drop_reservation(ns, replaced)
-            ns.reservations[review_uid] = Reservation(
-                review_uid, name or None, generate_name or None, charge, self._clock() + self._pending
+            self._add_reservation(
+                ns,
+                Reservation(
+                    review_uid, name or None, generate_name or None, charge, self._clock() + self._pending
+                ),
             )
-            ns.reserved_total += charge
         self._forget_if_empty(ns)
         return verdict
 
@@ -326,7 +331,7 @@ class QuotaLedger:
         self._expire(ns)
         name = meta.get("name")
         generate_name = meta.get("generateName")
-        match = next((r for r in ns.reservations.values() if r.name is not None and r.name == name), None)
+        match = ns.reservations[ns.by_name[name]] if isinstance(name, str) and name in ns.by_name else None
         if (
             match is None
             and isinstance(generate_name, str)
@@ -334,17 +339,31 @@ class QuotaLedger:
             and isinstance(name, str)
             and name.startswith(generate_name)
         ):
-            candidates = [
-                r for r in ns.reservations.values() if r.name is None and r.generate_name == generate_name
-            ]
+            candidates = [ns.reservations[uid] for uid in ns.by_prefix.get(generate_name, ())]
             match = next((r for r in candidates if r.charge == charge), None) or next(iter(candidates), None)
         if match is not None:
             self._drop_reservation(ns, match)
         return match
 
+    def _add_reservation(self, ns: _Namespace, reservation: Reservation) -> None:
+        ns.reservations[reservation.review_uid] = reservation
+        ns.reserved_total += reservation.charge
+        if reservation.name is not None:
+            ns.by_name[reservation.name] = reservation.review_uid
+        elif reservation.generate_name is not None:
+            ns.by_prefix.setdefault(reservation.generate_name, {})[reservation.review_uid] = None
+
     def _drop_reservation(self, ns: _Namespace, reservation: Reservation) -> None:
         del ns.reservations[reservation.review_uid]
         ns.reserved_total -= reservation.charge
+        if reservation.name is not None:
+            ns.by_name.pop(reservation.name, None)
+        elif reservation.generate_name is not None:
+            uids = ns.by_prefix.get(reservation.generate_name)
+            if uids is not None:
+                uids.pop(reservation.review_uid, None)
+                if not uids:
+                    del ns.by_prefix[reservation.generate_name]
 
     def _expire(self, ns: _Namespace) -> None:
         """Drop reservations past their time, and terminating pods past their grace period."""
