@@ -369,6 +369,14 @@ def test_a_pod_sized_at_admission_keeps_that_size_when_it_appears() -> None:
     assert gate.ledger.usage("team-a").memory_mib == 40960  # 50 % of 81920, as admitted
 
 
+def test_a_pod_unsized_at_admission_is_sized_when_it_appears() -> None:
+    gate = make_gate(gpu_size=lambda pod: 81920)
+    assert admit(gate, make_pod(None, percent=50, name="pct"), {}, gpu=None) is None
+    assert gate.ledger.usage("team-a").memory_mib == 0
+    gate.ledger.pod_seen(in_cache(make_pod(None, percent=50, name="pct")))
+    assert gate.ledger.usage("team-a").memory_mib == 40960
+
+
 def test_a_relist_drops_pods_that_are_gone_and_keeps_the_rest() -> None:
     gate = make_gate()
     keep = in_cache(make_pod(1000, name="keep"))

@@ -11,7 +11,8 @@ What counts, per namespace:
   Succeeded/Failed) nor gone. A terminating pod (deletionTimestamp set) still holds its GPU and
   counts until the cache sees it deleted, or until deletionTimestamp + deletionGracePeriodSeconds
   has passed (Kubernetes' own quota rule, so a pod stuck on a lost node does not hold quota
-  forever). A pod's charge is computed once, when the ledger first sees it, and again only when
+  forever). A pod's charge is computed once, when the ledger first sees it (for a pod this process
+  admitted, the larger of that and its charge at admission), and again only when
   its `volcano.sh/vgpu-ids-new` booking changes: pod resources are immutable, so nothing else can
   change it, and freezing it keeps usage from drifting as the GPU inventory changes.
 * **Reservations.** Every review this process admitted (not dryRun) whose pod the cache has not
@@ -227,10 +228,12 @@ class QuotaLedger:
         ns = self._namespace(namespace)
         if previous is None:
             claimed = self._claim(ns, meta, entry.charge)
-            if claimed is not None and entry.booking is None and claimed.charge != entry.charge:
-                # The same pod, sized at admission: keep that figure, so retiring the
-                # reservation changes usage by exactly nothing.
-                entry.charge = claimed.charge
+            if claimed is not None and entry.booking is None:
+                # Sized at admission against the inventory of that moment: keep that figure when
+                # it is the larger, so retiring the reservation never lowers usage by itself
+                # (the scheduler's booking settles it); a pod that could not be sized at
+                # admission (no GPU known) takes today's size.
+                entry.charge = entry.charge.max(claimed.charge)
         else:
             self._uncount(ns, uid)
         ns.pods[uid] = entry
