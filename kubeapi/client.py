@@ -129,8 +129,8 @@ class WatchInterrupt:
 
     def _shutdown(self) -> None:
         if self._response is not None:
-            # A stream that already ended has nothing left to shut down.
-            with contextlib.suppress(ValueError, OSError):
+            # A stream that already ended (and went back to the pool: RuntimeError) has nothing to shut.
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
                 self._response.shutdown()
 
 

@@ -174,10 +174,7 @@ class ClusterCache:
         """Stop the threads (open watches are cut) and wait for them to end."""
         self._stopping.set()
         for interrupt in self._interrupts.values():
-            # urllib3 refuses to shut a stream that already went back to the pool (RuntimeError);
-            # the thread then sees `_stopping` before it opens the next one.
-            with contextlib.suppress(RuntimeError):
-                interrupt.interrupt()
+            interrupt.interrupt()
         try:
             async with asyncio.timeout(grace_seconds):
                 for exited in self._exited.values():
