@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import ssl
 import sys
 from pathlib import Path
 
 from contract.config import ConfigError, load_config
 from kubeapi.client import KubeConfigError
 from webhook.service import Options, serve
+from webhook.tls import TlsFilesError
 
 LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 
@@ -55,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
             shutdown_timeout_seconds=args.shutdown_timeout,
         )
         return asyncio.run(serve(options, config))
-    except (ConfigError, KubeConfigError, ssl.SSLError, OSError) as exc:
+    except (ConfigError, KubeConfigError, TlsFilesError, OSError) as exc:
         log.error("event=webhook_failed error=%r", str(exc))
         return 2

@@ -20,6 +20,10 @@ from pathlib import Path
 log = logging.getLogger("kube_vgpu.webhook.tls")
 
 
+class TlsFilesError(RuntimeError):
+    """The serving certificate and key cannot be loaded at start-up; the message names the files."""
+
+
 def server_context() -> ssl.SSLContext:
     """A server-side SSLContext with TLS 1.2 as the minimum and no certificate loaded yet."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -38,8 +42,8 @@ class CertReloader:
         self.reloads = 0
         self._digest = ""
         if not self.reload_if_changed():
-            raise ssl.SSLError(
-                f"cannot load the serving certificate {self.cert_file} and key {self.key_file}"
+            raise TlsFilesError(
+                f"cannot load the serving certificate {self.cert_file} with key {self.key_file}"
             )
 
     def _read(self) -> tuple[bytes, bytes] | None:
