@@ -353,6 +353,16 @@ def test_forged_scheduler_annotations_are_denied() -> None:
     assert admit(pod(container(memory=1000), annotations={"volcano.sh/other": "x"}))[0].allowed
 
 
+def test_vgpu_pod_placed_by_hand_is_denied_and_plain_pod_is_not() -> None:
+    placed = pod(container(memory=1000))
+    placed["spec"]["nodeName"] = "mixed"
+    verdict, _ = admit(placed)
+    assert not verdict.allowed and verdict.reason == "bypasses-scheduler" and "mixed" in verdict.message
+    plain = pod({"name": "web"})
+    plain["spec"]["nodeName"] = "mixed"
+    assert admit(plain)[0].allowed
+
+
 def test_privileged_vgpu_container_is_denied_unless_configured() -> None:
     privileged = container(memory=1000) | {"securityContext": {"privileged": True}}
     verdict, _ = admit(pod(privileged))

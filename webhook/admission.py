@@ -50,6 +50,7 @@ MALFORMED_VALUE = "malformed-value"
 INVALID_ANNOTATION = "invalid-annotation"
 FORGED_ANNOTATION = "forged-annotation"
 PRIVILEGED = "privileged"
+BYPASSES_SCHEDULER = "bypasses-scheduler"
 OTHER_SCHEDULER = "other-scheduler"
 NO_MATCHING_GPU = "no-matching-gpu"
 QUOTA = "quota"
@@ -260,7 +261,16 @@ class Admission:
     def _check_safety(
         self, pod: Mapping[str, Any], pod_request: PodRequest, annotations: Mapping[str, str]
     ) -> None:
-        """SPEC §2 step 5: forged allocations and privileged vGPU containers."""
+        """SPEC §2 step 5: forged allocations, pods placed by hand, and privileged vGPU containers."""
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if node_name:
+            # Without the scheduler no GPU is chosen for the pod, and the node plugin would fail it
+            # at Allocate with a less helpful UnexpectedAdmissionError.
+            raise Denied(
+                BYPASSES_SCHEDULER,
+                f"spec.nodeName is set ({node_name}): a vGPU pod must be placed by the scheduler, which "
+                "chooses its GPUs; use nodeSelector kubernetes.io/hostname instead",
+            )
         forged = [key for key in SCHEDULER_OWNED_ANNOTATIONS if key in annotations]
         if forged:
             raise Denied(
