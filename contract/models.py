@@ -72,6 +72,12 @@ def parse_register_type(type_field: str) -> RegisteredType:
     return RegisteredType(type_field, False)
 
 
+def gputype_item(type_field: str) -> str:
+    """The narrowest `use-gputype` item for a register TYPE: `[model]` in kube-vgpu's form, else the TYPE."""
+    decoded = parse_register_type(type_field)
+    return f"[{decoded.model}]" if decoded.delimited else type_field
+
+
 @dataclass(frozen=True)
 class GputypeItems:
     """What to write in `nvidia.com/use-gputype` so Volcano's substring rule picks exactly `allowed`.
@@ -96,8 +102,7 @@ def gputype_items(allowed: Iterable[str], known: Iterable[str]) -> GputypeItems:
     items: list[str] = []
     inexact: list[str] = []
     for type_field in sorted(allowed_set):
-        decoded = parse_register_type(type_field)
-        item = f"[{decoded.model}]" if decoded.delimited else type_field
+        item = gputype_item(type_field)
         if any(item.lower() in other for other in others):
             inexact.append(type_field)
         if item not in items:

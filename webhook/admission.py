@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.config import Config
-from contract.models import gputype_items, parse_register_type, token_matches_model
+from contract.models import gputype_item, gputype_items, token_matches_model
 from contract.names import (
     HOSTNAME_LABEL,
     MODE_LABEL,
@@ -135,10 +135,7 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
 
 def _exact_refusal(allowed: frozenset[str], known: frozenset[str]) -> list[str] | None:
     """`nouse-gputype` items refusing exactly the TYPEs not allowed, or None when none exist."""
-    refused = []
-    for type_field in sorted(known - allowed):
-        decoded = parse_register_type(type_field)
-        refused.append(f"[{decoded.model}]" if decoded.delimited else type_field)
+    refused = [gputype_item(type_field) for type_field in sorted(known - allowed)]
     if not refused or any(item.lower() in t.lower() for item in refused for t in allowed):
         return None
     return refused
