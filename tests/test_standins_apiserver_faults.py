@@ -4,8 +4,6 @@ the official Kubernetes client."""
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +11,9 @@ from typing import Any
 
 import pytest
 import urllib3
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from kubernetes import client, config
 
+from certs.issue import issue_ca, issue_serving
 from standins.apiserver import ApiServerStandin
 
 
@@ -146,37 +141,18 @@ def test_request_log_keeps_method_path_query_and_body(
 # -- running it -----------------------------------------------------------------------------------------
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "standin")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_file, key_file
+def _tls_files(tmp_path: Path) -> tuple[Path, Path, Path]:
+    ca = issue_ca("standin", 1)
+    serving = issue_serving(ca, [], ["127.0.0.1"], 1)
+    files = tmp_path / "ca.crt", tmp_path / "tls.crt", tmp_path / "tls.key"
+    for path, pem in zip(files, (ca.cert_pem, serving.cert_pem, serving.key_pem), strict=True):
+        path.write_bytes(pem)
+    return files
 
 
 def test_https_through_a_kubeconfig_file(tmp_path: Path) -> None:
-    cert_file, key_file = _self_signed(tmp_path)
-    with ApiServerStandin(tls_cert_file=cert_file, tls_key_file=key_file, ca_file=cert_file) as api:
+    ca_file, cert_file, key_file = _tls_files(tmp_path)
+    with ApiServerStandin(tls_cert_file=cert_file, tls_key_file=key_file, ca_file=ca_file) as api:
         api.put(node("n1"))
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         configuration = client.Configuration()
