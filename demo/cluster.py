@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from certs.check import CA_CERT, TLS_CERT, TLS_KEY
+from certs.files import write_material
 from certs.issue import issue_ca, issue_serving
 from contract.config import Config
 from contract.mig_geometry import DeviceConfig, choose_slot, geometry_for_type
@@ -170,14 +172,9 @@ class LocalCluster:
         ca = issue_ca("kube-vgpu demo CA", 1)
         serving = issue_serving(ca, ["localhost"], ["127.0.0.1"], 1)
         tls = self.workdir / "tls"
-        tls.mkdir(parents=True, exist_ok=True)
-        (tls / "tls.crt").write_bytes(serving.cert_pem)
-        (tls / "tls.key").write_bytes(serving.key_pem)
-        (tls / "tls.key").chmod(0o600)
+        write_material(tls, {CA_CERT: ca.cert_pem, TLS_CERT: serving.cert_pem, TLS_KEY: serving.key_pem})
         self.ca_pem = ca.cert_pem
-        options = Options(
-            tls_cert_file=tls / "tls.crt", tls_key_file=tls / "tls.key", port=0, host="127.0.0.1"
-        )
+        options = Options(tls_cert_file=tls / TLS_CERT, tls_key_file=tls / TLS_KEY, port=0, host="127.0.0.1")
         self.webhook = WebhookServer(options, self.config, kube=self.kube())
         await self.webhook.start()
         await asyncio.wait_for(self.webhook.cache.wait_synced(), 15)
