@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="show the parts' own logs")
 
 
-async def _demo(args: argparse.Namespace, out: list[str]) -> int:
+async def _demo(args: argparse.Namespace) -> int:
     examples: Path = args.examples
     nodes = load_nodes(examples / "nodes.yaml")
     namespaces = load_namespaces(examples / "namespaces.yaml")
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     try:
-        return asyncio.run(_demo(args, []))
+        return asyncio.run(_demo(args))
     except (ExampleError, ConfigError) as exc:
         print(f"kube-vgpu demo: {exc}", file=sys.stderr)
         return 2
