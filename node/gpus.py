@@ -16,7 +16,7 @@ log = logging.getLogger("kube_vgpu.node.gpus")
 # A `pynvml`-shaped module; typed loosely because pynvml ships no type information.
 Nvml = Any
 
-_MIB = 1024 * 1024
+MIB = 1024 * 1024
 # The kubelet refuses device IDs longer than this (deviceplugin v1beta1).
 DEVICE_ID_MAX = 63
 
@@ -41,8 +41,8 @@ class GpuInfo:
         return f"{self.uuid}-{k}"
 
 
-def _text(value: object) -> str:
-    # Older pynvml releases return bytes; the current one returns str.
+def nvml_text(value: object) -> str:
+    """An NVML string as str: older pynvml releases return bytes, the current one returns str."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -57,14 +57,14 @@ def discover(nvml: Nvml) -> list[GpuInfo]:
     for index in range(count):
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            name = _text(nvml.nvmlDeviceGetName(handle))
+            uuid = nvml_text(nvml.nvmlDeviceGetUUID(handle))
+            name = nvml_text(nvml.nvmlDeviceGetName(handle))
             minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
-            memory_mib = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB
+            memory_mib = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // MIB
         except nvml.NVMLError as exc:
             raise DiscoveryError(f"GPU index {index}: NVML failed: {exc}") from None
         try:
-            bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            bus_id = nvml_text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         except (nvml.NVMLError, AttributeError):
             bus_id = ""  # informational only
         gpus.append(GpuInfo(index, uuid, name, minor, memory_mib, bus_id))

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from node.gpus import GpuInfo, Nvml
+from node.gpus import GpuInfo, Nvml, nvml_text
 
 log = logging.getLogger("kube_vgpu.node.health")
 
@@ -178,8 +178,7 @@ class HealthMonitor:
         if address is not None and address in self._by_address:
             return [self._by_address[address]]
         try:
-            uuid = self._nvml.nvmlDeviceGetUUID(device)
-            return [uuid.decode() if isinstance(uuid, bytes) else str(uuid)]
+            return [nvml_text(self._nvml.nvmlDeviceGetUUID(device))]
         except self._nvml.NVMLError:
             # As NVIDIA's plugin does: an XID that names no device we know affects them all.
             return [g.uuid for g in self._gpus]

@@ -18,13 +18,9 @@ from typing import Any
 from contract.mig_geometry import DeviceConfig, geometry_for_type, parse_device_config
 from contract.mig_geometry_default import default_device_config
 from contract.models import register_type
-from node.gpus import Nvml
+from node.gpus import MIB, Nvml, nvml_text
 from node.mig_layout import LayoutError, ProfileSpec, plan_group
 from node.mig_nvml import gpu_handle, mig_mode, read_instances, read_profiles
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def describe_geometry(config: DeviceConfig, name: str, profiles: dict[str, ProfileSpec]) -> Any:
@@ -48,10 +44,10 @@ def describe_gpu(nvml: Nvml, index: int, config: DeviceConfig | None = None) -> 
     """One GPU's MIG facts as plain data; an NVML failure is reported in `error`, not raised.
     With `config`, also the plan of every group of its geometry (`describe_geometry`)."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-    out: dict[str, Any] = {"index": index, "uuid": uuid, "name": _text(nvml.nvmlDeviceGetName(handle))}
+    uuid = nvml_text(nvml.nvmlDeviceGetUUID(handle))
+    out: dict[str, Any] = {"index": index, "uuid": uuid, "name": nvml_text(nvml.nvmlDeviceGetName(handle))}
     try:
-        out["memoryMiB"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
+        out["memoryMiB"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // MIB
         mode = mig_mode(nvml, gpu_handle(nvml, uuid))
         out["migMode"] = (
             {"current": mode.current, "pending": mode.pending} if mode.supported else "not supported"
@@ -111,7 +107,7 @@ def _mig_device_order(nvml: Nvml, handle: Any) -> list[Any]:
 def describe_mig(nvml: Nvml, config: DeviceConfig | None = None) -> dict[str, Any]:
     """Every GPU's MIG facts (nvmlInit must have been called); with `config`, the group plans too."""
     return {
-        "driverVersion": _text(nvml.nvmlSystemGetDriverVersion()),
+        "driverVersion": nvml_text(nvml.nvmlSystemGetDriverVersion()),
         "gpus": [describe_gpu(nvml, i, config) for i in range(int(nvml.nvmlDeviceGetCount()))],
     }
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from node.gpus import Nvml
+from node.gpus import Nvml, nvml_text
 from node.mig_layout import LayoutActions, ObservedCompute, ObservedInstance, PlannedInstance, ProfileSpec
 
 log = logging.getLogger("kube_vgpu.node.mig")
@@ -41,10 +41,6 @@ class MigMode:
     def enabled(self) -> bool:
         """MIG is on and no mode change waits for a GPU reset."""
         return self.current == _NVML_MIG_ENABLE and self.pending == self.current
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def gpu_handle(nvml: Nvml, gpu_uuid: str) -> Any:
@@ -80,7 +76,7 @@ def read_profiles(nvml: Nvml, handle: Any) -> dict[str, ProfileSpec]:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
         except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
             continue  # a profile this GPU does not have
-        name = _text(info.name).removeprefix("MIG ").strip()
+        name = nvml_text(info.name).removeprefix("MIG ").strip()
         if name in profiles:
             continue  # the plain profile (lowest index) is the one a geometry name means
         places = _placements(nvml, handle, int(info.id))
@@ -109,7 +105,7 @@ def _mig_devices(nvml: Nvml, handle: Any) -> dict[int, list[ObservedCompute]]:
         found.setdefault(gi_id, []).append(
             ObservedCompute(
                 ci_id=int(nvml.nvmlDeviceGetComputeInstanceId(mig)),
-                mig_uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                mig_uuid=nvml_text(nvml.nvmlDeviceGetUUID(mig)),
                 memory_mib=int(attributes.memorySizeMB),
                 full=int(attributes.computeInstanceSliceCount) == int(attributes.gpuInstanceSliceCount),
             )
