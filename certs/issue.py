@@ -31,6 +31,14 @@ class Issued:
     cert_pem: bytes
     key_pem: bytes
 
+    @classmethod
+    def from_parsed(cls, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Issued:
+        """PEM-encode a parsed certificate and its key."""
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        return cls(cert.public_bytes(serialization.Encoding.PEM), key_pem)
+
     @property
     def certificate(self) -> x509.Certificate:
         """The parsed certificate."""
@@ -75,12 +83,6 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
 def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
     """Digital signatures always; certificate and CRL signing for a CA only."""
     return x509.KeyUsage(
@@ -123,7 +125,7 @@ def issue_ca(common_name: str, days: int, *, now: datetime.datetime | None = Non
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    return Issued(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
+    return Issued.from_parsed(cert, key)
 
 
 def issue_serving(
@@ -172,4 +174,4 @@ def issue_serving(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    return Issued(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
+    return Issued.from_parsed(cert, key)

@@ -92,13 +92,7 @@ def build(
         raise ValueError("a keep plan writes nothing")
     dns, ips = split_hosts(hosts)
     if plan.action == "renew" and findings.ca is not None:
-        signing = findings.ca
-        ca = Issued(
-            _pem(signing.cert),
-            signing.key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            ),
-        )
+        ca = Issued.from_parsed(findings.ca.cert, findings.ca.key)
         trusted = [ca.cert_pem, *(_pem(c) for c in findings.other_cas)]
     else:
         ca = issue_ca(CA_COMMON_NAME, ca_days, now=now)
