@@ -76,8 +76,7 @@ class Placement:
     matches_nothing: bool
 
 
-def _uuid_alternatives(sel: Selectors, allowed: frozenset[str] | None, inv: Inventory) -> list[str]:
-    wanted = frozenset(sel.use_uuids or ()) - frozenset(sel.nouse_uuids or ())
+def _uuid_alternatives(wanted: frozenset[str], allowed: frozenset[str] | None, inv: Inventory) -> list[str]:
     keep = []
     for uuid in sorted(wanted):
         gpu = inv.gpu(uuid)
@@ -97,10 +96,8 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
             if (sel.use_types is None or any(token_matches_model(t, model) for t in sel.use_types))
             and not any(token_matches_model(t, model) for t in sel.nouse_types or ())
         )
-    uuids = None
-    if sel.use_uuids is not None:
-        uuids = frozenset(sel.use_uuids) - frozenset(sel.nouse_uuids or ())
     excluded = frozenset(sel.nouse_uuids or ())
+    uuids = None if sel.use_uuids is None else frozenset(sel.use_uuids) - excluded
     memory = max((c.memory_mib or 0 for c in request.containers), default=0)
     by_selectors = GpuFilter(models=allowed, uuids=uuids, excluded=excluded)
     fits = GpuFilter(models=allowed, uuids=uuids, excluded=excluded, min_memory_mib=memory)
@@ -111,9 +108,9 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
         offered = inv.offered_modes(fits)
         mode = next(iter(offered)) if len(offered) == 1 else default_mode
     selector_terms: list[affinity.Requirement] = []
-    if sel.use_uuids is not None:
+    if uuids is not None:
         selector_terms = [
-            affinity.exists(UUID_LABEL_PREFIX + u) for u in _uuid_alternatives(sel, allowed, inv)
+            affinity.exists(UUID_LABEL_PREFIX + u) for u in _uuid_alternatives(uuids, allowed, inv)
         ]
     elif allowed:
         selector_terms = [affinity.exists(MODEL_LABEL_PREFIX + m) for m in sorted(allowed)]
