@@ -17,7 +17,7 @@ from pathlib import Path
 from certs.cluster import ensure_secret, patch_ca_bundle, utcnow
 from certs.errors import EXIT_OK, CertsError, UnreachableError, UsageError
 from certs.files import ensure_files
-from certs.plan import DEFAULT_CA_DAYS, DEFAULT_DAYS, RENEW_BEFORE
+from certs.plan import DEFAULT_CA_DAYS, DEFAULT_DAYS, RENEW_BEFORE, Action
 from kubeapi.client import Kube, KubeConfigError, load_api_client
 
 log = logging.getLogger("kube_vgpu.certs")
@@ -123,6 +123,10 @@ def _check_name(flag: str, value: str, pattern: re.Pattern[str], what: str, limi
     )
 
 
+def _what_was_issued(action: Action) -> str:
+    return "new CA and serving certificate" if action == "reissue" else "new serving certificate, CA kept"
+
+
 def _kube(kubeconfig: str | None) -> Kube:
     try:
         return Kube(load_api_client(kubeconfig))
@@ -150,13 +154,8 @@ def _run_create(args: argparse.Namespace) -> str:
     secret = f"Secret {args.namespace}/{args.secret_name}"
     if outcome.action == "keep":
         return f"{secret} is valid for {args.service}.{args.namespace}.svc; nothing written"
-    what = (
-        "new CA and serving certificate"
-        if outcome.action == "reissue"
-        else "new serving certificate, CA kept"
-    )
     verb = "created" if outcome.created else "updated"
-    return f"{secret} {verb}: {what} ({outcome.reason})"
+    return f"{secret} {verb}: {_what_was_issued(outcome.action)} ({outcome.reason})"
 
 
 def _run_patch(args: argparse.Namespace) -> str:
@@ -196,10 +195,7 @@ def _run_write(args: argparse.Namespace) -> str:
         raise CertsError(f"cannot write certificates to {out}: {exc.strerror or exc}") from None
     if plan.action == "keep":
         return f"{out}: certificates valid for {', '.join(args.host)}; nothing written"
-    what = (
-        "new CA and serving certificate" if plan.action == "reissue" else "new serving certificate, CA kept"
-    )
-    return f"{out}: {what} written ({plan.reason})"
+    return f"{out}: {_what_was_issued(plan.action)} written ({plan.reason})"
 
 
 def run(args: argparse.Namespace) -> int:
