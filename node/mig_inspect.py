@@ -20,7 +20,7 @@ from contract.mig_geometry_default import default_device_config
 from contract.models import register_type
 from node.gpus import MIB, Nvml, nvml_text
 from node.mig_layout import LayoutError, ProfileSpec, plan_group
-from node.mig_nvml import gpu_handle, mig_mode, read_instances, read_profiles
+from node.mig_nvml import gpu_handle, mig_device_handles, mig_mode, read_instances, read_profiles
 
 
 def describe_geometry(config: DeviceConfig, name: str, profiles: dict[str, ProfileSpec]) -> Any:
@@ -91,17 +91,12 @@ def describe_gpu(nvml: Nvml, index: int, config: DeviceConfig | None = None) -> 
 def _mig_device_order(nvml: Nvml, handle: Any) -> list[Any]:
     # What `nvmlDeviceGetMigDeviceHandleByIndex` lists at each index: the reference plugin's
     # "index = position" assumption can be checked against it on real hardware.
-    order: list[Any] = []
-    for index in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
-        except nvml.NVMLError_NotFound:
-            order.append(None)
-            continue
-        order.append(
-            [int(nvml.nvmlDeviceGetGpuInstanceId(mig)), int(nvml.nvmlDeviceGetComputeInstanceId(mig))]
-        )
-    return order
+    return [
+        None
+        if mig is None
+        else [int(nvml.nvmlDeviceGetGpuInstanceId(mig)), int(nvml.nvmlDeviceGetComputeInstanceId(mig))]
+        for mig in mig_device_handles(nvml, handle)
+    ]
 
 
 def describe_mig(nvml: Nvml, config: DeviceConfig | None = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,13 +92,22 @@ def read_profiles(nvml: Nvml, handle: Any) -> dict[str, ProfileSpec]:
     return profiles
 
 
-def _mig_devices(nvml: Nvml, handle: Any) -> dict[int, list[ObservedCompute]]:
-    """MIG devices by GPU instance ID. NVML leaves holes in the index range, so every index is tried."""
-    found: dict[int, list[ObservedCompute]] = {}
+def mig_device_handles(nvml: Nvml, handle: Any) -> Iterator[Any | None]:
+    """The GPU's MIG device handles in index order, None at the holes NVML leaves in the index range
+    (so every index up to the maximum is tried)."""
     for index in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
         except nvml.NVMLError_NotFound:
+            mig = None
+        yield mig
+
+
+def _mig_devices(nvml: Nvml, handle: Any) -> dict[int, list[ObservedCompute]]:
+    """MIG devices by GPU instance ID."""
+    found: dict[int, list[ObservedCompute]] = {}
+    for mig in mig_device_handles(nvml, handle):
+        if mig is None:
             continue
         attributes = nvml.nvmlDeviceGetAttributes(mig)
         gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
@@ -168,10 +177,8 @@ def running_processes(nvml: Nvml, handle: Any, gi_ids: Sequence[int]) -> list[tu
     """(GPU instance ID, pid) of processes NVML sees on the given instances' MIG devices."""
     wanted = set(gi_ids)
     found: list[tuple[int, int]] = []
-    for index in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
-        except nvml.NVMLError_NotFound:
+    for mig in mig_device_handles(nvml, handle):
+        if mig is None:
             continue
         gi_id = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
         if gi_id in wanted:
