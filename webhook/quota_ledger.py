@@ -309,15 +309,17 @@ class QuotaLedger:
         if not request.asks_vgpu:
             return None
         booked = booked_memory(pod, request)
-        gpu_mib = self._gpu_size(pod) if pod_needs_gpu_size(request, booked) else None
-        if gpu_mib is None and pod_needs_gpu_size(request, booked):
-            log.info(
-                "event=quota_pod_unsized namespace=%s pod=%s detail=%s",
-                meta.get("namespace"),
-                meta.get("name"),
-                "no GPU known to size its memory share; counted without that memory",
-            )
-            gpu_mib = 0
+        gpu_mib = None
+        if pod_needs_gpu_size(request, booked):
+            gpu_mib = self._gpu_size(pod)
+            if gpu_mib is None:
+                log.info(
+                    "event=quota_pod_unsized namespace=%s pod=%s detail=%s",
+                    meta.get("namespace"),
+                    meta.get("name"),
+                    "no GPU known to size its memory share; counted without that memory",
+                )
+                gpu_mib = 0
         charge = pod_charge(request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod), booked_mib=booked)
         return _Pod(charge, booking, counted, deadline)
 
