@@ -65,11 +65,30 @@ class LabelRequirement:
             return not present or value not in self.values
         # Gt/Lt: the label must be there and be an integer, as in the real server.
         try:
-            number = int(value)
-        except ValueError:
+            number, bound = int(value), int(self.values[0])
+        except (ValueError, IndexError):
             return False
-        bound = int(self.values[0])
         return present and (number > bound if self.op == ">" else number < bound)
+
+
+# The operators of a `matchExpressions` entry (LabelSelector, NodeSelectorTerm) in the query grammar.
+_EXPRESSION_OPS: dict[str, LabelOp] = {
+    "In": "in",
+    "NotIn": "notin",
+    "Exists": "exists",
+    "DoesNotExist": "!",
+    "Gt": ">",
+    "Lt": "<",
+}
+
+
+def expression_matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether `labels` satisfy one `matchExpressions` entry; an unknown operator never matches."""
+    op = _EXPRESSION_OPS.get(expression.get("operator", ""))
+    if op is None:
+        return False
+    values = tuple(expression.get("values") or ())
+    return LabelRequirement(expression.get("key", ""), op, values).matches(labels)
 
 
 @dataclass(frozen=True)

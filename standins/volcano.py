@@ -18,31 +18,11 @@ from contract import names as n
 from contract.config import ResourceNames
 from contract.devices import encode_pod_devices
 from kubeapi.client import Kube
+from standins.apiserver_selectors import expression_matches
 from standins.volcano_fit import MigChooser, NoFit, fit_pod, node_ledger
 
 log = logging.getLogger("kube_vgpu.standins.volcano")
 READINESS_RESOURCES = ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores")
-
-
-def _expression_ok(expr: Mapping[str, Any], values: Mapping[str, str]) -> bool:
-    key, op = expr.get("key", ""), expr.get("operator", "")
-    wanted = list(expr.get("values") or [])
-    present = key in values
-    if op == "In":
-        return present and values[key] in wanted
-    if op == "NotIn":
-        return not present or values[key] not in wanted
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op in ("Gt", "Lt") and present and wanted:
-        try:
-            have, limit = int(values[key]), int(wanted[0])
-        except ValueError:
-            return False
-        return have > limit if op == "Gt" else have < limit
-    return False
 
 
 def node_matches(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
@@ -59,8 +39,8 @@ def node_matches(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
         return True
     terms = required.get("nodeSelectorTerms") or []
     return any(
-        all(_expression_ok(e, labels) for e in term.get("matchExpressions") or [])
-        and all(_expression_ok(e, fields) for e in term.get("matchFields") or [])
+        all(expression_matches(e, labels) for e in term.get("matchExpressions") or [])
+        and all(expression_matches(e, fields) for e in term.get("matchFields") or [])
         and (term.get("matchExpressions") or term.get("matchFields"))
         for term in terms
     )
