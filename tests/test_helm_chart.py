@@ -39,6 +39,7 @@ from helm_render import (
 
 from contract import names
 from contract.config import Config, NodeConfig, ResourceNames, WebhookConfig, parse_config
+from standins.apiserver_selectors import expression_matches
 
 OPT_OUT = {names.OPT_OUT_LABEL: names.OPT_OUT_VALUE}
 HAMI_NAMES = {
@@ -184,24 +185,13 @@ def _pod(template: Obj, namespace: str) -> Obj:
     }
 
 
-# --- a label selector evaluator (metav1.LabelSelector semantics) ---------------------------
+# --- label selectors, evaluated as the (stand-in) API server does ---------------------------
 
 
 def _selects(selector: Obj, labels: Mapping[str, str]) -> bool:
-    for key, value in selector.get("matchLabels", {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions", []):
-        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
-        if op == "In" and labels.get(key) not in values:
-            return False
-        if op == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if op == "Exists" and key not in labels:
-            return False
-        if op == "DoesNotExist" and key in labels:
-            return False
-    return True
+    return all(labels.get(key) == value for key, value in selector.get("matchLabels", {}).items()) and all(
+        expression_matches(expr, labels) for expr in selector.get("matchExpressions", [])
+    )
 
 
 def _namespace_labels(name: str, **extra: str) -> dict[str, str]:
