@@ -38,7 +38,7 @@ from node.inventory import Inventory
 from node.ledger import Ledger
 from node.metrics import Metrics
 from node.mig import MigManager, MigRefused
-from node.selection import Claim, PodRef, annotations_of, pod_ref, select
+from node.selection import Claim, PodRef, annotations_of, select
 from node.verify import claim_problem
 
 log = logging.getLogger("kube_vgpu.node.allocate")
@@ -184,8 +184,7 @@ class Allocator:
                     grpc.StatusCode.NOT_FOUND,
                 )
             attempt.pod = claim.pod
-            pod = next(p for p in pods if pod_ref(p) == claim.pod)
-            response = await self._honour(claim, pod, deadline, attempt, pods)
+            response = await self._honour(claim, pods, deadline, attempt)
             if response is not None:
                 return response
         assert attempt.pod is not None  # every round that did not return or raise found a claim
@@ -200,15 +199,14 @@ class Allocator:
     async def _honour(
         self,
         claim: Claim,
-        pod: dict[str, Any],
+        pods: Sequence[dict[str, Any]],
         deadline: float,
         attempt: _Attempt,
-        pods: Sequence[dict[str, Any]] = (),
     ) -> ContainerResponse | None:
         """Check, build and consume one claim; None when another Allocate consumed it first."""
         inventory = self._inventory
         problem = claim_problem(
-            claim.records, annotations_of(pod), inventory.by_uuid, inventory.unhealthy, self._mode
+            claim.records, claim.annotations, inventory.by_uuid, inventory.unhealthy, self._mode
         )
         response: ContainerResponse | None = None
         if problem is None and self._mig is not None:
@@ -237,18 +235,12 @@ class Allocator:
         )
         try:
             updated = await self._api.patch_pod(claim.pod, consume_ops(claim), "json", self._left(deadline))
-        except ApiError as exc:
+        except (ApiError, ApiUnavailable) as exc:
             if is_conflict(exc):
                 log.info(
                     "event=allocate_conflict node=%s pod=%s entry=%d", self._node, claim.pod, claim.index
                 )
                 return None
-            raise _Refused(
-                f"pod {claim.pod}: cannot record the allocation: {exc}",
-                "api_unavailable",
-                grpc.StatusCode.UNAVAILABLE,
-            ) from None
-        except ApiUnavailable as exc:
             raise _Refused(
                 f"pod {claim.pod}: cannot record the allocation: {exc}",
                 "api_unavailable",
@@ -300,7 +292,7 @@ class Allocator:
         """Remove the scheduler's node lock if set, and only the value seen (best effort)."""
         try:
             node, _ = await self._api.node(self._left(deadline))
-            value = ((node or {}).get("metadata") or {}).get("annotations", {}).get(NODE_LOCK)
+            value = annotations_of(node or {}).get(NODE_LOCK)
             if value is None:
                 return
             ops = [

@@ -89,6 +89,7 @@ class Claim:
     container: Mapping[str, Any]
     records: ContainerDevices
     remaining: int  # entries the kubelet will still ask for once this one is consumed
+    annotations: Mapping[str, str]  # the pod's, as read: its selectors are checked against the records
 
     @property
     def container_name(self) -> str:
@@ -227,7 +228,10 @@ def select(
             continue
         key = _age_key(pod)
         if best is None or key < best[0]:
-            best = (key, Claim(pod_ref(pod), value, index, container, records, remaining))
+            best = (
+                key,
+                Claim(pod_ref(pod), value, index, container, records, remaining, annotations_of(pod)),
+            )
     return Selection(best[1] if best else None, tuple(broken), allocating)
 
 
