@@ -31,7 +31,7 @@ from webhook.quota_charge import (
     restartable_init_flags,
     unsized_message,
 )
-from webhook.quota_ledger import GpuSizer, QuotaLedger, Verdict
+from webhook.quota_ledger import GpuSizer, QuotaLedger, Verdict, pod_metadata
 from webhook.selectors import SelectorError, parse_selectors
 
 __all__ = ["Charge", "DenialCounter", "NamespaceQuota", "QuotaLedger", "Verdict", "placement_sizer"]
@@ -86,8 +86,7 @@ class NamespaceQuota:
             return None
         limits = parse_limits(namespace_labels)
         self.last_limits[namespace] = limits
-        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-        assert isinstance(meta, Mapping)
+        meta = pod_metadata(pod)
         name = meta.get("name") if isinstance(meta.get("name"), str) else None
         generate_name = meta.get("generateName") if isinstance(meta.get("generateName"), str) else None
         if limits.invalid:
@@ -109,12 +108,13 @@ class NamespaceQuota:
             generate_name=generate_name,
             dry_run=dry_run,
         )
+        shown = name or f"{generate_name or ''}*"
         if verdict.fits:
             log.debug(
                 "event=quota_admitted namespace=%s pod=%s review=%s "
                 "number=%d memory_mib=%d cores=%d dry_run=%s",
                 namespace,
-                name or f"{generate_name or ''}*",
+                shown,
                 review_uid,
                 charge.number,
                 charge.memory_mib,
@@ -123,7 +123,7 @@ class NamespaceQuota:
             )
             return None
         message = exceeded_message(namespace, verdict.over, charge, verdict.usage, limits)
-        return self._deny(namespace, verdict.over[0], message, name or f"{generate_name or ''}*")
+        return self._deny(namespace, verdict.over[0], message, shown)
 
     def _deny(self, namespace: str, reason: Resource | str, message: str, pod: str | None) -> str:
         log.info(
@@ -142,8 +142,7 @@ def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, de
     """
 
     def size(pod: Mapping[str, Any]) -> int | None:
-        meta = pod.get("metadata")
-        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        annotations = pod_metadata(pod).get("annotations")
         try:
             selectors = parse_selectors(annotations if isinstance(annotations, Mapping) else {})
             request = parse_pod(pod, names)

@@ -114,7 +114,8 @@ class Verdict:
         return not self.over
 
 
-def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def pod_metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A pod's `metadata`, or an empty mapping when it has none (or not an object)."""
     meta = pod.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
 
@@ -216,7 +217,7 @@ class QuotaLedger:
 
     def pod_seen(self, pod: Mapping[str, Any]) -> None:
         """A pod was added or modified in the cache."""
-        meta = _meta(pod)
+        meta = pod_metadata(pod)
         namespace, uid = meta.get("namespace"), meta.get("uid")
         if not isinstance(namespace, str) or not isinstance(uid, str):
             return
@@ -244,7 +245,7 @@ class QuotaLedger:
 
     def pod_gone(self, pod: Mapping[str, Any]) -> None:
         """A pod was deleted from the cache: its share is free at once."""
-        meta = _meta(pod)
+        meta = pod_metadata(pod)
         namespace, uid = meta.get("namespace"), meta.get("uid")
         ns = self._namespaces.get(namespace) if isinstance(namespace, str) else None
         if ns is None or not isinstance(uid, str) or uid not in ns.pods:
@@ -257,7 +258,7 @@ class QuotaLedger:
         """The cache re-listed: `pods` is now every pod. Known pods keep their charge."""
         listed: dict[str, set[str]] = {}
         for pod in pods:
-            meta = _meta(pod)
+            meta = pod_metadata(pod)
             namespace, uid = meta.get("namespace"), meta.get("uid")
             if isinstance(namespace, str) and isinstance(uid, str):
                 listed.setdefault(namespace, set()).add(uid)
@@ -283,7 +284,7 @@ class QuotaLedger:
 
     def _entry(self, pod: Mapping[str, Any], previous: _Pod | None) -> _Pod | None:
         """The ledger's record of a pod, or None when it asks for no vGPU (or cannot be read)."""
-        meta = _meta(pod)
+        meta = pod_metadata(pod)
         annotations = meta.get("annotations")
         booking = annotations.get(VGPU_IDS_NEW) if isinstance(annotations, Mapping) else None
         booking = booking if isinstance(booking, str) and booking else None
