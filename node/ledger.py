@@ -17,10 +17,9 @@ from contract.devices import DeviceListError
 from contract.names import BIND_PHASE, BIND_PHASE_FAILED, VGPU_IDS_NEW
 from node.gpus import GpuInfo
 from node.publish import CORES_PER_GPU
-from node.selection import PodRef, annotations_of, container_entries, pod_ref
+from node.selection import TERMINAL_PHASES, PodRef, annotations_of, container_entries, pod_ref
 
 Resource = Literal["memory", "cores", "vgpus"]
-_TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def holds_devices(pod: Mapping[str, Any], node_name: str) -> bool:
         (pod.get("spec") or {}).get("nodeName") == node_name
         and bool(annotations.get(VGPU_IDS_NEW))
         and annotations.get(BIND_PHASE) != BIND_PHASE_FAILED
-        and (pod.get("status") or {}).get("phase") not in _TERMINAL_PHASES
+        and (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES
     )
 
 

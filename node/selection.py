@@ -26,7 +26,8 @@ from contract.names import (
 )
 
 _UINT64_MAX = 2**64 - 1
-_TERMINAL_PHASES = ("Succeeded", "Failed")
+# Pod phases after which no container runs (and none will again).
+TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def is_allocating_here(pod: Mapping[str, Any], node_name: str) -> bool:
         and annotations.get(VGPU_NODE) == node_name
         and annotations.get(BIND_PHASE) == BIND_PHASE_ALLOCATING
         and not metadata.get("deletionTimestamp")
-        and (pod.get("status") or {}).get("phase") not in _TERMINAL_PHASES
+        and (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES
     )
 
 
