@@ -180,6 +180,12 @@ class Kube:
     def _ns(namespace: str | None) -> dict[str, str]:
         return {} if namespace is None else {"namespace": namespace}
 
+    @staticmethod
+    def _selectors(field_selector: str | None, label_selector: str | None) -> dict[str, str]:
+        return {
+            k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v
+        }
+
     def list(
         self,
         kind: Kind,
@@ -190,11 +196,11 @@ class Kube:
         timeout: float | tuple[float, float] | None = None,
     ) -> dict[str, Any]:
         """The raw List object (`items`, `metadata.resourceVersion`)."""
-        selectors = {
-            k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v
-        }
         return self._json(
-            self._method("list", kind, namespace), timeout=timeout, **self._ns(namespace), **selectors
+            self._method("list", kind, namespace),
+            timeout=timeout,
+            **self._ns(namespace),
+            **self._selectors(field_selector, label_selector),
         )
 
     def watch(
@@ -214,9 +220,6 @@ class Kube:
         `interrupt`, another thread can end a watch blocked on a silent stream (it then raises
         ApiUnavailable, and `interrupt.interrupted` tells the two apart).
         """
-        selectors = {
-            k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v
-        }
         response = self._call(
             self._method("list", kind, namespace),
             watch=True,
@@ -226,7 +229,7 @@ class Kube:
             # The read timeout bounds silence on the stream; the server's own timeout ends it sooner.
             timeout=(self.timeout[0], timeout_seconds + 30.0),
             **self._ns(namespace),
-            **selectors,
+            **self._selectors(field_selector, label_selector),
         )
         if interrupt is not None:
             interrupt.attach(response)
