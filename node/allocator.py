@@ -291,7 +291,7 @@ class Allocator:
     async def _release_lock(self, deadline: float) -> None:
         """Remove the scheduler's node lock if set, and only the value seen (best effort)."""
         try:
-            node, _ = await self._api.node(self._left(deadline))
+            node = await self._api.node(self._left(deadline))
             value = annotations_of(node or {}).get(NODE_LOCK)
             if value is None:
                 return

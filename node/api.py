@@ -37,6 +37,7 @@ class NodeApi:
     def __init__(self, kube: Kube, node_name: str, *, workers: int = 4) -> None:
         self.kube = kube
         self.node_name = node_name
+        self._node_selector = f"metadata.name={node_name}"
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kube-vgpu-api")
 
     async def _run(self, budget: float, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -58,11 +59,15 @@ class NodeApi:
         items: list[dict[str, Any]] = result.get("items") or []
         return items
 
-    async def node(self, budget: float) -> tuple[dict[str, Any] | None, str]:
-        """This node's object (None when it does not exist) and the list's resourceVersion."""
-        result = await self._run(
-            budget, self.kube.list, "node", field_selector=f"metadata.name={self.node_name}"
-        )
+    async def node(self, budget: float) -> dict[str, Any] | None:
+        """This node's object (None when it does not exist)."""
+        node, _ = await self._run(budget, self.read_node)
+        return node
+
+    def read_node(self, *, timeout: Any) -> tuple[dict[str, Any] | None, str]:
+        """This node's object (None when it does not exist) and the list's resourceVersion, blocking:
+        the node watch lists with it on its own thread before watching from that version."""
+        result = self.kube.list("node", field_selector=self._node_selector, timeout=timeout)
         items = result.get("items") or []
         version = str((result.get("metadata") or {}).get("resourceVersion", ""))
         return (items[0] if items else None), version
@@ -103,7 +108,7 @@ class NodeApi:
         return self.kube.watch(
             "node",
             resource_version,
-            field_selector=f"metadata.name={self.node_name}",
+            field_selector=self._node_selector,
             timeout_seconds=timeout_seconds,
             interrupt=interrupt,
         )

@@ -84,7 +84,7 @@ class NodePublisher:
 
     async def reconcile(self) -> bool:
         """Bring the Node up to date; returns whether anything was written. Raises KubeError, NodeMissing."""
-        node, _ = await self._api.node(self._budget)
+        node = await self._api.node(self._budget)
         if node is None:
             raise NodeMissing(f"node {self._inventory.node_name} does not exist")
         register, labels, wanted = self._wanted()
@@ -163,10 +163,7 @@ class NodePublisher:
                     return
                 self._interrupt = interrupt
             try:
-                result = api.kube.list(
-                    "node", field_selector=f"metadata.name={api.node_name}", timeout=self._budget
-                )
-                version = str((result.get("metadata") or {}).get("resourceVersion", ""))
+                _, version = api.read_node(timeout=self._budget)
                 for event in api.watch_node(version, interrupt, self._watch_timeout):
                     kind = event.get("type")
                     if kind == "ERROR":
