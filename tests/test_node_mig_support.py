@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from test_node_support import COUNT, MEMORY, NODE, RESOURCE, Harness, container, make_pod, plugin_settings
+from test_node_support import COUNT, MEMORY, NODE, Harness, container, make_pod, running_plugin
 
 from contract.config import ResourceNames
 from contract.mig_geometry import DeviceConfig, choose_slot, encode_mig_device_id, geometry_for_type
 from contract.mig_geometry_default import default_device_config
 from contract.models import register_type
-from kubeapi.client import Kube
 from node.gpus import GpuInfo, discover
 from node.mig import MigManager
-from node.plugin import NodePlugin
 from node.selection import Claim, select
 from node.simnvml import SimulatedNvml, load_simulation
 from node.simnvml_events import FakeClock
 from standins.apiserver import ApiServerStandin
-from standins.kubelet import KubeletStandin
 
 A100_40 = "NVIDIA A100-SXM4-40GB"
 GPU_0 = "GPU-5a1e0000-aaaa-4bbb-8ccc-000000000000"
@@ -117,23 +111,9 @@ def claim_of(pod: dict[str, Any]) -> Claim:
     return claim
 
 
-@contextlib.asynccontextmanager
-async def running_mig_plugin(
+def running_mig_plugin(
     api: ApiServerStandin, kubelet_dir: Path, tmp: Path, nvml: SimulatedNvml, **node: Any
-) -> AsyncIterator[Harness]:
+) -> contextlib.AbstractAsyncContextManager[Harness]:
     """The node plugin in mig mode over `nvml` (kept alive afterwards, as a GPU outlives a plugin
     restart), with a kubelet stand-in; the Node must exist in `api`."""
-    kube = Kube(api.api_client())
-    kubelet = KubeletStandin(kubelet_dir)
-    settings = dataclasses.replace(plugin_settings(kubelet_dir, tmp, **node), mode="mig")
-    plugin = NodePlugin(settings, nvml, kube)
-    try:
-        await kubelet.start()
-        await plugin.start()
-        async with asyncio.timeout(20):
-            await kubelet.wait_registered(RESOURCE)
-        yield Harness(api, kubelet, plugin, nvml, tmp / "hook")
-    finally:
-        await plugin.stop()
-        await kubelet.stop()
-        kube.close()
+    return running_plugin(api, kubelet_dir, tmp, nvml=nvml, mode="mig", **node)

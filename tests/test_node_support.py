@@ -24,7 +24,7 @@ from kubeapi.client import Kube
 from node.gpus import GpuInfo
 from node.inventory import Inventory
 from node.plugin import NodePlugin, PluginSettings
-from node.simnvml import load_simulation
+from node.simnvml import SimulatedNvml, load_simulation
 from proto import deviceplugin_v1beta1_pb2 as pb
 from standins.apiserver import ApiServerStandin
 from standins.kubelet import KubeletStandin
@@ -177,7 +177,7 @@ class Harness:
         return await self.kubelet.allocate(RESOURCE, ids, deadline=deadline)
 
 
-def plugin_settings(kubelet_dir: Path, tmp: Path, **node: Any) -> PluginSettings:
+def plugin_settings(kubelet_dir: Path, tmp: Path, *, mode: str = "hami-core", **node: Any) -> PluginSettings:
     """Production settings with short waits, files under `tmp`."""
     node_config = {
         "allocate_timeout_seconds": 2.0,
@@ -188,7 +188,7 @@ def plugin_settings(kubelet_dir: Path, tmp: Path, **node: Any) -> PluginSettings
     }
     return PluginSettings(
         node_name=NODE,
-        mode="hami-core",
+        mode=mode,
         kubelet_dir=kubelet_dir,
         config=Config(node=NodeConfig(**node_config)),
         lock_dir=str(tmp / "vgpulock"),
@@ -207,13 +207,20 @@ async def running_plugin(
     tmp: Path,
     *,
     sim: dict[str, Any] | None = None,
+    nvml: SimulatedNvml | None = None,
     start_kubelet: bool = True,
     on_register: Callable[[pb.RegisterRequest], None] | None = None,
     **node: Any,
 ) -> AsyncIterator[Harness]:
-    """Start kubelet stand-in and plugin (the Node must exist in `api`); stop both afterwards."""
-    nvml = load_simulation(sim or simulation(), NODE)
-    nvml.nvmlInit()
+    """Start kubelet stand-in and plugin (the Node must exist in `api`); stop both afterwards.
+
+    The plugin runs over `nvml` when given (the caller's: it outlives the plugin, as a GPU outlives a
+    plugin restart), else over a fresh simulation of `sim`, shut down afterwards.
+    """
+    own_nvml = nvml is None
+    if nvml is None:
+        nvml = load_simulation(sim or simulation(), NODE)
+        nvml.nvmlInit()
     kube = Kube(api.api_client())
     kubelet = KubeletStandin(kubelet_dir, on_register=on_register)
     plugin = NodePlugin(plugin_settings(kubelet_dir, tmp, **node), nvml, kube)
@@ -229,7 +236,8 @@ async def running_plugin(
         await plugin.stop()
         await kubelet.stop()
         kube.close()
-        nvml.nvmlShutdown()
+        if own_nvml:
+            nvml.nvmlShutdown()
 
 
 async def eventually(condition: Callable[[], bool], *, within: float = 20.0, step: float = 0.05) -> None:
