@@ -163,7 +163,11 @@ class NodePublisher:
                     return
                 self._interrupt = interrupt
             try:
-                _, version = api.read_node(timeout=self._budget)
+                node, version = api.read_node(timeout=self._budget)
+                # The read is the "list" of list-then-watch: a drift that happened before the watch
+                # starts shows only here, never as an event.
+                if node is not None:
+                    loop.call_soon_threadsafe(self._on_node, node)
                 for event in api.watch_node(version, interrupt, self._watch_timeout):
                     kind = event.get("type")
                     if kind == "ERROR":
