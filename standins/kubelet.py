@@ -208,13 +208,15 @@ class KubeletStandin:
 
     # queries for tests, benchmarks and the demo -------------------------------------------------------
 
-    async def wait_for(self, condition: Callable[[], bool]) -> None:
+    async def wait_for(self, condition: Callable[[], bool], *, within: float = 30.0) -> None:
         """Wait until `condition()` holds, re-checked after every registration, device list or stream end.
 
-        Callers bound the wait with `asyncio.timeout`.
+        Raises TimeoutError after `within` seconds, so a test that waits for something that never
+        happens fails inside its own event loop and its clean-up still runs.
         """
-        while not condition():
-            await self._changed.wait()
+        async with asyncio.timeout(within):
+            while not condition():
+                await self._changed.wait()
 
     async def wait_registered(self, resource: str, count: int = 1) -> PluginEndpoint:
         """Wait for the `count`-th registration of `resource` and its first device list (or stream end)."""
