@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from contract.register import uuid_registrable
+
 
 class MigGeometryError(ValueError):
     """A geometry document, slot or device ID that Volcano's rules do not allow."""
@@ -23,7 +25,6 @@ class MigGeometryError(ValueError):
 # Volcano's decoder splits `[group-position]` on "-" and the register/device-list codecs split on
 # the others, so a group name holding any of them cannot round-trip (protocol §6.3).
 _GROUP_FORBIDDEN = "-[],:;"
-_UUID_FORBIDDEN = ",:;[]"
 
 
 @dataclass(frozen=True)
@@ -336,7 +337,7 @@ def parse_mig_device_id(device_id: str) -> MigDeviceId:
 
 def encode_mig_device_id(gpu_uuid: str, group: str, position: int) -> str:
     """Encode the device ID the scheduler writes for a MIG slot."""
-    if not gpu_uuid or any(c in _UUID_FORBIDDEN for c in gpu_uuid):
+    if not uuid_registrable(gpu_uuid):
         raise MigGeometryError(f"GPU UUID {gpu_uuid!r} is empty or holds one of , : ; [ ]")
     check_group_name(group)
     if isinstance(position, bool) or not isinstance(position, int) or position < 0:

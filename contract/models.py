@@ -48,9 +48,14 @@ def model_label_name(model: str) -> str:
     return name.strip("-_.") or "unknown"
 
 
+def model_registrable(model: str) -> bool:
+    """Whether an NVML name can stand in the register TYPE field (no , : [ ])."""
+    return not any(c in model for c in ",:[]")
+
+
 def register_type(model: str) -> str:
     """The TYPE field kube-vgpu's node plugin writes in the Volcano register annotation."""
-    if any(c in model for c in ",:[]"):
+    if not model_registrable(model):
         raise ValueError(f"GPU model name {model!r} holds a character the register annotation cannot carry")
     return f"{_TYPE_PREFIX}[{model}]"
 

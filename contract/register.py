@@ -15,6 +15,11 @@ _GO_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _FIELDS = 6
 
 
+def uuid_registrable(uuid: str) -> bool:
+    """Whether a GPU UUID can stand in the register annotation and in device IDs (no , : ; [ ])."""
+    return bool(uuid) and not any(c in uuid for c in ",:;[]")
+
+
 class RegisterFormatError(ValueError):
     """The annotation is one Volcano would ignore; the message says why."""
 
@@ -31,7 +36,7 @@ class GpuRecord:
     mode: str
 
     def __post_init__(self) -> None:
-        if not self.uuid or any(c in self.uuid for c in ",:;[]"):
+        if not uuid_registrable(self.uuid):
             raise ValueError(f"GPU UUID {self.uuid!r} is empty or holds one of , : ; [ ]")
         if any(c in self.type for c in ",:"):
             raise ValueError(f"GPU type {self.type!r} holds , or :")

@@ -11,6 +11,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from contract.models import model_registrable
+from contract.register import uuid_registrable
+
 log = logging.getLogger("kube_vgpu.node.gpus")
 
 # A `pynvml`-shaped module; typed loosely because pynvml ships no type information.
@@ -76,13 +79,13 @@ def check_inventory(gpus: list[GpuInfo], split_count: int) -> None:
     """Refuse an inventory Volcano or the kubelet would misread (protocol §2.2, §8 item 11)."""
     seen: set[str] = set()
     for gpu in gpus:
-        if not gpu.uuid or any(c in gpu.uuid for c in ",:;[]"):
+        if not uuid_registrable(gpu.uuid):
             raise DiscoveryError(f"GPU index {gpu.index}: UUID {gpu.uuid!r} cannot be registered")
         if len(gpu.device_id(max(split_count - 1, 0))) > DEVICE_ID_MAX:
             raise DiscoveryError(
                 f"GPU {gpu.uuid}: device IDs would exceed the kubelet's {DEVICE_ID_MAX} characters"
             )
-        if any(c in gpu.name for c in ",:[]"):
+        if not model_registrable(gpu.name):
             raise DiscoveryError(f"GPU {gpu.uuid}: model name {gpu.name!r} cannot be registered")
         if gpu.uuid in seen:
             raise DiscoveryError(f"GPU UUID {gpu.uuid} reported twice")
