@@ -1,22 +1,18 @@
 """What each container of a pod asks for in vGPU resources, parsed and validated (SPEC §1, §2).
 
-Volcano reads these quantities as int32 and as plain numbers of MiB/percent (protocol §3.2,
-Appendix C.5), so anything else is refused here with a message naming container, key and value.
+Quantities arrive in the apiserver's canonical form (`3000` as `3k`) and are read as Volcano reads
+them (`contract.quantity`): whole numbers within int32, MiB and percent. Anything else is refused here
+with a message naming container, key and value.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from contract.config import ResourceNames
-
-INT32_MAX = 2**31 - 1
-_PLAIN_INT = re.compile(r"^[0-9]+$")
-_BINARY_SUFFIX_MIB = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
-_SUFFIXED = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T|m)$")
+from contract.quantity import QuantityError, has_binary_suffix, mib_from_binary, parse_whole
 
 
 class RequestError(ValueError):
@@ -75,29 +71,15 @@ class PodRequest:
         return tuple(c for c in self.containers if c.init)
 
 
-def _suggestion(key: str, text: str, names: ResourceNames) -> str:
-    match = _SUFFIXED.match(text)
-    if key == names.memory and match and match.group(2) in _BINARY_SUFFIX_MIB:
-        mib = int(match.group(1)) * _BINARY_SUFFIX_MIB[match.group(2)]
-        if mib == int(mib) and mib > 0:
-            return f"{key} is a plain number of MiB: write {int(mib)}, not {text}"
-    if key == names.memory:
-        return f"{key} is a plain number of MiB, without a suffix (for 3 GiB write 3072)"
-    return f"{key} must be a plain integer without a suffix"
-
-
 def _quantity(container: str, key: str, raw: object, names: ResourceNames) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int | str):
-        raise RequestError(container, key, raw, "must be a plain integer")
-    text = str(raw).strip()
-    if not _PLAIN_INT.match(text):
-        raise RequestError(container, key, raw, _suggestion(key, text, names))
-    value = int(text)
-    if value > INT32_MAX:
-        raise RequestError(
-            container, key, raw, f"is larger than {INT32_MAX}, which Volcano would wrap to a negative number"
-        )
-    return value
+    if key == names.memory and has_binary_suffix(raw):
+        mib = mib_from_binary(str(raw))
+        hint = f"write {mib}, not {raw}" if mib is not None else "for 3 GiB write 3072"
+        raise RequestError(container, key, raw, f"{key} is a number of MiB without a binary suffix: {hint}")
+    try:
+        return parse_whole(raw).value
+    except QuantityError as exc:
+        raise RequestError(container, key, raw, str(exc)) from None
 
 
 def _amounts(container: Mapping[str, Any]) -> Mapping[str, Any]:

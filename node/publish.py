@@ -16,6 +16,7 @@ from typing import Any
 from contract.config import ResourceNames
 from contract.models import model_label_name, register_type
 from contract.names import MODE_LABEL, MODEL_LABEL_PREFIX, NODE_HANDSHAKE, NODE_REGISTER, UUID_LABEL_PREFIX
+from contract.quantity import QuantityError, parse_whole
 from contract.register import GpuRecord, encode_register
 from node.gpus import GpuInfo
 
@@ -116,12 +117,12 @@ def capacity_patch(node: Mapping[str, Any], wanted: Mapping[str, str]) -> dict[s
 
 
 def _quantity(text: object) -> int | None:
-    # Our values are plain integers; anything else (absent, suffixed, zeroed) is simply rewritten.
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    if isinstance(text, str) and text.isdigit():
-        return int(text)
-    return None
+    # The API server stores `160000` as `160k`: compare values, or every reconcile would rewrite it.
+    # Anything unreadable (absent, zeroed to something odd) is simply rewritten.
+    try:
+        return parse_whole(text).value
+    except QuantityError:
+        return None
 
 
 def handshake_due(node: Mapping[str, Any]) -> bool:

@@ -24,6 +24,7 @@ from contract.names import (
     VGPU_NODE,
     VGPU_TIME,
 )
+from contract.quantity import QuantityError, parse_whole
 
 _UINT64_MAX = 2**64 - 1
 # Pod phases after which no container runs (and none will again).
@@ -62,12 +63,14 @@ def _limits(container: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def count_limit(container: Mapping[str, Any], names: ResourceNames) -> int | None:
-    """The container's `vgpu-number` limit; None when absent; -1 when not a plain integer."""
+    """The container's `vgpu-number` limit as Volcano reads it; None when absent; -1 when unreadable."""
     raw = _limits(container).get(names.count)
     if raw is None:
         return None
-    text = str(raw).strip()
-    return int(text) if text.isdigit() else -1
+    try:
+        return parse_whole(raw).value
+    except QuantityError:
+        return -1
 
 
 def vgpu_containers(pod: Mapping[str, Any], names: ResourceNames) -> list[Mapping[str, Any]]:

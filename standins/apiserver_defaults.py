@@ -1,8 +1,8 @@
 """The checks and defaulting the real API server applies to a request body before storing it.
 
-Only what product code can observe is reproduced: pod defaults (scheduler name, restart policy,
-requests mirroring limits, a Pending phase), namespace labels and finalizers, secret `stringData`,
-required pod containers, and string-only labels and annotations.
+Only what product code can observe is reproduced: quantities in canonical form (pods and nodes), pod
+defaults (scheduler name, restart policy, requests mirroring limits, a Pending phase), namespace labels
+and finalizers, secret `stringData`, required pod containers, and string-only labels and annotations.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from standins import apiserver_errors as errors
+from standins import quantity
 from standins.apiserver_resources import NAMESPACES, PODS, ResourceType
 from standins.apiserver_store import Stored
 
@@ -44,8 +45,44 @@ def validate(rt: ResourceType, obj: dict[str, Any]) -> None:
         raise errors.invalid(rt.kind, str(metadata.get("name") or ""), causes)
 
 
+def canonicalise_quantities(rt: ResourceType, obj: dict[str, Any]) -> None:
+    """Rewrite every resource quantity in canonical form, as the real server's decoder does on every
+    write (facts `apiserver-admission.md` §1: `3000` is stored and read back as `3k`); text that is no
+    quantity fails the whole request, as it fails to decode there."""
+    for amounts in _quantity_maps(rt, obj):
+        for key, raw in list(amounts.items()):
+            text = str(raw) if isinstance(raw, int | float | str) and not isinstance(raw, bool) else None
+            try:
+                amounts[key] = quantity.canonical(text) if text is not None else _refuse()
+            except quantity.QuantityError as exc:
+                why = f'{rt.kind} in version "v1" cannot be handled as a {rt.kind}: {exc}'
+                raise errors.bad_request(why) from None
+
+
+def _refuse() -> str:
+    raise quantity.QuantityError(quantity.REGEX_MESSAGE)
+
+
+def _quantity_maps(rt: ResourceType, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of quantities a pod or node carries (resources, overhead, capacity)."""
+    found: list[Any] = []
+    if rt is PODS:
+        spec = obj.get("spec") or {}
+        for group in ("initContainers", "containers", "ephemeralContainers"):
+            for container in spec.get(group) or []:
+                resources = container.get("resources") if isinstance(container, dict) else None
+                if isinstance(resources, dict):
+                    found += [resources.get("limits"), resources.get("requests")]
+        found.append(spec.get("overhead"))
+    elif rt.plural == "nodes":
+        status = obj.get("status") or {}
+        found += [status.get("capacity"), status.get("allocatable")]
+    return [amounts for amounts in found if isinstance(amounts, dict)]
+
+
 def default(rt: ResourceType, obj: dict[str, Any], *, creating: bool) -> None:
     """The defaulting the real server applies before storing (the part product code can observe)."""
+    canonicalise_quantities(rt, obj)
     metadata = obj["metadata"]
     if rt is NAMESPACES:
         metadata["labels"] = {

@@ -15,6 +15,7 @@ from contract import names as n
 from contract.config import ResourceNames
 from contract.devices import DeviceRecord, decode_pod_devices
 from contract.register import RegisterFormatError, decode_register
+from standins.quantity import value as parse_value
 
 # (MIG geometry list of the GPU, slots already used as (group, position), request MiB) -> (group, position)
 MigChooser = Callable[[str, Sequence[tuple[str, int]], int], tuple[str, int] | None]
@@ -50,6 +51,11 @@ class NoFit(Exception):
     """The pod does not fit the node; the message says why."""
 
 
+def quantity_value(raw: object) -> int:
+    """A limit as Volcano reads it: `Quantity.Value()`, so `3k` is 3000 (protocol §3.2)."""
+    return parse_value(str(raw))
+
+
 def container_asks(pod: Mapping[str, Any], names: ResourceNames) -> list[ContainerAsk]:
     """The vGPU containers of `spec.containers`, in order; init containers are ignored as Volcano does."""
     asks: list[ContainerAsk] = []
@@ -63,14 +69,14 @@ def container_asks(pod: Mapping[str, Any], names: ResourceNames) -> list[Contain
             key: str, default: int, limits: Mapping[str, Any] = limits, requests: Mapping[str, Any] = requests
         ) -> int:
             raw = limits.get(key, requests.get(key))
-            return default if raw is None else int(str(raw))
+            return default if raw is None else quantity_value(raw)
 
         percent_raw = limits.get(names.memory_percentage, requests.get(names.memory_percentage))
         asks.append(
             ContainerAsk(
                 nums=amount(names.count, 1),
                 memory_mib=amount(names.memory, 0),
-                percent=None if percent_raw is None else int(str(percent_raw)),
+                percent=None if percent_raw is None else quantity_value(percent_raw),
                 cores=amount(names.cores, 0),
             )
         )

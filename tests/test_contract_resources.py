@@ -47,13 +47,15 @@ def test_requests_are_read_when_limits_are_absent() -> None:
     [
         ({"memory": "3Gi"}, "write 3072, not 3Gi"),
         ({"memory": "512Mi"}, "write 512, not 512Mi"),
-        ({"memory": "3G"}, "plain number of MiB"),
-        ({"memory": str(2**31)}, "wrap to a negative"),
+        ({"memory": "3G"}, "larger than 2147483647"),
+        ({"memory": str(2**31)}, "larger than 2147483647"),
         ({"number": "0"}, "at least 1"),
         ({"percent": "101"}, "1 to 100"),
         ({"cores": "150"}, "0 to 100"),
         ({"memory": "100", "percent": "50"}, "not both"),
-        ({"cores": "1.5"}, "plain integer"),
+        ({"cores": "1.5"}, "fraction"),
+        ({"cores": "500m"}, "fraction"),
+        ({"number": "one"}, "not a Kubernetes quantity"),
     ],
 )
 def test_malformed_values_name_container_key_and_value(amounts: dict[str, str], fragment: str) -> None:
