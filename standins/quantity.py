@@ -116,13 +116,14 @@ def _canonicalize(amount: Decimal, fmt: Format) -> str:
     if fmt == "BinarySI" and (abs(amount) < 1024 or amount != amount.to_integral_value()):
         fmt = "DecimalSI"  # small or inexact binary values are shown in decimal, never rounded
     if fmt == "BinarySI":
-        value, exponent = int(amount), 0
-        while value % 1024 == 0 and exponent < 60:
-            value //= 1024
-            exponent += 10
-        return f"{value}{_BINARY_BY_EXPONENT.get(exponent, '')}"
-    sign, digits, exponent = amount.as_tuple()
-    assert isinstance(exponent, int)
+        whole, power = int(amount), 0
+        while whole % 1024 == 0 and power < 60:
+            whole //= 1024
+            power += 10
+        return f"{whole}{_BINARY_BY_EXPONENT.get(power, '')}"
+    sign, digits, raw_exponent = amount.as_tuple()
+    assert isinstance(raw_exponent, int)  # finite: parse() builds no NaN or infinity
+    exponent = raw_exponent
     mantissa = int("".join(map(str, digits)))
     while mantissa % 10 == 0:
         mantissa //= 10
