@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import json
 import ssl
 import uuid
@@ -103,7 +102,9 @@ class PodFlow:
     async def run(self, example: ExamplePod) -> Outcome:
         """Admit, create, schedule and allocate one pod."""
         outcome = Outcome(example)
-        pod = copy.deepcopy(dict(example.manifest))
+        # What the webhook sees on a real cluster: the pod decoded and defaulted, its quantities in
+        # canonical form (`3000` arrives as `3k`).
+        pod = self.cluster.apiserver.decode(example.manifest)
         await self._admit(pod, outcome)
         if not outcome.allowed:
             return outcome

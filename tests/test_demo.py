@@ -36,7 +36,7 @@ def test_every_example_ends_as_expected() -> None:
     # Each kind of outcome is shown in readable form.
     assert "webhook: DENIED: namespace team-small: vgpu-memory quota exceeded" in result.stdout
     assert "env   NVIDIA_VISIBLE_DEVICES=MIG-" in result.stdout
-    assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10240m" in result.stdout
+    assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10000m" in result.stdout
     assert 'replace /metadata/annotations/nvidia.com/use-gputype = "[NVIDIA A100-SXM4-80GB]"' in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 
@@ -45,9 +45,10 @@ def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
     examples = tmp_path / "examples"
     shutil.copytree(DEFAULT_EXAMPLES, examples)
     quota = examples / "pods" / "06-over-quota.yaml"
-    # 8 GiB fits team-small's 16 GiB quota, so the expected denial does not happen.
+    # 8000 MiB fits team-small's 16 GiB quota, so the expected denial does not happen.
+    assert 'volcano.sh/vgpu-memory: "20000"' in quota.read_text()
     quota.write_text(
-        quota.read_text().replace('volcano.sh/vgpu-memory: "24576"', 'volcano.sh/vgpu-memory: "8192"')
+        quota.read_text().replace('volcano.sh/vgpu-memory: "20000"', 'volcano.sh/vgpu-memory: "8000"')
     )
     result = run_demo("--examples", str(examples))
     assert result.returncode == 1, result.stdout + result.stderr
