@@ -32,19 +32,23 @@ from contract.names import (
 )
 from kubeapi.client import ApiError, ApiUnavailable
 from node.api import NodeApi, annotation_path, is_conflict
+from node.bind_order import fallback_key
 from node.deviceplugin import AllocateFailed
 from node.hamicore import DEFAULT_LOCK_DIR, ContainerResponse, build_response, cache_dir
 from node.inventory import Inventory
 from node.ledger import Ledger
 from node.metrics import Metrics
 from node.mig import MigManager, MigRefused
-from node.selection import Claim, PodRef, annotations_of, select
+from node.pod_watch import PodWatch
+from node.selection import Claim, PodRef, annotations_of, is_allocating_here, pod_ref, select
 from node.verify import claim_problem
 
 log = logging.getLogger("kube_vgpu.node.allocate")
 
 # Rounds of list + consume before a pod that keeps losing races is given up on.
 MAX_ROUNDS = 5
+# How long an Allocate waits for the pod watch to deliver binds the list already shows.
+CATCH_UP_SECONDS = 2.0
 
 
 @dataclass
@@ -98,6 +102,7 @@ class Allocator:
         lock_dir: str = DEFAULT_LOCK_DIR,
         new_cache_file: Callable[[], str] = lambda: f"{uuid.uuid4()}.cache",
         mig: MigManager | None = None,
+        pod_watch: PodWatch | None = None,
     ) -> None:
         self._api = api
         self._inventory = inventory
@@ -110,6 +115,7 @@ class Allocator:
         self._lock_dir = lock_dir
         self._new_cache_file = new_cache_file
         self._mig = mig  # mig mode: MIG slots instead of the hami-core response
+        self._pod_watch = pod_watch  # the bind order; without it, protocol §5.2's oldest-first rule
         self._background: set[asyncio.Task[None]] = set()
         # Allocates of this process run one at a time: concurrent ones would all pick the same oldest
         # pod and all but one lose the JSON-patch test, round after round. The test still guards
@@ -136,6 +142,7 @@ class Allocator:
                     self._spawn(
                         self._settle_failed(attempt.pod, "allocation timed out", self._deadline(timeout))
                     )
+            self._spawn(self._release_lock(self._deadline(timeout)))
             self._metrics.failed("timeout")
             log.error("event=allocate_failed node=%s pod=%s reason=timeout", self._node, attempt.pod or "-")
             raise AllocateFailed(message, grpc.StatusCode.DEADLINE_EXCEEDED) from None
@@ -151,6 +158,20 @@ class Allocator:
             raise AllocateFailed(str(exc), exc.code) from None
         self._metrics.allocations.inc()
         return response
+
+    async def _rank(self, pods: Sequence[dict[str, Any]], deadline: float) -> Callable[[Any], Any]:
+        """The kubelet's admission order over `pods`, once the pod watch has seen their binds."""
+        if self._pod_watch is None:
+            return fallback_key
+        waiting = [p for p in pods if is_allocating_here(p, self._node)]
+        within = min(CATCH_UP_SECONDS, self._left(deadline) / 2)
+        if not await self._pod_watch.wait_known(waiting, within):
+            log.info(
+                "event=bind_order_unknown node=%s pods=%s: the pod watch is behind; ranking them last",
+                self._node,
+                ",".join(str(pod_ref(p)) for p in waiting if not self._pod_watch.order.knows(p)),
+            )
+        return self._pod_watch.order.key
 
     def _left(self, deadline: float) -> float:
         return deadline - asyncio.get_running_loop().time()
@@ -168,7 +189,7 @@ class Allocator:
                     "api_unavailable",
                     grpc.StatusCode.UNAVAILABLE,
                 ) from None
-            selection = select(pods, self._node, count, self._names)
+            selection = select(pods, self._node, count, self._names, await self._rank(pods, deadline))
             for broken in selection.broken:
                 await self._settle_failed(broken.pod, broken.reason, deadline)
             claim = selection.claim
@@ -190,6 +211,7 @@ class Allocator:
         assert attempt.pod is not None  # every round that did not return or raise found a claim
         await self._settle_failed(attempt.pod, "lost the race for its entry too often", deadline)
         attempt.settled = True
+        await self._release_lock(deadline)
         raise _Refused(
             f"pod {attempt.pod}: devices-to-allocate kept changing under {MAX_ROUNDS} attempts",
             "conflict",

@@ -38,6 +38,7 @@ class NodeApi:
         self.kube = kube
         self.node_name = node_name
         self._node_selector = f"metadata.name={node_name}"
+        self._pod_selector = f"spec.nodeName={node_name}"
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kube-vgpu-api")
 
     async def _run(self, budget: float, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -53,11 +54,26 @@ class NodeApi:
 
     async def pods_on_node(self, budget: float) -> list[dict[str, Any]]:
         """Every pod bound to this node (field selector `spec.nodeName`)."""
-        result = await self._run(
-            budget, self.kube.list, "pod", field_selector=f"spec.nodeName={self.node_name}"
-        )
+        result = await self._run(budget, self.kube.list, "pod", field_selector=self._pod_selector)
         items: list[dict[str, Any]] = result.get("items") or []
         return items
+
+    def read_pods(self, *, timeout: Any) -> tuple[list[dict[str, Any]], str]:
+        """The pods bound to this node and the list's resourceVersion, blocking: the pod watch lists
+        with it on its own thread before watching from that version."""
+        result = self.kube.list("pod", field_selector=self._pod_selector, timeout=timeout)
+        items: list[dict[str, Any]] = result.get("items") or []
+        return items, str((result.get("metadata") or {}).get("resourceVersion", ""))
+
+    def watch_pods(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        """A blocking iterator of watch events of the pods bound to this node (on a thread of its own)."""
+        return self.kube.watch(
+            "pod",
+            resource_version,
+            field_selector=self._pod_selector,
+            timeout_seconds=timeout_seconds,
+            interrupt=interrupt,
+        )
 
     async def node(self, budget: float) -> dict[str, Any] | None:
         """This node's object (None when it does not exist)."""

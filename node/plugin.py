@@ -24,6 +24,7 @@ from contract.names import MIG
 from kubeapi.client import ApiError, ApiUnavailable, Kube
 from node.allocator import Allocator
 from node.api import NodeApi
+from node.bind_order import BindOrder
 from node.deviceplugin import (
     KUBELET_SOCKET,
     DevicePluginService,
@@ -39,7 +40,9 @@ from node.inventory import Inventory
 from node.ledger import Ledger
 from node.metrics import Metrics, MetricsServer
 from node.mig_start import reconcile_interval, start_mig
+from node.pod_watch import PodWatch
 from node.publisher import NodePublisher
+from node.selection import is_allocating_here
 
 log = logging.getLogger("kube_vgpu.node.plugin")
 
@@ -77,6 +80,8 @@ class NodePlugin:
         self.failed = False  # a background loop died: the process should exit non-zero
         self._tasks: list[asyncio.Task[None]] = []
         self._watch_thread: asyncio.Future[None] | None = None
+        self._pod_watch_thread: asyncio.Future[None] | None = None
+        self.pod_watch: PodWatch | None = None
         self.inventory: Inventory | None = None
         self.publisher: NodePublisher | None = None
         self.allocator: Allocator | None = None
@@ -106,6 +111,12 @@ class NodePlugin:
         ledger = Ledger(gpus, node.device_split_count, self._config.resource_names, s.node_name)
         metrics = self.metrics = Metrics(inventory, ledger)
         self._ledger = ledger
+        self.pod_watch = PodWatch(
+            self.api,
+            BindOrder(),
+            call_budget=node.allocate_timeout_seconds,
+            watch_timeout=s.watch_timeout_seconds,
+        )
         mig = None
         if s.mode == MIG:
             mig = await start_mig(self._nvml, gpus, self.api, node, stop=self._stop)
@@ -121,6 +132,7 @@ class NodePlugin:
             config=node,
             lock_dir=s.lock_dir,
             mig=mig,
+            pod_watch=self.pod_watch,
         )
         publisher = self.publisher = NodePublisher(
             self.api,
@@ -172,6 +184,7 @@ class NodePlugin:
                 "mig",
             )
         self._watch_thread = loop.run_in_executor(None, publisher.watch_forever, loop)
+        self._pod_watch_thread = loop.run_in_executor(None, self.pod_watch.watch_forever, loop)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coroutine, name=f"kube-vgpu-{name}")
@@ -222,7 +235,21 @@ class NodePlugin:
             while socket_identity(kubelet_socket) == identity and self.server.intact:  # noqa: ASYNC110
                 await asyncio.sleep(s.kubelet_poll_seconds)
             log.warning("event=kubelet_restarted node=%s: serving and registering again", s.node_name)
+            await self._kubelet_restarted()
             await self.server.stop(grace=0)
+
+    async def _kubelet_restarted(self) -> None:
+        """The pods waiting now reach the restarted kubelet in one update: rank them as it will."""
+        if self.pod_watch is None:
+            return
+        try:
+            pods = await self.api.pods_on_node(self._config.node.allocate_timeout_seconds)
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("event=bind_order_batch_unknown node=%s error=%r", self.settings.node_name, str(exc))
+            return
+        self.pod_watch.order.kubelet_restarted(
+            p for p in pods if is_allocating_here(p, self.settings.node_name)
+        )
 
     async def _register(self, kubelet_socket: Path, identity: object) -> None:
         s = self.settings
@@ -313,10 +340,13 @@ class NodePlugin:
             await self.server.stop(grace=1.0)
         if self.publisher is not None:
             self.publisher.stop_watch()
-        if self._watch_thread is not None:
-            with contextlib.suppress(Exception):
-                await self._watch_thread
-            self._watch_thread = None
+        if self.pod_watch is not None:
+            self.pod_watch.stop()
+        for thread in (self._watch_thread, self._pod_watch_thread):
+            if thread is not None:
+                with contextlib.suppress(Exception):
+                    await thread
+        self._watch_thread = self._pod_watch_thread = None
         if self.allocator is not None:
             await self.allocator.drain()
         if self.health is not None:

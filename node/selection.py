@@ -1,16 +1,17 @@
 """Which pod and which container a kubelet Allocate call is for (Volcano protocol §5.2, §5.3, §8).
 
 The kubelet's request carries only a number of device IDs, so the pod is found from the scheduler's
-annotations with the robust rule of protocol §5.2: bound to this node and allocating, not terminating,
-its first entry still to be consumed holds exactly that many devices, the oldest `vgpu-time` (then
-`bind-time`, then creation time) first. Entries map to containers as the scheduler wrote them: the
-k-th entry belongs to the k-th container whose limits name the count or memory resource, so a
-non-GPU container before a GPU one changes nothing. Pure: no I/O.
+annotations: bound to this node and allocating, not terminating, its first entry still to be consumed
+holds exactly that many devices, and among those the one the kubelet admits first (`node.bind_order`:
+the order of the bind events, with protocol §5.2's oldest-first rule for pods bound before we
+watched). Entries map to containers as the scheduler wrote them: the k-th entry belongs to the k-th
+container whose limits name the count or memory resource, so a non-GPU container before a GPU one
+changes nothing. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,14 +20,12 @@ from contract.devices import ContainerDevices, DeviceListError, decode_pod_devic
 from contract.names import (
     BIND_PHASE,
     BIND_PHASE_ALLOCATING,
-    BIND_TIME,
     DEVICES_TO_ALLOCATE,
     VGPU_NODE,
-    VGPU_TIME,
 )
 from contract.quantity import QuantityError, parse_whole
+from node.bind_order import fallback_key
 
-_UINT64_MAX = 2**64 - 1
 # Pod phases after which no container runs (and none will again).
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -131,27 +130,6 @@ class Selection:
     allocating: int
 
 
-def _uint(text: object) -> int:
-    # Missing, over-long or unparseable times sort last, as in the reference plugin.
-    if isinstance(text, str) and text.isdigit() and text.isascii():
-        value = int(text)
-        return value if value <= _UINT64_MAX else _UINT64_MAX
-    return _UINT64_MAX
-
-
-def _age_key(pod: Mapping[str, Any]) -> tuple[int, int, str, str, str]:
-    annotations = annotations_of(pod)
-    metadata = pod.get("metadata") or {}
-    ref = pod_ref(pod)
-    return (
-        _uint(annotations.get(VGPU_TIME)),
-        _uint(annotations.get(BIND_TIME)),
-        str(metadata.get("creationTimestamp") or "~"),  # RFC 3339 in UTC sorts as text
-        ref.namespace,
-        ref.name,
-    )
-
-
 def is_allocating_here(pod: Mapping[str, Any], node_name: str) -> bool:
     """Bound to this node by the scheduler, waiting for its devices, and not on its way out."""
     annotations = annotations_of(pod)
@@ -211,12 +189,18 @@ def _pending_entry(
 
 
 def select(
-    pods: Iterable[Mapping[str, Any]], node_name: str, device_count: int, names: ResourceNames
+    pods: Iterable[Mapping[str, Any]],
+    node_name: str,
+    device_count: int,
+    names: ResourceNames,
+    rank: Callable[[Mapping[str, Any]], Any] = fallback_key,
 ) -> Selection:
-    """Find the pod and entry an Allocate of `device_count` devices is for (protocol §5.2 recommendation)."""
+    """Find the pod and entry an Allocate of `device_count` devices is for: among the pods whose next
+    entry holds that many devices, the one the kubelet admits first by `rank` (SPEC §3; by default
+    protocol §5.2's oldest-first order, for pods whose bind nobody watched)."""
     broken: list[Broken] = []
     allocating = 0
-    best: tuple[tuple[int, int, str, str, str], Claim] | None = None
+    best: tuple[Any, Claim] | None = None
     for pod in pods:
         if not is_allocating_here(pod, node_name):
             continue
@@ -230,7 +214,7 @@ def select(
         index, container, records, remaining, value = pending
         if len(records) != device_count:
             continue
-        key = _age_key(pod)
+        key = rank(pod)
         if best is None or key < best[0]:
             best = (
                 key,

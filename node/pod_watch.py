@@ -1,0 +1,100 @@
+"""The watch of this node's pods that teaches `BindOrder` the order of their binds (SPEC §3).
+
+It lists the pods bound to the node and watches from that list's resourceVersion on a thread of its
+own, like the kubelet's own pod source, so it sees the binds in the order the kubelet does. A 410 or
+a broken stream means a relist: pods bound meanwhile are ranked by the fallback rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kubeapi.client import ApiError, ApiUnavailable, WatchInterrupt
+from node.api import NodeApi
+from node.bind_order import BindOrder
+
+log = logging.getLogger("kube_vgpu.node.pod_watch")
+
+_RETRY_SECONDS = 1.0
+
+
+class PodWatch:
+    """Feeds a BindOrder from a list+watch; `wait_known` lets an Allocate wait for it to catch up."""
+
+    def __init__(self, api: NodeApi, order: BindOrder, *, call_budget: float, watch_timeout: int) -> None:
+        self._api = api
+        self.order = order
+        self._budget = call_budget
+        self._watch_timeout = watch_timeout
+        self._stopping = threading.Event()
+        self._interrupt: WatchInterrupt | None = None
+        self._interrupt_lock = threading.Lock()
+        self._changed = asyncio.Event()
+
+    async def wait_known(self, pods: Iterable[Mapping[str, Any]], within: float) -> bool:
+        """Wait (at most `within` seconds) until every pod's bind has been taken in; whether it was.
+
+        The kubelet and this watch hear of a bind from the same API server, but either may hear first:
+        a pod the Allocate lists and the watch has not delivered yet was bound after every pod known.
+        """
+        waiting = list(pods)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not all(self.order.knows(p) for p in waiting):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            changed = self._changed
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                return False
+        return True
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _on_list(self, pods: list[dict[str, Any]]) -> None:
+        self.order.listed(pods)
+        self._notify()
+
+    def _on_event(self, kind: str, pod: dict[str, Any]) -> None:
+        self.order.event(kind, pod)
+        self._notify()
+
+    def watch_forever(self, loop: asyncio.AbstractEventLoop) -> None:
+        """List, then watch, again after every error; returns once `stop` is called."""
+        api = self._api
+        while not self._stopping.is_set():
+            interrupt = WatchInterrupt()
+            with self._interrupt_lock:
+                if self._stopping.is_set():
+                    return
+                self._interrupt = interrupt
+            try:
+                pods, version = api.read_pods(timeout=self._budget)
+                loop.call_soon_threadsafe(self._on_list, pods)
+                for event in api.watch_pods(version, interrupt, self._watch_timeout):
+                    kind = str(event.get("type"))
+                    if kind == "ERROR":
+                        break  # 410 Gone or another error: list again
+                    pod = event.get("object")
+                    if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(pod, dict):
+                        loop.call_soon_threadsafe(self._on_event, kind, pod)
+            except (ApiError, ApiUnavailable) as exc:
+                if interrupt.interrupted:
+                    return
+                log.info("event=pod_watch_interrupted node=%s error=%r", api.node_name, str(exc))
+                self._stopping.wait(_RETRY_SECONDS)
+
+    def stop(self) -> None:
+        """End `watch_forever` (from any thread)."""
+        self._stopping.set()
+        with self._interrupt_lock:
+            if self._interrupt is not None:
+                self._interrupt.interrupt()
