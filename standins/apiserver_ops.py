@@ -12,7 +12,7 @@ import binascii
 import json
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -78,6 +78,8 @@ class Operations:
     def __init__(self, store: Store, *, graceful_pod_deletion: bool = False) -> None:
         self.store = store
         self.graceful_pod_deletion = graceful_pod_deletion
+        # The clock creationTimestamp is read from (one-second resolution); tests may set it.
+        self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
     # -- reads --------------------------------------------------------------------------------------
 
@@ -154,7 +156,7 @@ class Operations:
             for owned in (*_SERVER_OWNED, "resourceVersion"):
                 metadata.pop(owned, None)
             metadata["uid"] = str(uuid.uuid4())
-            metadata["creationTimestamp"] = timestamp()
+            metadata["creationTimestamp"] = timestamp(self.clock())
             if rt.has_generation:
                 metadata["generation"] = 1
             default(rt, obj, creating=not direct)

@@ -1,0 +1,82 @@
+"""The pure bind-order ranking (node.bind_order), event by event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.bind_order import BindOrder, fallback_key
+
+
+def pod(name: str, *, vgpu_time: str = "100", created: str = "2026-08-20T10:00:00Z") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "annotations": {"volcano.sh/vgpu-time": vgpu_time, "volcano.sh/bind-time": vgpu_time},
+        }
+    }
+
+
+def ranked(order: BindOrder, *pods: dict[str, Any]) -> list[str]:
+    return [p["metadata"]["name"] for p in sorted(pods, key=order.key)]
+
+
+def test_watched_binds_rank_in_event_order_not_by_name_or_time() -> None:
+    order = BindOrder()
+    order.listed([])
+    b, a, c = pod("b", vgpu_time="300"), pod("a", vgpu_time="200"), pod("c", vgpu_time="100")
+    for p in (b, a, c):
+        order.event("ADDED", p)
+    order.event("MODIFIED", b)  # a later change is not a second bind
+    assert ranked(order, a, b, c) == ["b", "a", "c"]
+
+
+def test_listed_pods_rank_first_by_the_fallback_then_watched_ones() -> None:
+    order = BindOrder()
+    old_late, old_early = pod("x", vgpu_time="200"), pod("y", vgpu_time="100")
+    order.listed([old_late, old_early])
+    new = pod("a", vgpu_time="50")
+    order.event("ADDED", new)
+    assert ranked(order, new, old_late, old_early) == ["y", "x", "a"]
+
+
+def test_unknown_pods_rank_after_every_known_one() -> None:
+    order = BindOrder()
+    order.listed([])
+    known, unknown = pod("z"), pod("a", vgpu_time="1")
+    order.event("ADDED", known)
+    assert not order.knows(unknown)
+    assert ranked(order, unknown, known) == ["z", "a"]
+
+
+def test_a_relist_forgets_deleted_pods_and_ranks_new_ones_by_the_fallback() -> None:
+    order = BindOrder()
+    first, gone = pod("first"), pod("gone")
+    order.listed([first, gone])
+    late, early = pod("late", vgpu_time="900"), pod("early", vgpu_time="800")
+    order.listed([first, late, early])
+    assert not order.knows(gone)
+    assert ranked(order, late, early, first) == ["first", "early", "late"]
+
+
+def test_deleted_event_forgets_and_a_kubelet_restart_ranks_the_waiting_by_creation() -> None:
+    order = BindOrder()
+    order.listed([])
+    bound_first = pod("p", created="2026-08-20T10:00:09Z")
+    bound_second = pod("q", created="2026-08-20T10:00:01Z")
+    order.event("ADDED", bound_first)
+    order.event("ADDED", bound_second)
+    order.kubelet_restarted([bound_first, bound_second])
+    assert ranked(order, bound_first, bound_second) == ["q", "p"]
+    order.event("DELETED", bound_second)
+    assert not order.knows(bound_second)
+
+
+def test_hostile_times_sort_last_without_raising() -> None:
+    odd = [pod("a", vgpu_time="x"), pod("b", vgpu_time="9" * 40), pod("c", vgpu_time="\u0663")]
+    assert sorted(odd, key=fallback_key)[0]["metadata"]["name"] == "a"  # all max: then by name
+    order = BindOrder()
+    order.listed([*odd, {"metadata": "not a mapping"}, {}])
+    assert all(order.knows(p) for p in odd)
