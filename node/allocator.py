@@ -228,7 +228,13 @@ class Allocator:
         """Check, build and consume one claim; None when another Allocate consumed it first."""
         inventory = self._inventory
         problem = claim_problem(
-            claim.records, claim.annotations, inventory.by_uuid, inventory.unhealthy, self._mode
+            claim.records,
+            claim.annotations,
+            inventory.by_uuid,
+            inventory.unhealthy,
+            self._mode,
+            container=claim.container,
+            names=self._names,
         )
         response: ContainerResponse | None = None
         if problem is None and self._mig is not None:

@@ -19,8 +19,6 @@ PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
 CACHE_IN_CONTAINER = "/tmp/vgpu"
 LOCK_IN_CONTAINER = "/tmp/vgpulock"
 DEFAULT_LOCK_DIR = "/tmp/vgpulock"
-# A container with this variable set runs without the preload (HAMi-core's own switch).
-DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
 
 
 @dataclass(frozen=True)
@@ -46,11 +44,6 @@ def cache_dir(hook_path: str, pod_uid: str, container: str) -> str:
     The vgpu-monitor sidecar reads this layout, so it stays as the reference plugin wrote it.
     """
     return posixpath.join(hook_path, "vgpu", "containers", f"{pod_uid}_{container}")
-
-
-def has_env(container: Mapping[str, Any], name: str) -> bool:
-    """Whether the container spec sets environment variable `name`."""
-    return any(isinstance(e, Mapping) and e.get("name") == name for e in container.get("env") or [])
 
 
 def build_response(
@@ -80,7 +73,8 @@ def build_response(
         Mount(LIBRARY_IN_CONTAINER, posixpath.join(hook_path, "libvgpu.so"), True),
         Mount(CACHE_IN_CONTAINER, cache_dir(hook_path, pod_uid, str(container.get("name", ""))), False),
         Mount(LOCK_IN_CONTAINER, lock_dir, False),
+        # Always: the reference plugin skipped it when the pod set CUDA_DISABLE_CONTROL, which let any
+        # pod author switch HAMi-core's limits off (SPEC §3: a pod's env never changes the mounts).
+        Mount(PRELOAD_IN_CONTAINER, posixpath.join(hook_path, "ld.so.preload"), True),
     ]
-    if not has_env(container, DISABLE_CONTROL_ENV):
-        mounts.append(Mount(PRELOAD_IN_CONTAINER, posixpath.join(hook_path, "ld.so.preload"), True))
     return ContainerResponse(envs, tuple(mounts))

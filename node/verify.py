@@ -1,8 +1,10 @@
 """Whether the scheduler's choice for one container can be honoured on this node (SPEC §3).
 
 The node plugin does not trust the annotations blindly: a device must be a GPU of this node, healthy,
-big enough, and allowed by the pod's own type, UUID and mode selectors. The first problem found is
-returned as a sentence that, prefixed with the pod, tells a user why the pod failed. Pure: no I/O.
+big enough, allowed by the pod's own type, UUID and mode selectors, and booked with exactly what the
+container's own limits ask (annotations can be edited by the pod's author; limits cannot). The first
+problem found is returned as a sentence that, prefixed with the pod, tells a user why the pod failed.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from contract.config import ResourceNames
 from contract.devices import ContainerDevices
 from contract.models import token_matches_model
 from contract.names import (
@@ -24,6 +27,7 @@ from contract.names import (
     VGPU_MODE,
     VGPU_MODE_ALIAS,
 )
+from contract.resources import ContainerRequest, RequestError, parse_container
 from node.gpus import GpuInfo
 from node.publish import CORES_PER_GPU
 
@@ -63,14 +67,57 @@ def selector_problem(annotations: Mapping[str, str], gpu: GpuInfo) -> str | None
     return None
 
 
+def booked_memory(ask: ContainerRequest, gpu: GpuInfo) -> int:
+    """The MiB Volcano books on `gpu` for this container (protocol §3.2, §3.3): its vgpu-memory; else
+    that percentage of the card, rounded down; else (neither given) the whole card."""
+    if ask.memory_mib is not None:
+        return ask.memory_mib
+    if ask.memory_percent is not None:
+        return gpu.memory_mib * ask.memory_percent // 100
+    return gpu.memory_mib
+
+
+def booking_problem(
+    records: ContainerDevices, container: Mapping[str, Any], names: ResourceNames, gpus: Mapping[str, GpuInfo]
+) -> str | None:
+    """Why the booking disagrees with the container's own limits, which nobody can change after the
+    pod is created (SPEC §3): an edited or forged annotation cannot hand out more than was asked."""
+    name = str(container.get("name", ""))
+    try:
+        ask = parse_container(container, names, init=False)
+    except RequestError as exc:
+        return f"the container's own request is unreadable: {exc}"
+    if ask.vgpus != len(records):
+        return f"the booking holds {len(records)} device(s) but container {name!r} asks {ask.vgpus}"
+    cores = ask.cores or 0
+    for record in records:
+        gpu = gpus[record.gpu_uuid]
+        memory = booked_memory(ask, gpu)
+        if record.used_mem not in (memory, 0 if memory == gpu.memory_mib else memory):
+            return (
+                f"device {record.id} is booked with {record.used_mem} MiB but container {name!r} "
+                f"asks {memory} MiB"
+            )
+        if record.used_cores != cores:
+            return (
+                f"device {record.id} is booked with {record.used_cores}% cores but container {name!r} "
+                f"asks {cores}%"
+            )
+    return None
+
+
 def claim_problem(
     records: ContainerDevices,
     annotations: Mapping[str, Any],
     gpus: Mapping[str, GpuInfo],
     unhealthy: Collection[str],
     node_mode: str,
+    *,
+    container: Mapping[str, Any] | None = None,
+    names: ResourceNames | None = None,
 ) -> str | None:
-    """The first reason the container's device records cannot be honoured, or None."""
+    """The first reason the container's device records cannot be honoured, or None. With `container`
+    and `names`, the booking is also checked against the container's own limits."""
     for key in (VGPU_MODE, VGPU_MODE_ALIAS):
         wanted = annotations.get(key)
         if wanted is not None and wanted != node_mode:
@@ -96,4 +143,6 @@ def claim_problem(
         problem = selector_problem(annotations, gpu)
         if problem:
             return problem
+    if container is not None and names is not None:
+        return booking_problem(records, container, names, gpus)
     return None

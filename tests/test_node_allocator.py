@@ -239,7 +239,7 @@ async def test_success_releases_the_node_lock(h: Harness) -> None:
     assert node is not None and NODE_LOCK not in node["metadata"]["annotations"]
 
 
-async def test_disable_control_and_memory_only_sidecar(h: Harness) -> None:
+async def test_disable_control_keeps_the_preload_and_memory_only_sidecar(h: Harness) -> None:
     containers = [
         container("mem-only", {MEMORY: "100"}),
         container(
@@ -251,7 +251,7 @@ async def test_disable_control_and_memory_only_sidecar(h: Harness) -> None:
     h.api.put(make_pod("p", containers, ids=f"{UUID_B},NVIDIA,100,0:;{UUID_A},NVIDIA,200,50:"))
     response = await h.allocate(1)
     assert envs(response)["NVIDIA_VISIBLE_DEVICES"] == UUID_A
-    assert "/etc/ld.so.preload" not in mounts(response)
+    assert "/etc/ld.so.preload" in mounts(response)  # a pod's env cannot switch HAMi-core off
     assert h.annotations("p")[BIND_PHASE] == "success"
 
 

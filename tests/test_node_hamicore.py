@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from test_node_support import GPUS, UUID_A, UUID_B, container
 
 from contract.devices import DeviceRecord
@@ -37,17 +40,30 @@ def test_cores_from_first_device_and_whole_card_for_zero_memory() -> None:
     assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "32768m"
 
 
-def test_disable_control_drops_the_preload() -> None:
-    c = container("c", env=[{"name": "CUDA_DISABLE_CONTROL", "value": "true"}])
-    response = build_response(
-        (DeviceRecord(UUID_A, 1, 0),), BY_UUID, c, pod_uid="u", hook_path="/h", cache_file="c", lock_dir="/l"
+@pytest.mark.parametrize(
+    "env",
+    [
+        [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}],
+        [{"name": "CUDA_DISABLE_CONTROL"}],
+        [{"name": "LD_PRELOAD", "value": ""}, {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "99999m"}],
+        [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, "not a mapping", {"name": None}],
+    ],
+)
+def test_a_pods_env_never_changes_what_is_mounted_or_set(env: list[Any]) -> None:
+    """SPEC §3: a pod's own CUDA_DISABLE_CONTROL (or any env) never changes what the plugin mounts."""
+    records = (DeviceRecord(UUID_A, 1000, 20),)
+    plain = build_response(records, BY_UUID, container("c"), pod_uid="u", hook_path="/h", cache_file="c")
+    hostile = build_response(
+        records, BY_UUID, {**container("c"), "env": env}, pod_uid="u", hook_path="/h", cache_file="c"
     )
-    assert [m.container_path for m in response.mounts] == [
+    assert hostile == plain
+    assert [m.container_path for m in hostile.mounts] == [
         "/usr/local/vgpu/libvgpu.so",
         "/tmp/vgpu",
         "/tmp/vgpulock",
+        "/etc/ld.so.preload",
     ]
-    assert response.mounts[2].host_path == "/l"
+    assert hostile.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
 
 
 def test_cache_dir_layout() -> None:
