@@ -31,6 +31,7 @@ from node.plugin import NodePlugin, PluginSettings
 from node.simnvml import load_simulation
 from standins.apiserver import ApiServerStandin
 from standins.kubelet import KubeletStandin
+from standins.kubelet_admission import KubeletAdmission
 from standins.volcano import VolcanoStandin
 from webhook.service import Options, WebhookServer
 
@@ -60,14 +61,14 @@ def mig_chooser(
 
 @dataclass
 class SimulatedNode:
-    """One node: its plugin, its kubelet stand-in, and the device IDs the kubelet has handed out."""
+    """One node: its plugin, its kubelet stand-in (device manager and pod admission)."""
 
     spec: NodeSpec
     kubelet: KubeletStandin
     plugin: NodePlugin
     nvml: Any
     kube: Kube
-    assigned: set[str] = field(default_factory=set)
+    admission: KubeletAdmission
 
 
 @dataclass
@@ -148,8 +149,10 @@ class LocalCluster:
         )
         kube = self.kube()
         plugin = NodePlugin(settings, nvml, kube)
-        node = self.nodes[spec.name] = SimulatedNode(spec, kubelet, plugin, nvml, kube)
+        admission = KubeletAdmission(kubelet, self.apiserver, spec.name, plugin.resource_name)
+        node = self.nodes[spec.name] = SimulatedNode(spec, kubelet, plugin, nvml, kube, admission)
         await plugin.start()
+        await admission.start()
         endpoint = await asyncio.wait_for(kubelet.wait_registered(plugin.resource_name), 10)
         await kubelet.wait_devices(plugin.resource_name, bool)
         self._sync_allocatable(node, len([d for d in endpoint.devices if d.health == "Healthy"]))
@@ -196,6 +199,7 @@ class LocalCluster:
         if self.webhook is not None:
             await self.webhook.stop()
         for node in reversed(list(self.nodes.values())):
+            await node.admission.stop()
             await node.plugin.stop()
             await node.kubelet.stop()
             with contextlib.suppress(Exception):

@@ -4,8 +4,9 @@
    applied with `jsonpatch` (or the denial recorded).
 2. The pod is created in the (stand-in) API server.
 3. The Volcano stand-in picks a node and GPUs and binds the pod with the allocation annotations.
-4. The node's kubelet stand-in calls the node plugin's Allocate once per container that asks for
-   `vgpu-number`, with device IDs from the plugin's ListAndWatch, exactly as the kubelet does.
+4. The node's kubelet stand-in sees the bind and admits the pod as the kubelet does, calling the node
+   plugin's Allocate once per container that asks for `vgpu-number`, with device IDs from the
+   plugin's ListAndWatch.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import grpc
 import jsonpatch
 
 from contract.names import DEVICES_TO_ALLOCATE, VGPU_IDS_NEW
-from contract.resources import parse_pod
 from demo.cluster import DemoError, LocalCluster
 from demo.examples import ExamplePod
 from standins.volcano import Placement
@@ -143,33 +142,16 @@ class PodFlow:
     async def _allocate(self, pod: Mapping[str, Any], outcome: Outcome) -> None:
         assert outcome.node is not None
         node = self.cluster.nodes[outcome.node]
-        resource = node.plugin.resource_name
-        request = parse_pod(pod, self.cluster.config.resource_names)
-        # The kubelet admits init containers first, then app containers, calling Allocate for each
-        # container that has the device-plugin resource.
-        for container in request.containers:
-            if container.number is None:
-                continue
-            free = [
-                d.id
-                for d in node.kubelet.plugins[resource].devices
-                if d.health == "Healthy" and d.id not in node.assigned
-            ]
-            ids = free[: container.number]
-            try:
-                response = await node.kubelet.allocate(resource, ids, deadline=30)
-            except grpc.aio.AioRpcError as exc:
-                outcome.allocations.append(ContainerAllocation(container.container, {}, [], exc.details()))
-                break
-            node.assigned.update(ids)
-            answer = response.container_responses[0]
+        # The node's kubelet stand-in saw the bind and admits the pod as the kubelet does: init
+        # containers first, then app containers, one Allocate per container asking `vgpu-number`.
+        meta = pod["metadata"]
+        admitted = await node.admission.wait_admitted(meta["namespace"], meta["name"])
+        for container in admitted.containers:
             outcome.allocations.append(
-                ContainerAllocation(
-                    container.container,
-                    dict(sorted(answer.envs.items())),
-                    [(m.container_path, m.host_path, m.read_only) for m in answer.mounts],
-                )
+                ContainerAllocation(container.container, container.envs, container.mounts, container.error)
             )
+        if admitted.rejected and not any(c.error for c in admitted.containers):
+            outcome.allocations.append(ContainerAllocation("(pod)", {}, [], admitted.rejected))
         stored = self.cluster.apiserver.get("Pod", pod["metadata"]["name"], pod["metadata"]["namespace"])
         if stored is not None:
             annotations = stored["metadata"].get("annotations") or {}
