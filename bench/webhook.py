@@ -36,6 +36,7 @@ from contract.models import model_label_name, register_type  # noqa: E402
 from contract.names import HOSTNAME_LABEL, MODE_LABEL, MODEL_LABEL_PREFIX, NODE_REGISTER, UUID_LABEL_PREFIX  # noqa: E402
 from contract.register import GpuRecord, encode_register  # noqa: E402
 from standins.apiserver import ApiServerStandin  # noqa: E402
+from standins.quantity import canonical as canonical_quantity  # noqa: E402
 
 # (model, MiB, mode, GPUs per node): a mixed fleet, so selectors and mode resolution have work to do.
 FLEET = [
@@ -70,7 +71,9 @@ def node(index: int) -> dict[str, Any]:
 
 
 def vgpu_pod(index: int, *, namespace: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    limits = {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": str(1024 * (1 + index % 8))}
+    # As the API server hands them on: users write 1000..8000, webhooks read "1k".."8k".
+    memory = canonical_quantity(str(1000 * (1 + index % 8)))
+    limits = {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": memory}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
