@@ -190,7 +190,11 @@ def test_one_unknown_uuid_waits_for_that_gpu() -> None:
     joining = ready(gpu_node("later", "hami-core", [(A10, 24576)]))
     uuid = gpu_uuid("later", 0)
     verdict, patched = admit(gpu_pod(**{USE_GPUUUID: uuid}))
-    assert verdict.allowed and uuid in verdict.warnings[0]
+    assert (
+        verdict.allowed
+        and uuid in verdict.warnings[0]
+        and "pending until such a GPU joins" in verdict.warnings[0]
+    )
     assert label_keys(patched).count(UUID_LABEL_PREFIX + uuid) == 1
     assert isinstance(volcano(patched, CLUSTER), str)
     placed = volcano(patched, [*CLUSTER, joining])
@@ -216,7 +220,7 @@ def test_several_unknown_uuids_add_one_alternative_and_volcano_keeps_the_pod_pen
 )
 def test_contradictory_uuid_selectors_get_a_term_no_node_satisfies(selectors: dict[str, str]) -> None:
     verdict, patched = admit(gpu_pod(**selectors))
-    assert verdict.allowed and verdict.warnings
+    assert verdict.allowed and "can never be scheduled" in verdict.warnings[0]
     assert_valid_label_keys(patched)
     assert not any(node_matches(n, required_terms(patched)) for n in [*CLUSTER, MIXED_NODE])
     assert isinstance(volcano(patched, [*CLUSTER, MIXED_NODE]), str)

@@ -24,7 +24,7 @@ from contract.resources import PodRequest, RequestError, iter_containers, parse_
 from webhook import affinity
 from webhook.gates import ClusterView, QuotaGate
 from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
-from webhook.placement import Placement, resolve_placement, rewrite_gputype
+from webhook.placement import Placement, pending_warning, resolve_placement, rewrite_gputype
 from webhook.review import AdmissionRequest, Verdict, make_patch
 from webhook.selectors import (
     AFFINITY_MARKER,
@@ -69,19 +69,6 @@ def _describe(sel: Selectors) -> str:
         if items is not None:
             parts.append(f"{name}={','.join(items)}")
     return " ".join(parts)
-
-
-def _pending_warning(message: str, placement: Placement) -> str:
-    if placement.unmatchable:
-        return (
-            f"{message}; {', '.join(repr(t) for t in placement.unmatchable)} cannot be a GPU model label "
-            "(letters, digits, '-', '_', '.', spaces; at most 63), so the pod can never be scheduled: "
-            "write the model as nodes label it, e.g. NVIDIA-A100-SXM4-80GB"
-        )
-    return (
-        f"{message}; the pod stays pending until such a GPU joins (a model that has not joined yet is "
-        "found by its full name as nodes label it, with or without NVIDIA-: A10, A100-SXM4-80GB)"
-    )
 
 
 @dataclass(frozen=True)
@@ -149,7 +136,7 @@ class Admission:
             message = f"GPU selectors match no GPU in the cluster: {_describe(selectors)}"
             if self.config.webhook.strict_selectors:
                 raise Denied(NO_MATCHING_GPU, message)
-            warnings.append(_pending_warning(message, placement))
+            warnings.append(pending_warning(message, placement, selectors))
         new_annotations = dict(canonical)
         new_annotations[VGPU_MODE] = placement.mode
         warnings += rewrite_gputype(new_annotations, selectors, placement, self.view.inventory)

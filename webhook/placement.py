@@ -187,6 +187,28 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
     )
 
 
+def pending_warning(message: str, placement: Placement, sel: Selectors) -> str:
+    """The admission warning for selectors that match no GPU now: whether and how the pod can start."""
+    if placement.unmatchable:
+        return (
+            f"{message}; {', '.join(repr(t) for t in placement.unmatchable)} cannot be a GPU model label "
+            "(letters, digits, '-', '_', '.', spaces; at most 63), so the pod can never be scheduled: "
+            "write the model as nodes label it, e.g. NVIDIA-A100-SXM4-80GB"
+        )
+    if any(affinity.never()[0] in alt for alt in placement.alternatives):
+        return (
+            f"{message}; the GPU selectors exclude each other (a GPU both allowed and refused, or of a "
+            "model the type selectors refuse), so the pod can never be scheduled: drop one of them"
+        )
+    hint = ""
+    if sel.use_types is not None:
+        hint = (
+            " (a model that has not joined yet is found by its full name as nodes label it, with or "
+            "without NVIDIA-: A10, A100-SXM4-80GB)"
+        )
+    return f"{message}; the pod stays pending until such a GPU joins{hint}"
+
+
 def _exact_refusal(allowed: frozenset[str], known: frozenset[str]) -> list[str] | None:
     """`nouse-gputype` items refusing exactly the TYPEs not allowed, or None when none exist."""
     refused = [gputype_item(type_field) for type_field in sorted(known - allowed)]
