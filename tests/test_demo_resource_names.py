@@ -153,7 +153,7 @@ def test_the_volcano_stand_in_reads_request_names_from_the_configmap(
         kube.close()
     assert request_names(config) == names
     placed = place(hami_pod(), [gpu_node()], [], request_names(config))
-    # Volcano books the HAMi-named request only when its ConfigMap names those resources.
+    # Volcano books the HAMi-named request only when its ConfigMap names those resources (§7.2).
     assert isinstance(placed, Placement)
     assert (placed.devices == f"{UUID_A},NVIDIA,4096,20:") == (names == HAMI)
 
