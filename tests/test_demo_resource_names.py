@@ -102,6 +102,9 @@ def test_the_charts_volcano_device_config_names_the_programs_hami_resources() ->
     assert program.resource_names == HAMI
     assert request_names(device) == program.resource_names
     assert device.device_split_count == program.node.device_split_count
+    # The whole document is the one the program ships and the demo's Volcano reads, MIG layouts
+    # included (H100 and H200 among them, with each profile's NVML memory size).
+    assert device == device_config_for(program.resource_names)
 
 
 # --- the Volcano stand-in reads the ConfigMap, as Volcano does -------------------------------------------
