@@ -163,6 +163,14 @@ def test_a_token_no_label_can_hold_gets_a_valid_term_no_node_satisfies(token: st
     assert not any(node_matches(n, required_terms(patched)) for n in [*CLUSTER, MIXED_NODE, adversary])
 
 
+def test_an_unmatchable_token_beside_a_valid_one_leaves_the_valid_one_to_wait_for() -> None:
+    verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: "A100/80GB,A10"}))
+    assert verdict.allowed and "so those never match" in verdict.warnings[0]
+    assert "never be scheduled" not in verdict.warnings[0]
+    placed = volcano(patched, [*CLUSTER, MIXED_NODE])
+    assert isinstance(placed, Placement) and placed.devices.startswith(gpu_uuid("mixed", 1) + ",")
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.text(min_size=1, max_size=80).filter(lambda t: "," not in t and t.strip()))
 def test_any_token_yields_a_pod_the_apiserver_accepts(token: str) -> None:

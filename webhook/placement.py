@@ -189,13 +189,15 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
 
 def pending_warning(message: str, placement: Placement, sel: Selectors) -> str:
     """The admission warning for selectors that match no GPU now: whether and how the pod can start."""
+    never = [affinity.never()[0] in alt for alt in placement.alternatives]
     if placement.unmatchable:
+        tokens = ", ".join(repr(t) for t in placement.unmatchable)
+        outcome = "so the pod can never be scheduled" if all(never) else "so those never match"
         return (
-            f"{message}; {', '.join(repr(t) for t in placement.unmatchable)} cannot be a GPU model label "
-            "(letters, digits, '-', '_', '.', spaces; at most 63), so the pod can never be scheduled: "
-            "write the model as nodes label it, e.g. NVIDIA-A100-SXM4-80GB"
+            f"{message}; {tokens} cannot be a GPU model label (letters, digits, '-', '_', '.', spaces; "
+            f"at most 63), {outcome}: write the model as nodes label it, e.g. NVIDIA-A100-SXM4-80GB"
         )
-    if any(affinity.never()[0] in alt for alt in placement.alternatives):
+    if never and all(never):
         return (
             f"{message}; the GPU selectors exclude each other (a GPU both allowed and refused, or of a "
             "model the type selectors refuse), so the pod can never be scheduled: drop one of them"
