@@ -25,7 +25,7 @@ from contract.mig_geometry import encode_device_config, parse_device_config
 from contract.mig_geometry_default import default_device_config, device_config_for
 from contract.models import register_type
 from contract.register import GpuRecord, encode_register
-from demo.cli import examples_config
+from demo.cli import DEFAULT_EXAMPLES, examples_config
 from kubeapi.client import Kube
 from node.gpus import GpuInfo
 from node.publish import capacity
@@ -47,6 +47,34 @@ def test_the_hami_examples_config_names_the_hami_resources() -> None:
     for path in sorted((HAMI_EXAMPLES / "pods").glob("*.yaml")):
         text = path.read_text()
         assert not any(name in text for name in ResourceNames().all()), path.name
+
+
+# The HAMi examples are the default ones with the names swapped (longest first: one is a prefix).
+RENAMES = [
+    ("volcano.sh/vgpu-memory-percentage", HAMI.memory_percentage),
+    ("volcano.sh/vgpu-number", HAMI.count),
+    ("volcano.sh/vgpu-memory", HAMI.memory),
+    ("volcano.sh/vgpu-cores", HAMI.cores),
+    ("volcano.sh/vgpu-mode", "nvidia.com/vgpu-mode"),  # the alias, as HAMi users write it
+    (
+        "# A quarter of a GPU's memory, whatever its size. No vgpu-number",
+        f"# A quarter of a GPU's memory, whatever its size. No {HAMI.count}",
+    ),
+    ("# vgpu-memory is a plain number", f"# {HAMI.memory} is a plain number"),
+]
+
+
+def test_the_hami_examples_are_the_default_examples_under_other_names() -> None:
+    """So both runs show the same journeys; after editing examples/, re-create examples/hami-names."""
+    for name in ("nodes.yaml", "namespaces.yaml"):
+        assert (HAMI_EXAMPLES / name).read_text() == (DEFAULT_EXAMPLES / name).read_text(), name
+    defaults = sorted(p.name for p in (DEFAULT_EXAMPLES / "pods").glob("*.yaml"))
+    assert sorted(p.name for p in (HAMI_EXAMPLES / "pods").glob("*.yaml")) == defaults
+    for name in defaults:
+        text = (DEFAULT_EXAMPLES / "pods" / name).read_text()
+        for old, new in RENAMES:
+            text = text.replace(old, new)
+        assert (HAMI_EXAMPLES / "pods" / name).read_text() == text, name
 
 
 def test_demo_passes_with_hami_style_names() -> None:
