@@ -48,6 +48,11 @@ class WebhookConfig:
     other_schedulers: OtherSchedulerPolicy = "allow"
     default_mode: Mode = HAMI_CORE
     strict_selectors: bool = False
+    # Bounded work per review (SPEC §2.1 step 3): items in each GPU selector list, and the size of
+    # the required node affinity after the pod's own terms are multiplied by the selectors' terms.
+    max_selector_items: int = 128
+    max_affinity_terms: int = 128
+    max_affinity_expressions: int = 2048
     deny_privileged: bool = True
     # /readyz turns false when the cluster cache has heard nothing from the API for this long.
     cache_staleness_seconds: float = 120.0

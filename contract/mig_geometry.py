@@ -1,9 +1,10 @@
 """Volcano's dynamic-MIG contract: the `volcano-vgpu-device-config` document, slot arithmetic, the
 scheduler's slot choice, and the `<GPU-UUID>[<group>-<position>]` device ID (protocol §6).
 
-Pure: text in, frozen values out, no I/O. One parser for the ConfigMap's `device-config.yaml`, one
-parser and one encoder for the device ID. Every error is a `MigGeometryError` naming the key or
-value that was wrong. The document this project ships is in `contract.mig_geometry_default`.
+Pure: text in, frozen values out, no I/O. One parser and one encoder for the ConfigMap's
+`device-config.yaml`, one parser and one encoder for the device ID. Every error is a
+`MigGeometryError` naming the key or value that was wrong. The document this project ships is in
+`contract.mig_geometry_default`.
 """
 
 from __future__ import annotations
@@ -209,6 +210,41 @@ def parse_device_config(text: str) -> DeviceConfig:
         device_memory_scaling=_number(nvidia.get("deviceMemoryScaling", 1), "nvidia.deviceMemoryScaling"),
         known_mig_geometries=known,
     )
+
+
+def encode_device_config(config: DeviceConfig) -> str:
+    """The `device-config.yaml` text `parse_device_config` reads back to an equal DeviceConfig."""
+
+    def number(value: float) -> float | int:
+        return int(value) if float(value).is_integer() else value
+
+    nvidia = {
+        "resourceCountName": config.resource_count_name,
+        "resourceMemoryName": config.resource_memory_name,
+        "resourceMemoryPercentageName": config.resource_memory_percentage_name,
+        "resourceCoreName": config.resource_core_name,
+        "gpuMemoryFactor": config.gpu_memory_factor,
+        "deviceSplitCount": config.device_split_count,
+        "deviceCoreScaling": number(config.device_core_scaling),
+        "deviceMemoryScaling": number(config.device_memory_scaling),
+        "knownMigGeometries": [
+            {
+                "models": list(known.models),
+                "allowedGeometries": [
+                    {
+                        "group": group.name,
+                        "geometries": [
+                            {"name": t.name, "memory": t.memory_mib, "count": t.count}
+                            for t in group.instance_types
+                        ],
+                    }
+                    for group in known.groups
+                ],
+            }
+            for known in config.known_mig_geometries
+        ],
+    }
+    return yaml.safe_dump({"nvidia": nvidia}, sort_keys=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@ demo carry, with entries for A100-40GB, A100-80GB, H100-80GB and H200 (protocol 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
+from contract.config import ResourceNames
 from contract.mig_geometry import DeviceConfig, parse_device_config
 
 # Memory is each profile's NVML memorySizeMB, the same table the NVML simulator serves
@@ -91,3 +93,18 @@ nvidia:
 def default_device_config() -> DeviceConfig:
     """`DEFAULT_DEVICE_CONFIG_YAML`, parsed once."""
     return parse_device_config(DEFAULT_DEVICE_CONFIG_YAML)
+
+
+def device_config_for(names: ResourceNames) -> DeviceConfig:
+    """The shipped device config naming the resources of kube-vgpu's own config (`resourceNames:`).
+
+    Volcano reads pod requests under the names in this document (protocol §7.2), so it must name
+    the same resources the webhook and the node plugin do.
+    """
+    return dataclasses.replace(
+        default_device_config(),
+        resource_count_name=names.count,
+        resource_memory_name=names.memory,
+        resource_memory_percentage_name=names.memory_percentage,
+        resource_core_name=names.cores,
+    )

@@ -22,6 +22,7 @@ from demo.flow import PodFlow, check
 from demo.report import render
 
 DEFAULT_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES_CONFIG = "config.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,11 +33,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_EXAMPLES,
         help="folder with nodes.yaml, namespaces.yaml and pods/",
     )
-    parser.add_argument("--config", default=None, help="configuration file (YAML); default: every default")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="configuration file (YAML); default: config.yaml in the examples folder if there is one, "
+        "else every default",
+    )
     parser.add_argument(
         "--once", action="store_true", help="exit after the examples instead of serving until Ctrl-C"
     )
     parser.add_argument("--verbose", action="store_true", help="show the parts' own logs")
+
+
+def examples_config(examples: Path, given: str | None) -> Path | None:
+    """The configuration the examples run with: `--config`, else their folder's config.yaml, else none.
+
+    An examples folder written for other resource names carries the config that names them, so its
+    pods are not run against a config they do not fit.
+    """
+    if given is not None:
+        return Path(given)
+    beside = examples / EXAMPLES_CONFIG
+    return beside if beside.is_file() else None
 
 
 async def _demo(args: argparse.Namespace) -> int:
@@ -44,12 +62,15 @@ async def _demo(args: argparse.Namespace) -> int:
     nodes = load_nodes(examples / "nodes.yaml")
     namespaces = load_namespaces(examples / "namespaces.yaml")
     pods = load_pods(examples / "pods")
+    config_file = examples_config(examples, args.config)
     with tempfile.TemporaryDirectory(prefix="kube-vgpu-demo-") as tmp:
         workdir = Path(tmp)
-        cluster = LocalCluster(workdir, demo_config(load_config(args.config), workdir))
+        cluster = LocalCluster(workdir, demo_config(load_config(config_file), workdir))
         try:
             await cluster.up(nodes, namespaces)
-            print(f"kube-vgpu demo: {len(nodes)} simulated node(s), {len(pods)} example pod(s)\n", flush=True)
+            print(f"kube-vgpu demo: {len(nodes)} simulated node(s), {len(pods)} example pod(s)", flush=True)
+            names = ", ".join(cluster.config.resource_names.all())
+            print(f"config: {config_file or 'every default'} (resources {names})\n", flush=True)
             failures = 0
             async with aiohttp.ClientSession() as session:
                 flow = PodFlow(cluster, session)

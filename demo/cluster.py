@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,9 @@ from certs.check import CA_CERT, TLS_CERT, TLS_KEY
 from certs.files import write_material
 from certs.issue import issue_ca, issue_serving
 from contract.config import Config
-from contract.mig_geometry import DeviceConfig, choose_slot, geometry_for_type
-from contract.mig_geometry_default import DEFAULT_DEVICE_CONFIG_YAML, default_device_config
-from contract.names import DEVICE_CONFIG_KEY, DEVICE_CONFIG_MAP, HOSTNAME_LABEL
+from contract.mig_geometry import encode_device_config
+from contract.mig_geometry_default import device_config_for
+from contract.names import DEVICE_CONFIG_KEY, HOSTNAME_LABEL
 from demo.examples import NamespaceSpec, NodeSpec
 from kubeapi.client import Kube
 from node.plugin import NodePlugin, PluginSettings
@@ -33,6 +33,7 @@ from standins.apiserver import ApiServerStandin
 from standins.kubelet import KubeletStandin
 from standins.kubelet_admission import KubeletAdmission
 from standins.volcano import VolcanoStandin
+from standins.volcano_config import volcano_from_cluster
 from webhook.service import Options, WebhookServer
 
 log = logging.getLogger("kube_vgpu.demo")
@@ -40,23 +41,6 @@ log = logging.getLogger("kube_vgpu.demo")
 
 class DemoError(RuntimeError):
     """The local installation did not come up; the message says which part."""
-
-
-def mig_chooser(
-    config: DeviceConfig,
-) -> Callable[[str, Sequence[tuple[str, int]], int], tuple[str, int] | None]:
-    """Volcano's MIG slot choice (protocol §6.2) for the Volcano stand-in, from a geometry config."""
-
-    def choose(gpu_type: str, used: Sequence[tuple[str, int]], request_mib: int) -> tuple[str, int] | None:
-        groups = geometry_for_type(config, gpu_type)
-        if groups is None:
-            return None
-        held: dict[str, set[int]] = {}
-        for group, position in used:
-            held.setdefault(group, set()).add(position)
-        return choose_slot(groups, held, request_mib)
-
-    return choose
 
 
 @dataclass
@@ -101,22 +85,31 @@ class LocalCluster:
                     "metadata": {"name": ns.name, "labels": dict(ns.labels)},
                 }
             )
+        # Volcano's device ConfigMap names the resources of kube-vgpu's config, as the chart writes
+        # it (volcanoDeviceConfig.create); the Volcano stand-in reads its names from it, as Volcano does.
         self.apiserver.put(
             {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {
-                    "name": DEVICE_CONFIG_MAP,
+                    "name": self.config.node.device_config_name,
                     "namespace": self.config.node.device_config_namespace,
                 },
-                "data": {DEVICE_CONFIG_KEY: DEFAULT_DEVICE_CONFIG_YAML},
+                "data": {
+                    DEVICE_CONFIG_KEY: encode_device_config(device_config_for(self.config.resource_names))
+                },
             }
         )
         for spec in nodes:
             await self._start_node(spec)
         await self._start_webhook()
-        self.volcano = VolcanoStandin(
-            self.kube(), self.config.resource_names, mig_chooser=mig_chooser(default_device_config())
+        # A blocking client call: off the loop, which serves the API server stand-in.
+        self.volcano = await asyncio.to_thread(
+            volcano_from_cluster,
+            self.kube(),
+            namespace=self.config.node.device_config_namespace,
+            name=self.config.node.device_config_name,
+            scheduler_name=self.config.webhook.scheduler_name,
         )
         await self._wait_inventory()
 

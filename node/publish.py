@@ -23,6 +23,8 @@ from node.gpus import GpuInfo
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 CORES_PER_GPU = 100
+# The names Volcano's node-readiness check reads (protocol §1.2): the defaults, always.
+VOLCANO_NAMES = ResourceNames()
 
 
 @dataclass(frozen=True)
@@ -97,13 +99,28 @@ def metadata_patch(
     return {"metadata": patch} if patch else None
 
 
-def capacity(gpus: Sequence[GpuInfo], unhealthy: Collection[str], names: ResourceNames) -> dict[str, str]:
-    """The node-level extended resources: the healthy GPUs' MiB and 100 cores each."""
+def capacity(
+    gpus: Sequence[GpuInfo], unhealthy: Collection[str], names: ResourceNames, *, split_count: int = 10
+) -> dict[str, str]:
+    """The node-level extended resources: the healthy GPUs' MiB and 100 cores each.
+
+    With resource names other than Volcano's, the same amounts are also advertised under Volcano's
+    names (and `vgpu-number` as the slot count): its node-readiness check looks for those exact
+    names in allocatable whatever its ConfigMap says (protocol §1.2), while pods, the kubelet and
+    Volcano's fit count the configured ones.
+    """
     healthy = [g for g in gpus if g.uuid not in unhealthy]
-    return {
-        names.memory: str(sum(g.memory_mib for g in healthy)),
-        names.cores: str(CORES_PER_GPU * len(healthy)),
-    }
+    memory, cores = str(sum(g.memory_mib for g in healthy)), str(CORES_PER_GPU * len(healthy))
+    out = {names.memory: memory, names.cores: cores}
+    readiness = (
+        (VOLCANO_NAMES.count, str(split_count * len(healthy))),
+        (VOLCANO_NAMES.memory, memory),
+        (VOLCANO_NAMES.cores, cores),
+    )
+    for name, amount in readiness:
+        if name not in names.all():
+            out[name] = amount
+    return out
 
 
 def capacity_patch(node: Mapping[str, Any], wanted: Mapping[str, str]) -> dict[str, Any] | None:

@@ -74,7 +74,7 @@ class NodePublisher:
         return (
             register_value(inv.gpus, inv.unhealthy, inv.split_count, self._mode),
             desired_labels(inv.gpus, self._mode),
-            capacity(inv.gpus, inv.unhealthy, self._names),
+            capacity(inv.gpus, inv.unhealthy, self._names, split_count=inv.split_count),
         )
 
     def drifted(self, node: Mapping[str, Any]) -> bool:

@@ -266,7 +266,10 @@ def test_selector_matching_nothing_warns_or_is_denied_when_strict() -> None:
     obj = pod(container(memory=1000), annotations={USE_GPUTYPE: "V100"})
     verdict, patched = admit(obj)
     assert verdict.allowed and len(verdict.warnings) == 1 and "V100" in verdict.warnings[0]
-    assert annots(patched)[USE_GPUTYPE] == "V100"  # left for Volcano to resolve when one joins
+    # Never left to Volcano's substring match: a term for the asked model keeps it pending.
+    assert "V100" not in annots(patched)[USE_GPUTYPE].split(",")
+    assert landing_nodes(patched) == []
+    assert MODEL_LABEL_PREFIX + "NVIDIA-V100" in str(required_terms(patched))
     verdict, _ = admit(obj, webhook=WebhookConfig(strict_selectors=True))
     assert not verdict.allowed and verdict.reason == "no-matching-gpu" and "V100" in verdict.message
     # Matching selectors never warn, strict or not.

@@ -14,29 +14,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract.config import Config
-from contract.models import gputype_item, gputype_items, token_matches_model
 from contract.names import (
-    HOSTNAME_LABEL,
-    MODE_LABEL,
-    MODEL_LABEL_PREFIX,
-    NOUSE_GPUTYPE,
     OPT_OUT_LABEL,
     OPT_OUT_VALUE,
     SCHEDULER_OWNED_ANNOTATIONS,
-    USE_GPUTYPE,
-    UUID_LABEL_PREFIX,
     VGPU_MODE,
-    Mode,
 )
 from contract.resources import PodRequest, RequestError, iter_containers, parse_pod
 from webhook import affinity
 from webhook.gates import ClusterView, QuotaGate
-from webhook.inventory import GpuFilter, Inventory
+from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
+from webhook.placement import Placement, pending_warning, resolve_placement, rewrite_gputype
 from webhook.review import AdmissionRequest, Verdict, make_patch
 from webhook.selectors import (
     AFFINITY_MARKER,
-    ORIGINAL_NOUSE_GPUTYPE,
-    ORIGINAL_USE_GPUTYPE,
     SelectorError,
     Selectors,
     canonical_annotations,
@@ -53,7 +44,10 @@ PRIVILEGED = "privileged"
 BYPASSES_SCHEDULER = "bypasses-scheduler"
 OTHER_SCHEDULER = "other-scheduler"
 NO_MATCHING_GPU = "no-matching-gpu"
+OVER_LIMIT = "over-limit"
 QUOTA = "quota"
+
+__all__ = ["Admission", "Denied", "Placement", "resolve_placement"]
 
 
 class Denied(Exception):
@@ -62,80 +56,6 @@ class Denied(Exception):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(message)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a pod may go, resolved against the inventory."""
-
-    mode: Mode
-    filter: GpuFilter
-    allowed_models: frozenset[str] | None
-    alternatives: list[list[affinity.Requirement]]
-    largest_gpu_mib: int | None
-    matches_nothing: bool
-
-
-def _uuid_alternatives(wanted: frozenset[str], allowed: frozenset[str] | None, inv: Inventory) -> list[str]:
-    keep = []
-    for uuid in sorted(wanted):
-        gpu = inv.gpu(uuid)
-        # A known GPU of a model the type selectors refuse can never be chosen: no term for it.
-        if gpu is None or allowed is None or gpu.model in allowed:
-            keep.append(uuid)
-    return keep
-
-
-def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, default_mode: Mode) -> Placement:
-    """Resolve selectors and mode against the inventory into node requirements (SPEC §2 steps 2-3)."""
-    allowed: frozenset[str] | None = None
-    if sel.by_type:
-        allowed = frozenset(
-            model
-            for model in inv.models()
-            if (sel.use_types is None or any(token_matches_model(t, model) for t in sel.use_types))
-            and not any(token_matches_model(t, model) for t in sel.nouse_types or ())
-        )
-    excluded = frozenset(sel.nouse_uuids or ())
-    uuids = None if sel.use_uuids is None else frozenset(sel.use_uuids) - excluded
-    memory = max((c.memory_mib or 0 for c in request.containers), default=0)
-    by_selectors = GpuFilter(models=allowed, uuids=uuids, excluded=excluded)
-    fits = GpuFilter(models=allowed, uuids=uuids, excluded=excluded, min_memory_mib=memory)
-    mode: Mode
-    if sel.mode is not None:
-        mode = sel.mode
-    else:
-        offered = inv.offered_modes(fits)
-        mode = next(iter(offered)) if len(offered) == 1 else default_mode
-    selector_terms: list[affinity.Requirement] = []
-    if uuids is not None:
-        selector_terms = [
-            affinity.exists(UUID_LABEL_PREFIX + u) for u in _uuid_alternatives(uuids, allowed, inv)
-        ]
-    elif allowed:
-        selector_terms = [affinity.exists(MODEL_LABEL_PREFIX + m) for m in sorted(allowed)]
-    common: list[affinity.Requirement] = [affinity.one_of(MODE_LABEL, [mode])]
-    shared_tail: list[affinity.Requirement] = []
-    hosts = inv.fully_excluded_hostnames(excluded)
-    if hosts:
-        shared_tail.append(affinity.none_of(HOSTNAME_LABEL, hosts))
-    alternatives = [[*common, term, *shared_tail] for term in selector_terms] or [[*common, *shared_tail]]
-    return Placement(
-        mode=mode,
-        filter=fits,
-        allowed_models=allowed,
-        alternatives=alternatives,
-        largest_gpu_mib=inv.largest_memory(by_selectors, mode),
-        matches_nothing=sel.any and not inv.any_gpu(by_selectors),
-    )
-
-
-def _exact_refusal(allowed: frozenset[str], known: frozenset[str]) -> list[str] | None:
-    """`nouse-gputype` items refusing exactly the TYPEs not allowed, or None when none exist."""
-    refused = [gputype_item(type_field) for type_field in sorted(known - allowed)]
-    if not refused or any(item.lower() in t.lower() for item in refused for t in allowed):
-        return None
-    return refused
 
 
 def _describe(sel: Selectors) -> str:
@@ -194,6 +114,11 @@ class Admission:
             canonical = canonical_annotations(annotations)
         except SelectorError as exc:
             raise Denied(INVALID_ANNOTATION, str(exc)) from None
+        limits = Limits.of(self.config.webhook)
+        try:
+            check_selectors(selectors, limits)
+        except LimitExceeded as exc:
+            raise Denied(OVER_LIMIT, str(exc)) from None
 
         after: dict[str, Any] = copy.deepcopy(dict(pod))
         self._default_number(after, pod_request)
@@ -201,16 +126,20 @@ class Admission:
         placement = resolve_placement(
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
         )
+        previous = affinity.decode_marker(annotations.get(AFFINITY_MARKER))
+        try:
+            check_affinity(affinity.own_terms(after, previous), placement.alternatives, limits)
+        except LimitExceeded as exc:
+            raise Denied(OVER_LIMIT, str(exc)) from None
         warnings: list[str] = []
         if placement.matches_nothing:
             message = f"GPU selectors match no GPU in the cluster: {_describe(selectors)}"
             if self.config.webhook.strict_selectors:
                 raise Denied(NO_MATCHING_GPU, message)
-            warnings.append(f"{message}; the pod stays pending until such a GPU joins")
+            warnings.append(pending_warning(message, placement, selectors))
         new_annotations = dict(canonical)
         new_annotations[VGPU_MODE] = placement.mode
-        warnings += self._rewrite_gputype(new_annotations, selectors, placement)
-        previous = affinity.decode_marker(annotations.get(AFFINITY_MARKER))
+        warnings += rewrite_gputype(new_annotations, selectors, placement, self.view.inventory)
         affinity.apply_required(after, placement.alternatives, previous)
         added = [r for alt in placement.alternatives for r in alt]
         if added:
@@ -310,40 +239,3 @@ class Admission:
                 f"spec.schedulerName={current!r}: vGPU pods must be scheduled by {ours!r} "
                 "(leave schedulerName empty to get it)",
             )
-
-    def _rewrite_gputype(
-        self, annotations: dict[str, str], sel: Selectors, placement: Placement
-    ) -> list[str]:
-        """Write `use-gputype` as items Volcano's substring rule reads exactly; keep the user's words."""
-        if not sel.by_type or not placement.allowed_models:
-            return []  # nothing matches: the user's words stay as written, to be resolved when GPUs join
-        inv = self.view.inventory
-        allowed_types = inv.types_of(placement.allowed_models)
-        if not allowed_types:
-            return [
-                f"no node registers a GPU TYPE for {', '.join(sorted(placement.allowed_models))} yet; "
-                f"{USE_GPUTYPE} is left as written"
-            ]
-        known = inv.types()
-        items = gputype_items(allowed_types, known)
-        annotations.pop(ORIGINAL_USE_GPUTYPE, None)
-        annotations.pop(ORIGINAL_NOUSE_GPUTYPE, None)
-        if sel.use_types_text is not None:
-            annotations[ORIGINAL_USE_GPUTYPE] = sel.use_types_text
-        if sel.nouse_types_text is not None:
-            annotations[ORIGINAL_NOUSE_GPUTYPE] = sel.nouse_types_text
-        refused = _exact_refusal(allowed_types, known) if items.inexact else None
-        if refused is not None:
-            # Reference-form TYPEs can be substrings of each other (NVIDIA-NVIDIA A10 in ...A100...);
-            # naming the refused TYPEs is then exact where naming the allowed ones is not.
-            annotations[NOUSE_GPUTYPE] = ",".join(refused)
-            annotations.pop(USE_GPUTYPE, None)
-            return []
-        annotations[USE_GPUTYPE] = ",".join(items.items)
-        annotations.pop(NOUSE_GPUTYPE, None)  # Volcano ignores it once use-gputype is present
-        if items.inexact:
-            return [
-                f"GPU TYPE(s) {', '.join(items.inexact)} are registered in the reference plugin's form; "
-                "Volcano may also place the pod on a GPU whose TYPE contains them"
-            ]
-        return []

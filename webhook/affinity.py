@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
 
 Requirement = dict[str, Any]  # a NodeSelectorRequirement: key, operator, values
 Term = dict[str, Any]  # a NodeSelectorTerm: matchExpressions, matchFields
+
+# The key of the requirement pair no node can satisfy (see `never`).
+UNMATCHABLE_KEY: Final = "kube-vgpu.io/unmatchable-gpu-selector"
 
 
 def exists(key: str) -> Requirement:
@@ -35,13 +39,28 @@ def none_of(key: str, values: Iterable[str]) -> Requirement:
     return {"key": key, "operator": "NotIn", "values": list(values)}
 
 
-def _canonical(value: Any) -> str:
+def does_not_exist(key: str) -> Requirement:
+    """`key` DoesNotExist."""
+    return {"key": key, "operator": "DoesNotExist"}
+
+
+def never() -> list[Requirement]:
+    """Requirements no node satisfies: one key both present and absent.
+
+    For a selector that can never name a GPU label (a token no label name can hold); unlike `In []`
+    it is a valid NodeSelectorTerm, so the apiserver accepts the pod and it simply stays pending.
+    """
+    return [exists(UNMATCHABLE_KEY), does_not_exist(UNMATCHABLE_KEY)]
+
+
+def canonical(value: Any) -> str:
+    """A stable text form of a requirement or term, for comparing and deduplicating them."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def encode_marker(requirements: Iterable[Requirement]) -> str:
     """The marker annotation value: the distinct added requirements, in a stable order."""
-    return _canonical(sorted({_canonical(r): r for r in requirements}.values(), key=_canonical))
+    return canonical(sorted({canonical(r): r for r in requirements}.values(), key=canonical))
 
 
 def decode_marker(value: str | None) -> list[Requirement]:
@@ -60,7 +79,7 @@ def decode_marker(value: str | None) -> list[Requirement]:
 def _dedupe(terms: Iterable[Term]) -> list[Term]:
     seen: dict[str, Term] = {}
     for term in terms:
-        seen.setdefault(_canonical(term), term)
+        seen.setdefault(canonical(term), term)
     return list(seen.values())
 
 
@@ -72,14 +91,14 @@ def _strip(terms: Sequence[Term], added: Sequence[Requirement]) -> list[Term]:
     """Take the webhook's requirements off the end of each term; terms that were only those vanish."""
     if not added:
         return list(terms)
-    ours = {_canonical(r) for r in added}
+    ours = {canonical(r) for r in added}
     out: list[Term] = []
     for term in terms:
         expressions = list(term.get("matchExpressions") or [])
         if not expressions:
             out.append(term)
             continue
-        while expressions and _canonical(expressions[-1]) in ours:
+        while expressions and canonical(expressions[-1]) in ours:
             expressions.pop()
         stripped = {k: v for k, v in term.items() if k != "matchExpressions"}
         if expressions:
@@ -93,11 +112,11 @@ def _strip(terms: Sequence[Term], added: Sequence[Requirement]) -> list[Term]:
 def _and(term: Term, alternative: Sequence[Requirement]) -> Term:
     combined = copy.deepcopy(term)
     expressions: list[Requirement] = combined.setdefault("matchExpressions", [])
-    present = {_canonical(e) for e in expressions}
+    present = {canonical(e) for e in expressions}
     for requirement in alternative:
-        if _canonical(requirement) not in present:
+        if canonical(requirement) not in present:
             expressions.append(copy.deepcopy(requirement))
-            present.add(_canonical(requirement))
+            present.add(canonical(requirement))
     return combined
 
 
@@ -117,20 +136,72 @@ def combine(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requir
     return _dedupe(out)
 
 
+@dataclass(frozen=True)
+class Size:
+    """How large the rewritten required affinity would be (an upper bound: duplicates still count)."""
+
+    terms: int
+    # Requirements plus their values, over every term.
+    expressions: int
+
+
+def _weight(requirements: Any) -> int:
+    if not isinstance(requirements, list):
+        return 0
+    total = 0
+    for r in requirements:
+        values = r.get("values") if isinstance(r, Mapping) else None
+        total += 1 + (len(values) if isinstance(values, list) else 0)
+    return total
+
+
+def combined_size(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requirement]]) -> Size:
+    """The size `combine(terms, alternatives)` would have, counted without building it."""
+    alt_weight = sum(_weight(list(alt)) for alt in alternatives)
+    if not alternatives:
+        return Size(len(terms or ()), sum(_own_weight(t) for t in terms or ()))
+    if not terms:
+        return Size(len(alternatives), alt_weight)
+    size = Size(0, 0)
+    for term in terms:
+        if _is_empty(term):
+            size = Size(size.terms + 1, size.expressions)
+            continue
+        size = Size(
+            size.terms + len(alternatives),
+            size.expressions + len(alternatives) * _own_weight(term) + alt_weight,
+        )
+    return size
+
+
+def _own_weight(term: Term) -> int:
+    return _weight(term.get("matchExpressions")) + _weight(term.get("matchFields"))
+
+
+def _required(pod: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    spec = pod.get("spec") or {}
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return affinity, node_affinity, required
+
+
+def own_terms(pod: Mapping[str, Any], previous: Sequence[Requirement]) -> list[Term] | None:
+    """The pod's required `nodeSelectorTerms` with the webhook's earlier requirements taken off."""
+    _, _, required = _required(pod)
+    existing = required.get("nodeSelectorTerms")
+    if not isinstance(existing, list):
+        return None
+    return _strip([t for t in existing if isinstance(t, dict)], previous)
+
+
 def apply_required(
     pod: dict[str, Any], alternatives: Sequence[Sequence[Requirement]], previous: Sequence[Requirement]
 ) -> None:
     """Rewrite `pod`'s required node affinity in place: take `previous` off, AND `alternatives` in."""
     spec = pod.setdefault("spec", {})
-    affinity = spec.get("affinity") or {}
-    node_affinity = affinity.get("nodeAffinity") or {}
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    existing = required.get("nodeSelectorTerms")
-    if not isinstance(existing, list):
-        existing = None
-    if existing is not None:
-        existing = _strip([t for t in existing if isinstance(t, dict)], previous)
-    terms = combine(existing, alternatives)
+    affinity, node_affinity, required = _required(pod)
+    terms = combine(own_terms(pod, previous), alternatives)
     if terms is None:
         if "requiredDuringSchedulingIgnoredDuringExecution" in node_affinity and previous:
             # The required affinity was the webhook's alone; leave no empty shell behind.

@@ -96,8 +96,8 @@ class WebhookMetrics:
         self.denials = Counter(
             "kube_vgpu_webhook_denials",
             "Pods refused, by reason (malformed-value, invalid-annotation, forged-annotation, "
-            "bypasses-scheduler, privileged, other-scheduler, no-matching-gpu, quota, not-ready, "
-            "internal-error).",
+            "bypasses-scheduler, privileged, other-scheduler, no-matching-gpu, over-limit, quota, "
+            "not-ready, internal-error).",
             ["reason"],
             registry=self.registry,
         )
