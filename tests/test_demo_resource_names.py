@@ -92,7 +92,7 @@ def test_demo_passes_with_hami_style_names() -> None:
     pods = sorted((HAMI_EXAMPLES / "pods").glob("*.yaml"))
     assert f"{len(pods)} of {len(pods)} examples ended as expected." in result.stdout
     assert "resources nvidia.com/gpu, nvidia.com/gpumem" in result.stdout
-    assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10240m" in result.stdout
+    assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10000m" in result.stdout
     assert "env   NVIDIA_VISIBLE_DEVICES=MIG-" in result.stdout
     assert "nvidia.com/gpumem='3Gi'" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
