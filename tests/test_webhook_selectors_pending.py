@@ -171,6 +171,24 @@ def test_an_unmatchable_token_beside_a_valid_one_leaves_the_valid_one_to_wait_fo
     assert isinstance(placed, Placement) and placed.devices.startswith(gpu_uuid("mixed", 1) + ",")
 
 
+@pytest.mark.parametrize("dashes", range(8))
+def test_the_longest_tokens_at_the_list_limit_keep_annotations_under_the_apiservers_limit(
+    dashes: int,
+) -> None:
+    # Tokens of 56 characters (63 with NVIDIA-), none in the cluster: each waits for 2 labels, so
+    # the term limit lets half its number through.
+    def token(i: int) -> str:
+        body = "-".join(["x"] * dashes) + "-" if dashes else ""
+        return (body + f"m{i:03d}").ljust(56, "y")
+
+    tokens = [token(i) for i in range(WebhookConfig().max_affinity_terms // 2)]
+    assert all(len(t) == 56 for t in tokens) and len(set(tokens)) == len(tokens)
+    verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: ",".join(tokens)}))
+    assert verdict.allowed
+    total = sum(len(k) + len(v) for k, v in annotations(patched).items())
+    assert total < 256 * 1024, total  # the apiserver refuses a pod whose annotations pass 256 KiB
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.text(min_size=1, max_size=80).filter(lambda t: "," not in t and t.strip()))
 def test_any_token_yields_a_pod_the_apiserver_accepts(token: str) -> None:

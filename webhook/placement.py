@@ -29,8 +29,11 @@ from webhook.inventory import GpuFilter, Inventory
 from webhook.selectors import ORIGINAL_NOUSE_GPUTYPE, ORIGINAL_USE_GPUTYPE, Selectors
 
 # Above this many dashes a label's spellings (each `-` as `-` or a space) are not all written:
-# 2^4 = 16 items per label at most; longer names get the all-dash and the all-space form.
-_MAX_VARIANT_DASHES = 4
+# 2^3 = 8 items per label at most (data-centre NVML names have 3 or fewer); longer names get the
+# all-dash and the all-space form, which covers all-space names (`NVIDIA RTX 6000 Ada Generation`).
+# This keeps `use-gputype` for the longest tokens the limits let through far below the
+# apiserver's 256 KiB for all annotations.
+_MAX_VARIANT_DASHES = 3
 _NVIDIA_PREFIX = "NVIDIA-"
 
 
@@ -74,7 +77,7 @@ def token_labels(token: str) -> list[str]:
 
 
 def _spellings(label: str) -> list[str]:
-    """The NVML names a label can stand for: each `-` written as `-` or as a space (at most 16)."""
+    """The NVML names a label can stand for: each `-` written as `-` or as a space (at most 8)."""
     parts = label.split("-")
     if len(parts) - 1 > _MAX_VARIANT_DASHES:
         return list(dict.fromkeys(["-".join(parts), " ".join(parts)]))
