@@ -30,10 +30,12 @@ from test_webhook_support import (
     post,
     required_terms,
     review,
+    volcano_type_allows,
     write_tls,
 )
 
 from contract.config import Config, ResourceNames, WebhookConfig
+from contract.models import register_type
 from contract.names import (
     MODE_LABEL,
     MODEL_LABEL_PREFIX,
@@ -156,6 +158,9 @@ def test_a_token_no_label_can_hold_gets_a_valid_term_no_node_satisfies(token: st
     verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: token}))
     assert verdict.allowed and "never be scheduled" in verdict.warnings[0]
     assert_valid_label_keys(patched)
+    # Volcano's rule gets an item no TYPE contains, not the token.
+    assert annotations(patched)[USE_GPUTYPE] == "[]"
+    assert not any(volcano_type_allows(annotations(patched), register_type(m)) for m in (A10, A100, H100))
     # Not even a node carrying every label the terms name (with the pod's mode) satisfies them.
     keys = set(label_keys(patched))
     adversary = ready(gpu_node("adversary", "hami-core", [(A10, 24576)]))
@@ -169,6 +174,19 @@ def test_an_unmatchable_token_beside_a_valid_one_leaves_the_valid_one_to_wait_fo
     assert "never be scheduled" not in verdict.warnings[0]
     placed = volcano(patched, [*CLUSTER, MIXED_NODE])
     assert isinstance(placed, Placement) and placed.devices.startswith(gpu_uuid("mixed", 1) + ",")
+
+
+def test_a_huge_unmatchable_token_is_not_copied_into_the_volcano_annotation() -> None:
+    token = "A100/" + "x" * 100_000
+    verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: token}))
+    assert verdict.allowed
+    written = annotations(patched)
+    assert written[USE_GPUTYPE] == "[]" and written["kube-vgpu.io/use-gputype"] == token
+    assert sum(len(v) for v in written.values()) < len(token) + 4096
+    # Messages quote the token, they do not echo it whole.
+    assert "A100/xxx" in verdict.warnings[0] and len(verdict.warnings[0]) < 1024
+    verdict, _ = admit(gpu_pod(**{USE_GPUTYPE: token}), strict_selectors=True)
+    assert not verdict.allowed and "A100/xxx" in verdict.message and len(verdict.message) < 1024
 
 
 @pytest.mark.parametrize("dashes", range(8))

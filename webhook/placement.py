@@ -35,6 +35,8 @@ from webhook.selectors import ORIGINAL_NOUSE_GPUTYPE, ORIGINAL_USE_GPUTYPE, Sele
 # apiserver's 256 KiB for all annotations.
 _MAX_VARIANT_DASHES = 3
 _NVIDIA_PREFIX = "NVIDIA-"
+# The `use-gputype` item written for a token that can name no model: a substring of no TYPE.
+UNMATCHABLE_ITEM = "[]"
 
 
 @dataclass(frozen=True)
@@ -92,11 +94,13 @@ def future_type_items(token: str) -> list[str]:
 
     kube-vgpu registers TYPE as `NVIDIA-[<NVML name>]`, so a bracketed NVML name is a substring of
     that model's TYPE alone. Reference-form TYPEs carry no brackets, so nothing here matches them:
-    the pod waits rather than risk another model.
+    the pod waits rather than risk another model. A token that can name no model gives `[]`.
     """
     labels = token_labels(token)
     if not labels:
-        return [f"[{token.strip()}]"]
+        # No TYPE contains `[]` (register TYPEs cannot hold brackets); a constant, not the token, so
+        # the rewritten annotation stays small however long the token was.
+        return [UNMATCHABLE_ITEM]
     return list(dict.fromkeys(f"[{s}]" for label in labels for s in _spellings(label)))
 
 
@@ -190,11 +194,16 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
     )
 
 
+def clip(text: str, limit: int = 120) -> str:
+    """`text`, cut to `limit` characters: what a user wrote is quoted in messages, not echoed whole."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def pending_warning(message: str, placement: Placement, sel: Selectors) -> str:
     """The admission warning for selectors that match no GPU now: whether and how the pod can start."""
     never = [affinity.never()[0] in alt for alt in placement.alternatives]
     if placement.unmatchable:
-        tokens = ", ".join(repr(t) for t in placement.unmatchable)
+        tokens = clip(", ".join(repr(t) for t in placement.unmatchable))
         outcome = "so the pod can never be scheduled" if all(never) else "so those never match"
         return (
             f"{message}; {tokens} cannot be a GPU model label (letters, digits, '-', '_', '.', spaces; "
