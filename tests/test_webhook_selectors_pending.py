@@ -30,10 +30,12 @@ from test_webhook_support import (
     post,
     required_terms,
     review,
+    volcano_type_allows,
     write_tls,
 )
 
 from contract.config import Config, ResourceNames, WebhookConfig
+from contract.models import register_type
 from contract.names import (
     MODE_LABEL,
     MODEL_LABEL_PREFIX,
@@ -156,6 +158,9 @@ def test_a_token_no_label_can_hold_gets_a_valid_term_no_node_satisfies(token: st
     verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: token}))
     assert verdict.allowed and "never be scheduled" in verdict.warnings[0]
     assert_valid_label_keys(patched)
+    # Volcano's rule gets an item no TYPE contains, not the token.
+    assert annotations(patched)[USE_GPUTYPE] == "[]"
+    assert not any(volcano_type_allows(annotations(patched), register_type(m)) for m in (A10, A100, H100))
     # Not even a node carrying every label the terms name (with the pod's mode) satisfies them.
     keys = set(label_keys(patched))
     adversary = ready(gpu_node("adversary", "hami-core", [(A10, 24576)]))
@@ -169,6 +174,37 @@ def test_an_unmatchable_token_beside_a_valid_one_leaves_the_valid_one_to_wait_fo
     assert "never be scheduled" not in verdict.warnings[0]
     placed = volcano(patched, [*CLUSTER, MIXED_NODE])
     assert isinstance(placed, Placement) and placed.devices.startswith(gpu_uuid("mixed", 1) + ",")
+
+
+def test_a_huge_unmatchable_token_is_not_copied_into_the_volcano_annotation() -> None:
+    token = "A100/" + "x" * 100_000
+    verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: token}))
+    assert verdict.allowed
+    written = annotations(patched)
+    assert written[USE_GPUTYPE] == "[]" and written["kube-vgpu.io/use-gputype"] == token
+    assert sum(len(v) for v in written.values()) < len(token) + 4096
+    # Messages quote the token, they do not echo it whole.
+    assert "A100/xxx" in verdict.warnings[0] and len(verdict.warnings[0]) < 1024
+    verdict, _ = admit(gpu_pod(**{USE_GPUTYPE: token}), strict_selectors=True)
+    assert not verdict.allowed and "A100/xxx" in verdict.message and len(verdict.message) < 1024
+
+
+@pytest.mark.parametrize("dashes", range(8))
+def test_the_longest_tokens_at_the_list_limit_keep_annotations_under_the_apiservers_limit(
+    dashes: int,
+) -> None:
+    # Tokens of 56 characters (63 with NVIDIA-), none in the cluster: each waits for 2 labels, so
+    # the term limit lets half its number through.
+    def token(i: int) -> str:
+        body = "-".join(["x"] * dashes) + "-" if dashes else ""
+        return (body + f"m{i:03d}").ljust(56, "y")
+
+    tokens = [token(i) for i in range(WebhookConfig().max_affinity_terms // 2)]
+    assert all(len(t) == 56 for t in tokens) and len(set(tokens)) == len(tokens)
+    verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: ",".join(tokens)}))
+    assert verdict.allowed
+    total = sum(len(k) + len(v) for k, v in annotations(patched).items())
+    assert total < 256 * 1024, total  # the apiserver refuses a pod whose annotations pass 256 KiB
 
 
 @settings(max_examples=150, deadline=None)

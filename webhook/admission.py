@@ -24,7 +24,7 @@ from contract.resources import PodRequest, RequestError, iter_containers, parse_
 from webhook import affinity
 from webhook.gates import ClusterView, QuotaGate
 from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
-from webhook.placement import Placement, pending_warning, resolve_placement, rewrite_gputype
+from webhook.placement import Placement, clip, pending_warning, resolve_placement, rewrite_gputype
 from webhook.review import AdmissionRequest, Verdict, make_patch
 from webhook.selectors import (
     AFFINITY_MARKER,
@@ -67,7 +67,7 @@ def _describe(sel: Selectors) -> str:
         ("nouse-gpuuuid", sel.nouse_uuids),
     ):
         if items is not None:
-            parts.append(f"{name}={','.join(items)}")
+            parts.append(f"{name}={clip(','.join(items))}")
     return " ".join(parts)
 
 

@@ -29,9 +29,14 @@ from webhook.inventory import GpuFilter, Inventory
 from webhook.selectors import ORIGINAL_NOUSE_GPUTYPE, ORIGINAL_USE_GPUTYPE, Selectors
 
 # Above this many dashes a label's spellings (each `-` as `-` or a space) are not all written:
-# 2^4 = 16 items per label at most; longer names get the all-dash and the all-space form.
-_MAX_VARIANT_DASHES = 4
+# 2^3 = 8 items per label at most (data-centre NVML names have 3 or fewer); longer names get the
+# all-dash and the all-space form, which covers all-space names (`NVIDIA RTX 6000 Ada Generation`).
+# This keeps `use-gputype` for the longest tokens the limits let through far below the
+# apiserver's 256 KiB for all annotations.
+_MAX_VARIANT_DASHES = 3
 _NVIDIA_PREFIX = "NVIDIA-"
+# The `use-gputype` item written for a token that can name no model: a substring of no TYPE.
+UNMATCHABLE_ITEM = "[]"
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ def token_labels(token: str) -> list[str]:
 
 
 def _spellings(label: str) -> list[str]:
-    """The NVML names a label can stand for: each `-` written as `-` or as a space (at most 16)."""
+    """The NVML names a label can stand for: each `-` written as `-` or as a space (at most 8)."""
     parts = label.split("-")
     if len(parts) - 1 > _MAX_VARIANT_DASHES:
         return list(dict.fromkeys(["-".join(parts), " ".join(parts)]))
@@ -89,11 +94,13 @@ def future_type_items(token: str) -> list[str]:
 
     kube-vgpu registers TYPE as `NVIDIA-[<NVML name>]`, so a bracketed NVML name is a substring of
     that model's TYPE alone. Reference-form TYPEs carry no brackets, so nothing here matches them:
-    the pod waits rather than risk another model.
+    the pod waits rather than risk another model. A token that can name no model gives `[]`.
     """
     labels = token_labels(token)
     if not labels:
-        return [f"[{token.strip()}]"]
+        # No TYPE contains `[]` (register TYPEs cannot hold brackets); a constant, not the token, so
+        # the rewritten annotation stays small however long the token was.
+        return [UNMATCHABLE_ITEM]
     return list(dict.fromkeys(f"[{s}]" for label in labels for s in _spellings(label)))
 
 
@@ -187,11 +194,16 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
     )
 
 
+def clip(text: str, limit: int = 120) -> str:
+    """`text`, cut to `limit` characters: what a user wrote is quoted in messages, not echoed whole."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def pending_warning(message: str, placement: Placement, sel: Selectors) -> str:
     """The admission warning for selectors that match no GPU now: whether and how the pod can start."""
     never = [affinity.never()[0] in alt for alt in placement.alternatives]
     if placement.unmatchable:
-        tokens = ", ".join(repr(t) for t in placement.unmatchable)
+        tokens = clip(", ".join(repr(t) for t in placement.unmatchable))
         outcome = "so the pod can never be scheduled" if all(never) else "so those never match"
         return (
             f"{message}; {tokens} cannot be a GPU model label (letters, digits, '-', '_', '.', spaces; "
