@@ -184,6 +184,7 @@ class Allocator:
             try:
                 pods = await self._api.pods_on_node(self._left(deadline))
             except (ApiError, ApiUnavailable) as exc:
+                self._spawn(self._release_lock(self._deadline(self._config.allocate_timeout_seconds)))
                 raise _Refused(
                     f"cannot list the pods of node {self._node}: {exc}",
                     "api_unavailable",
@@ -269,6 +270,10 @@ class Allocator:
                     "event=allocate_conflict node=%s pod=%s entry=%d", self._node, claim.pod, claim.index
                 )
                 return None
+            budget = self._deadline(self._config.allocate_timeout_seconds)
+            self._spawn(self._settle_failed(claim.pod, f"cannot record the allocation: {exc}", budget))
+            self._spawn(self._release_lock(budget))
+            attempt.settled = True
             raise _Refused(
                 f"pod {claim.pod}: cannot record the allocation: {exc}",
                 "api_unavailable",

@@ -73,7 +73,10 @@ class BindOrder:
         self.synced = False  # a first list has been taken in
 
     def listed(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        """Take in a (re)list: unknown pods were bound while nobody watched; gone pods are forgotten."""
+        """Take in a (re)list; gone pods are forgotten. At the first list, unknown pods were bound
+        before the plugin watched: they rank first, by the fallback. At a relist, unknown pods were
+        bound while the watch was away, after every bind already seen: they rank after those, by the
+        fallback among themselves."""
         pods = [p for p in pods if _uid(p)]
         current = {_uid(p) for p in pods}
         for uid in list(self._seen):
@@ -82,7 +85,8 @@ class BindOrder:
         for pod in sorted((p for p in pods if _uid(p) not in self._seen), key=fallback_key):
             self._seen[_uid(pod)] = self._next
             self._next += 1
-            self._listed.add(_uid(pod))
+            if not self.synced:
+                self._listed.add(_uid(pod))
         self.synced = True
 
     def event(self, kind: str, pod: Mapping[str, Any]) -> None:

@@ -68,8 +68,10 @@ class PodWatch:
         self._notify()
 
     def watch_forever(self, loop: asyncio.AbstractEventLoop) -> None:
-        """List, then watch, again after every error; returns once `stop` is called."""
+        """List, then watch; a watch that ends is resumed from the last version seen, and only an
+        error (410 Gone, a broken stream) costs a relist. Returns once `stop` is called."""
         api = self._api
+        version: str | None = None
         while not self._stopping.is_set():
             interrupt = WatchInterrupt()
             with self._interrupt_lock:
@@ -77,19 +79,30 @@ class PodWatch:
                     return
                 self._interrupt = interrupt
             try:
-                pods, version = api.read_pods(timeout=self._budget)
-                loop.call_soon_threadsafe(self._on_list, pods)
+                if version is None:
+                    pods, version = api.read_pods(timeout=self._budget)
+                    loop.call_soon_threadsafe(self._on_list, pods)
                 for event in api.watch_pods(version, interrupt, self._watch_timeout):
                     kind = str(event.get("type"))
                     if kind == "ERROR":
-                        break  # 410 Gone or another error: list again
+                        version = None  # 410 Gone or another error: list again
+                        break
                     pod = event.get("object")
-                    if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(pod, dict):
+                    if not isinstance(pod, dict):
+                        continue
+                    seen = (pod.get("metadata") or {}).get("resourceVersion")
+                    version = str(seen) if seen else version
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
                         loop.call_soon_threadsafe(self._on_event, kind, pod)
             except (ApiError, ApiUnavailable) as exc:
                 if interrupt.interrupted:
                     return
+                version = None
                 log.info("event=pod_watch_interrupted node=%s error=%r", api.node_name, str(exc))
+                self._stopping.wait(_RETRY_SECONDS)
+            except Exception as exc:  # a garbled stream must not end the watch for good
+                version = None
+                log.error("event=pod_watch_failed node=%s error=%r", api.node_name, repr(exc))
                 self._stopping.wait(_RETRY_SECONDS)
 
     def stop(self) -> None:

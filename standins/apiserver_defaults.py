@@ -51,16 +51,11 @@ def canonicalise_quantities(rt: ResourceType, obj: dict[str, Any]) -> None:
     quantity fails the whole request, as it fails to decode there."""
     for amounts in _quantity_maps(rt, obj):
         for key, raw in list(amounts.items()):
-            text = str(raw) if isinstance(raw, int | float | str) and not isinstance(raw, bool) else None
             try:
-                amounts[key] = quantity.canonical(text) if text is not None else _refuse()
+                amounts[key] = quantity.from_json(raw)
             except quantity.QuantityError as exc:
                 why = f'{rt.kind} in version "v1" cannot be handled as a {rt.kind}: {exc}'
                 raise errors.bad_request(why) from None
-
-
-def _refuse() -> str:
-    raise quantity.QuantityError(quantity.REGEX_MESSAGE)
 
 
 def _quantity_maps(rt: ResourceType, obj: dict[str, Any]) -> list[dict[str, Any]]:

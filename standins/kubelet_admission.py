@@ -9,8 +9,9 @@ Allocate") records of the real kubelet (`pkg/kubelet`):
   a seeded shuffle, so a test can meet every order);
 - each pod is admitted in full before the next: init containers first, then `spec.containers`, one
   Allocate per container whose limits name the device plugin's resource, with as many device IDs.
-An Allocate that fails rejects the pod (the kubelet's UnexpectedAdmissionError); nothing else is
-retried. It reads the stand-in API server's change history directly, which serves every watch.
+An Allocate that fails rejects the pod: it ends `Failed` with reason `UnexpectedAdmissionError`
+(protocol §5.2 item 6); nothing is retried. It reads the stand-in API server's change history
+directly, which serves every watch.
 """
 
 from __future__ import annotations
@@ -176,8 +177,17 @@ class KubeletAdmission:
             self._random.shuffle(update)
             update.sort(key=lambda p: str(_meta(p).get("creationTimestamp") or ""))
             for pod in update:
-                self.admitted.append(await self._admit(pod))
+                admission = await self._admit(pod)
+                if admission.rejected is not None:
+                    self._fail(admission)
+                self.admitted.append(admission)
                 self._notify()
+
+    def _fail(self, admission: PodAdmission) -> None:
+        """A rejected pod ends Failed, as the kubelet's admission failure leaves it (protocol §5.2.6)."""
+        status = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": admission.rejected}
+        with contextlib.suppress(Exception):  # deleted meanwhile: nothing to record
+            self.apiserver.patch("Pod", admission.name, {"status": status}, admission.namespace, "merge")
 
     def _count(self, container: Mapping[str, Any]) -> int:
         limits = (container.get("resources") or {}).get("limits") or {}

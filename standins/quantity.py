@@ -52,7 +52,7 @@ class Quantity:
         clamped here rather than grown without bound.
         """
         clamped = max(min(self.amount, Decimal(_MAX_INT64)), Decimal(-_MAX_INT64 - 1))
-        return int(clamped.to_integral_value(rounding=decimal.ROUND_CEILING, context=_CONTEXT))
+        return int(clamped.to_integral_value(rounding=decimal.ROUND_UP, context=_CONTEXT))  # away from 0
 
     def canonical(self) -> str:
         """The text the server stores and every later reader sees."""
@@ -96,12 +96,15 @@ def parse(text: str) -> Quantity:
 
 def _cached_text(text: str, fmt: Format, whole: str, fraction: str, suffix: str) -> str | None:
     """The text as written when Go's fast path keeps it (ParseQuantity: "reuse the string")."""
-    shifted = (whole.lstrip("0") or "0") + fraction
+    number = whole.lstrip("0") or "0"
+    shifted = number + fraction
     if len(shifted) > 18:
         return None  # past the int64 fast path; Go rebuilds the text
     if fmt == "BinarySI":
         exponent = _BINARY_SUFFIXES.get(suffix, 0)
-        keep = not fraction and exponent % 10 == 0 and int(shifted) & 0x07 != 0
+        # Go's binary fast path: precision = 15 - len(num) - exponent*3/10 - 1 must stay >= 0
+        precision = 15 - len(number) - int(exponent * 3 / 10) - 1
+        keep = precision >= 0 and not fraction and exponent % 10 == 0 and int(shifted) & 0x07 != 0
     else:
         exponent = int(suffix[1:]) if _EXPONENT.match(suffix) else _DECIMAL_SUFFIXES.get(suffix, 0)
         scale = exponent - len(fraction)
@@ -141,6 +144,21 @@ def _canonicalize(amount: Decimal, fmt: Format) -> str:
 def canonical(text: str) -> str:
     """The canonical text of `text` (raises QuantityError)."""
     return parse(text).canonical()
+
+
+def from_json(raw: object) -> str:
+    """The canonical text of a quantity as JSON carries it (`Quantity.UnmarshalJSON`): a string, trimmed
+    of spaces, or a bare number; null is zero. Raises QuantityError for anything else."""
+    if raw is None:
+        return "0"
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise QuantityError(REGEX_MESSAGE)
+    return canonical(str(raw).strip() if isinstance(raw, str) else json_number(raw))
+
+
+def json_number(raw: int | float) -> str:
+    """A JSON number's text, as the decoder hands it to ParseQuantity."""
+    return str(raw) if isinstance(raw, int) else repr(raw)
 
 
 def value(text: str) -> int:

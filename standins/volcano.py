@@ -10,6 +10,7 @@ Used by the demo and end-to-end tests only; real clusters run Volcano itself.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from standins.volcano_fit import MigChooser, NoFit, fit_pod, node_ledger
 log = logging.getLogger("kube_vgpu.standins.volcano")
 # protocol §5.5: a lock younger than this refuses the allocation; writes retry this often.
 LOCK_EXPIRY = timedelta(minutes=5)
+# Go's time.Parse(time.RFC3339, ...): date, `T`, time, optional fraction, `Z` or a numeric offset.
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
 LOCK_TRIES = 5
 READINESS_RESOURCES = ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores")
 
@@ -153,6 +156,8 @@ class VolcanoStandin:
             held = annotations.get(n.NODE_LOCK)
             if held is not None:
                 try:
+                    if not _RFC3339.match(held):
+                        raise ValueError(f"parsing time {held!r} as RFC 3339")
                     taken = datetime.fromisoformat(held)
                 except ValueError as exc:
                     return f"node {node_name} lock {n.NODE_LOCK}={held!r} is not RFC 3339: {exc}"

@@ -162,3 +162,22 @@ def test_the_stand_in_refuses_what_the_server_refuses() -> None:
 def test_the_stand_in_rounds_below_nano_up_like_the_server() -> None:
     assert k8s.canonical("0.0000000001") == "1n"
     assert k8s.parse("0.0000000001").amount == Decimal("1e-9")
+
+
+@pytest.mark.parametrize(
+    ("written", "seen"),
+    [("+123Ti", "123Ti"), ("000123Ti", "123Ti"), ("01Pi", "1Pi"), ("123Ki", "123Ki"), ("+3k", "+3k")],
+)
+def test_the_stand_in_keeps_text_only_where_gos_fast_path_does(written: str, seen: str) -> None:
+    # ParseQuantity reuses the text as written only on its int64 fast path; for binary suffixes that
+    # path needs 15 - len(digits) - exponent*3/10 - 1 >= 0, so a Ti or Pi value is always rebuilt.
+    assert k8s.canonical(written) == seen
+
+
+@pytest.mark.parametrize(("raw", "seen"), [(" 3000 ", "3k"), (None, "0"), (3000, "3k"), (1.5, "1500m")])
+def test_the_stand_in_reads_json_as_unmarshal_json_does(raw: object, seen: str) -> None:
+    assert k8s.from_json(raw) == seen
+
+
+def test_a_negative_value_rounds_away_from_zero_like_go() -> None:
+    assert k8s.value("-500m") == -1 and k8s.value("500m") == 1

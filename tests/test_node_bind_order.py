@@ -262,6 +262,8 @@ async def test_the_node_lock_is_released_when_allocate_refuses(cluster: Cluster)
     admitted = await cluster.admission.wait_admitted("default", "forged")
     assert admitted.rejected is not None and "not a GPU of this node" in admitted.rejected
     assert cluster.annotations("forged")[BIND_PHASE] == "failed"
+    failed = cluster.api.get("Pod", "forged", "default")
+    assert failed is not None and failed["status"]["reason"] == "UnexpectedAdmissionError"
     await eventually(lambda: NODE_LOCK not in node_annotations(cluster))
 
 
@@ -269,3 +271,17 @@ def node_annotations(c: Cluster) -> dict[str, str]:
     node = c.api.get("Node", NODE)
     assert node is not None
     return dict(node["metadata"].get("annotations") or {})
+
+
+async def test_the_node_lock_is_released_when_the_allocation_cannot_be_recorded(cluster: Cluster) -> None:
+    # protocol §5.5: the plugin releases the lock "on any per-pod failure", a refused write included.
+    cluster.create("p", [gpu("main", "3000")])
+    cluster.api.patch("Node", NODE, {"metadata": {"annotations": {NODE_LOCK: "2026-08-20T10:00:00Z"}}})
+    cluster.api.deny("patch", "pods")
+    try:
+        cluster.bind("p", f"{UUID_A},NVIDIA,3000,0:")
+        admitted = await cluster.admission.wait_admitted("default", "p")
+        assert admitted.rejected is not None and "cannot record the allocation" in admitted.rejected
+        await eventually(lambda: NODE_LOCK not in node_annotations(cluster))
+    finally:
+        cluster.api.allow_all()

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 from typing import Any
 
 from node.bind_order import BindOrder, fallback_key
+from node.pod_watch import PodWatch
 
 
 def pod(name: str, *, vgpu_time: str = "100", created: str = "2026-08-20T10:00:00Z") -> dict[str, Any]:
@@ -80,3 +84,60 @@ def test_hostile_times_sort_last_without_raising() -> None:
     order = BindOrder()
     order.listed([*odd, {"metadata": "not a mapping"}, {}])
     assert all(order.knows(p) for p in odd)
+
+
+def test_pods_found_by_a_relist_rank_after_binds_already_seen() -> None:
+    # The watch saw A's bind, then broke; B was bound meanwhile and shows up only in the relist.
+    order = BindOrder()
+    order.listed([])
+    a, b = pod("a", vgpu_time="500"), pod("b", vgpu_time="100")
+    order.event("ADDED", a)
+    order.listed([a, b])
+    assert ranked(order, b, a) == ["a", "b"]
+
+
+class FlakyApi:
+    """A pod API whose first watch breaks with garbage (a cut-off JSON line), then works."""
+
+    node_name = "n1"
+
+    def __init__(self) -> None:
+        self.lists = 0
+        self.watches: list[str] = []
+        self.stop, self.released = threading.Event(), threading.Event()
+
+    def read_pods(self, *, timeout: Any) -> tuple[list[dict[str, Any]], str]:
+        self.lists += 1
+        return [], "10"
+
+    def watch_pods(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
+        self.watches.append(version)
+        if len(self.watches) == 1:
+            raise json.JSONDecodeError("Unterminated string", '{"type": "ADD', 13)
+        if len(self.watches) == 2:
+            p = pod("a")
+            p["metadata"]["resourceVersion"] = "11"
+            yield {"type": "ADDED", "object": p}
+            yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}}
+            return  # the server ends the watch: resumed from 12, no relist
+        self.stop.set()
+        self.released.wait(10)  # a real watch blocks until the server's timeout
+        yield from ()
+
+
+async def test_a_garbled_watch_stream_costs_a_relist_not_the_watch() -> None:
+    api = FlakyApi()
+    watch = PodWatch(api, BindOrder(), call_budget=1.0, watch_timeout=5)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    thread = loop.run_in_executor(None, watch.watch_forever, loop)
+    try:
+        assert await watch.wait_known([pod("a")], within=20)
+        async with asyncio.timeout(20):
+            while not api.stop.is_set():  # noqa: ASYNC110 - the fake sets a threading.Event
+                await asyncio.sleep(0.01)
+    finally:
+        watch.stop()
+        api.released.set()
+        await thread
+    assert api.lists == 2  # the first list, and one after the garbled stream
+    assert api.watches == ["10", "10", "12"]  # resumed from the bookmark's version, not relisted
