@@ -1,8 +1,9 @@
-"""The quota step of admission (SPEC §2 step 4): does this pod fit its namespace's GPU quota?
+"""The quota step of admission (SPEC §2.2 step 1): does this pod fit its namespace's GPU quota?
 
-`NamespaceQuota.admit` is the one call the webhook's decision pipeline makes after every other rule
-has passed. It reads the limits from the namespace labels handed in with each review (so a
-relabel takes effect on the next review, no restart), sizes the pod (`webhook.quota_charge`) and
+`NamespaceQuota.admit` is the one call the validating phase makes after every other rule has
+passed, once per pod, with the final object (its uid keys the reservation). It reads the limits
+from the namespace labels handed in with each review (so a relabel takes effect on the next
+review, no restart), sizes the pod (`webhook.quota_charge`) and
 asks the ledger (`webhook.quota_ledger`) to check and book it in one synchronous step. The
 cluster cache keeps the ledger current through `NamespaceQuota.ledger`'s pod callbacks.
 """
@@ -21,6 +22,7 @@ from webhook.admission import resolve_placement
 from webhook.inventory import Inventory
 from webhook.quota_charge import (
     Charge,
+    GpuMemory,
     Limits,
     Resource,
     exceeded_message,
@@ -55,6 +57,7 @@ class NamespaceQuota:
         names: ResourceNames,
         pending_seconds: float,
         gpu_size: GpuSizer | None = None,
+        gpu_memory: GpuMemory | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -62,6 +65,7 @@ class NamespaceQuota:
             names=names,
             pending_seconds=pending_seconds,
             gpu_size=gpu_size,
+            gpu_memory=gpu_memory,
             clock=clock,
             wall_clock=wall_clock,
         )
@@ -78,7 +82,7 @@ class NamespaceQuota:
         pod: Mapping[str, Any],
         request: PodRequest,
         largest_gpu_mib: int | None,
-        review_uid: str,
+        pod_uid: str,
         dry_run: bool,
     ) -> str | None:
         """None when the pod fits (and, unless `dry_run`, its charge is now reserved); else the denial."""
@@ -103,7 +107,7 @@ class NamespaceQuota:
             namespace,
             charge,
             limits,
-            review_uid=review_uid,
+            key=pod_uid,
             name=name,
             generate_name=generate_name,
             dry_run=dry_run,
@@ -111,11 +115,10 @@ class NamespaceQuota:
         shown = name or f"{generate_name or ''}*"
         if verdict.fits:
             log.debug(
-                "event=quota_admitted namespace=%s pod=%s review=%s "
-                "number=%d memory_mib=%d cores=%d dry_run=%s",
+                "event=quota_admitted namespace=%s pod=%s uid=%s number=%d memory_mib=%d cores=%d dry_run=%s",
                 namespace,
                 shown,
-                review_uid,
+                pod_uid,
                 charge.number,
                 charge.memory_mib,
                 charge.cores,

@@ -21,11 +21,13 @@ from kubeapi.client import Kube, load_api_client
 from webhook.admission import Admission
 from webhook.cache import CachedKind, CacheEvent, ClusterCache
 from webhook.gates import QuotaGate
+from webhook.inventory import Inventory
 from webhook.metrics import WebhookMetrics
 from webhook.quota import NamespaceQuota, placement_sizer
 from webhook.quota_metrics import QuotaMetrics
 from webhook.server import SERVICES, Readiness, Services, build_app
 from webhook.tls import CertReloader
+from webhook.validation import Validation
 
 log = logging.getLogger("kube_vgpu.webhook")
 
@@ -44,15 +46,17 @@ class Options:
 
 
 def build_quota(cache: ClusterCache, config: Config, metrics: WebhookMetrics) -> QuotaGate:
-    """The quota step (SPEC §2 step 4): namespace quotas fed by the cache's pod events.
+    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events.
 
     The one place the quota ledger is wired; return `webhook.gates.AllowAllQuota()` to switch it off.
     """
     names = config.resource_names
     gate = NamespaceQuota(
         names=names,
-        pending_seconds=config.webhook.quota_pending_seconds,
+        # One setting for both: a reservation outlives no fresh cache, and no fresh cache outlives it.
+        pending_seconds=config.webhook.cache_staleness_seconds,
         gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
+        gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
     )
 
     def on_pod(event: CacheEvent) -> None:
@@ -75,12 +79,42 @@ def build_quota(cache: ClusterCache, config: Config, metrics: WebhookMetrics) ->
     return gate
 
 
+def _gpu_memory(cache: ClusterCache, uuid: str) -> int | None:
+    gpu = cache.inventory.gpu(uuid)
+    return None if gpu is None else gpu.memory_mib
+
+
+class CacheValidationView:
+    """The live cache as the validating phase reads it."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
+
+    @property
+    def inventory(self) -> Inventory:
+        """The GPU nodes."""
+        return self._cache.inventory
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The namespace's labels, None when it is not cached."""
+        return self._cache.namespace_labels(namespace)
+
+    def fresh(self) -> bool:
+        """Synced and heard from within the staleness bound."""
+        return self._cache.ready()
+
+    def pod_exists(self, namespace: str, name: str) -> bool:
+        """Whether the cache holds a pod of that name."""
+        return f"{namespace}/{name}" in self._cache.objects("pod")
+
+
 def build_services(cache: ClusterCache, config: Config, metrics: WebhookMetrics) -> Services:
     """The handlers' dependencies, wired to a live cache."""
     metrics.track_cache(cache)
-    admission = Admission(config, cache, build_quota(cache, config, metrics))
+    admission = Admission(config, cache)
+    validation = Validation(config, CacheValidationView(cache), build_quota(cache, config, metrics))
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
-    return Services(admission=admission, readiness=readiness, metrics=metrics)
+    return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
 
 
 class WebhookServer:
