@@ -4,7 +4,6 @@ and one that must not; every patch applied with jsonpatch and admitted again to 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,7 +40,6 @@ from contract.names import (
     VGPU_MODE_ALIAS,
     VGPU_NODE,
 )
-from contract.resources import PodRequest
 from webhook.admission import Admission
 from webhook.gates import StaticView
 from webhook.inventory import Inventory
