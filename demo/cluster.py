@@ -27,6 +27,7 @@ from contract.mig_geometry_default import DEFAULT_DEVICE_CONFIG_YAML, default_de
 from contract.names import DEVICE_CONFIG_KEY, DEVICE_CONFIG_MAP, HOSTNAME_LABEL
 from demo.examples import NamespaceSpec, NodeSpec
 from kubeapi.client import Kube
+from kubeapi.permissions import Component
 from node.plugin import NodePlugin, PluginSettings
 from node.simnvml import load_simulation
 from standins.apiserver import ApiServerStandin
@@ -83,8 +84,15 @@ class LocalCluster:
     ca_pem: bytes = b""
     _kubes: list[Kube] = field(default_factory=list)
 
-    def kube(self) -> Kube:
-        """A fresh API client for one component, as each process in a cluster has its own."""
+    def kube(self, component: Component) -> Kube:
+        """A fresh API client for one component, as each process in a cluster has its own, held to
+        the calls `kubeapi.permissions` declares for it (what its RBAC would allow)."""
+        client = Kube(self.apiserver.api_client(), component=component)
+        self._kubes.append(client)
+        return client
+
+    def _volcano_kube(self) -> Kube:
+        # The scheduler stand-in is not ours: its client is not held to our components' RBAC.
         client = Kube(self.apiserver.api_client())
         self._kubes.append(client)
         return client
@@ -115,7 +123,7 @@ class LocalCluster:
             await self._start_node(spec)
         await self._start_webhook()
         self.volcano = VolcanoStandin(
-            self.kube(), self.config.resource_names, mig_chooser=mig_chooser(default_device_config())
+            self._volcano_kube(), self.config.resource_names, mig_chooser=mig_chooser(default_device_config())
         )
         await self._wait_inventory()
 
@@ -146,7 +154,7 @@ class LocalCluster:
             # The XID wait blocks a thread until it times out; short waits make Ctrl-C quick.
             xid_wait_ms=250,
         )
-        kube = self.kube()
+        kube = self.kube("node")
         plugin = NodePlugin(settings, nvml, kube)
         node = self.nodes[spec.name] = SimulatedNode(spec, kubelet, plugin, nvml, kube)
         await plugin.start()
@@ -175,7 +183,7 @@ class LocalCluster:
         write_material(tls, {CA_CERT: ca.cert_pem, TLS_CERT: serving.cert_pem, TLS_KEY: serving.key_pem})
         self.ca_pem = ca.cert_pem
         options = Options(tls_cert_file=tls / TLS_CERT, tls_key_file=tls / TLS_KEY, port=0, host="127.0.0.1")
-        self.webhook = WebhookServer(options, self.config, kube=self.kube())
+        self.webhook = WebhookServer(options, self.config, kube=self.kube("webhook"))
         await self.webhook.start()
         await asyncio.wait_for(self.webhook.cache.wait_synced(), 15)
 

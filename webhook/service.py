@@ -133,7 +133,7 @@ class WebhookServer:
         self.reloader = CertReloader(
             options.tls_cert_file, options.tls_key_file, poll_seconds=options.cert_poll_seconds
         )
-        self.kube = kube or Kube(load_api_client(options.kubeconfig))
+        self.kube = kube or Kube(load_api_client(options.kubeconfig), component="webhook")
         self.cache = ClusterCache(
             self.kube, staleness_seconds=config.webhook.cache_staleness_seconds, clock=clock
         )
