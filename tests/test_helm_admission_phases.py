@@ -43,10 +43,13 @@ def _conditions(hook: Obj) -> dict[str, Any]:
     return {c["name"]: env.program(env.compile(c["expression"])) for c in hook["matchConditions"]}
 
 
-def _sent(hook: Obj, operation: str, new: Obj, old: Obj | None) -> bool:
+def _sent(hook: Obj, operation: str, new: Obj, old: Obj | None, sub_resource: str = "") -> bool:
     """Whether every matchCondition lets the request through (an error would fail the write)."""
+    request: Obj = {"operation": operation}
+    if sub_resource:
+        request["subResource"] = sub_resource
     activation = {
-        "request": json_to_cel({"operation": operation}),
+        "request": json_to_cel(request),
         "object": json_to_cel(new),
         "oldObject": json_to_cel(old),
     }
@@ -74,7 +77,8 @@ def test_validating_configuration_calls_validate_on_create_and_update_with_the_s
     assert mutating["clientConfig"]["service"]["path"] == "/mutate"
     assert validating["clientConfig"]["service"]["name"] == mutating["clientConfig"]["service"]["name"]
     (rule,) = validating["rules"]
-    assert rule["operations"] == ["CREATE", "UPDATE"] and rule["resources"] == ["pods"]
+    assert rule["operations"] == ["CREATE", "UPDATE"]
+    assert rule["resources"] == ["pods", "pods/ephemeralcontainers"]
     assert mutating["rules"][0]["operations"] == ["CREATE"]
     for key in ("namespaceSelector", "failurePolicy", "timeoutSeconds", "admissionReviewVersions"):
         assert validating[key] == mutating[key], key
@@ -123,6 +127,8 @@ def test_updates_touching_a_scheduler_annotation_are_sent_and_others_are_not(
     relabelled["metadata"]["annotations"]["team"] = "b"
     assert not _sent(hook, "UPDATE", relabelled, booked)
     assert not _sent(hook, "UPDATE", bare, _gpu_pod({}))
+    # An ephemeral container added to a vGPU pod is always checked.
+    assert _sent(hook, "UPDATE", bare, bare, "ephemeralcontainers")
 
 
 def test_every_create_of_a_vgpu_pod_is_sent_to_validation(rendered: Rendered) -> None:

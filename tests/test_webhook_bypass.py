@@ -447,3 +447,18 @@ def test_a_stale_cache_refuses_quota_decisions(cluster: Cluster) -> None:
     assert refused(answer, "namespace one-gpu", "120 s", "quota cannot be checked")
     # A namespace with no quota has nothing to check.
     assert cluster.create(gpu_pod("free", "a"))["allowed"]
+
+
+def test_a_debug_container_setting_a_limit_variable_is_refused(cluster: Cluster) -> None:
+    running = _running(cluster, {})
+
+    def debug(env: list[dict[str, str]]) -> dict[str, Any]:
+        debugged = copy.deepcopy(running)
+        debugged["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox", "env": env}]
+        review = admission_review(debugged, operation="UPDATE", old=running, username=AUTHOR)
+        review["request"]["subResource"] = "ephemeralcontainers"
+        return cluster.call("/validate", review)
+
+    answer = debug([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+    assert refused(answer, "ephemeralContainers[debug]", "env NVIDIA_VISIBLE_DEVICES")
+    assert debug([{"name": "TERM", "value": "xterm"}])["allowed"]

@@ -156,6 +156,8 @@ def parse_review(body: bytes) -> AdmissionRequest:
         if obj is None:
             raise MalformedReview(f"request.object is missing for a Pod {operation}")
         _check_pod_shape(obj)
+    elif obj is not None and kind["kind"] == "Pod" and parsed.sub_resource == "ephemeralcontainers":
+        _check_pod_shape(obj)  # `kubectl debug`: the object is the whole Pod
     if parsed.is_pod_update and old is not None:
         # Without oldObject every scheduler-owned annotation on the object counts as added.
         _check_pod_shape(old)

@@ -17,10 +17,12 @@ from contract.names import OPT_OUT_LABEL, OPT_OUT_VALUE
 from contract.resources import PodRequest, RequestError, parse_pod
 from webhook.admission import resolve_placement
 from webhook.gates import QuotaGate, ValidationView
+from webhook.isolation import find_escape
 from webhook.quota_charge import parse_limits, states_no_cores
 from webhook.review import AdmissionRequest, Verdict
 from webhook.safety import (
     INVALID_ANNOTATION,
+    ISOLATION_ESCAPE,
     MALFORMED_VALUE,
     QUOTA,
     STALE_CACHE,
@@ -31,6 +33,8 @@ from webhook.safety import (
 from webhook.selectors import SelectorError, parse_selectors
 
 MISSING_UID = "missing-uid"
+# The subresource `kubectl debug` writes to add an ephemeral container to a running pod.
+EPHEMERAL_CONTAINERS = "ephemeralcontainers"
 
 
 @dataclass(frozen=True)
@@ -44,13 +48,17 @@ class Validation:
     def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
         pod = request.object
-        if pod is None or not (request.is_pod_create or request.is_pod_update):
+        debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
+        if pod is None or not (request.is_pod_create or request.is_pod_update or debug):
             return Verdict(allowed=True)
         namespace = request.namespace or str((pod.get("metadata") or {}).get("namespace", ""))
         namespace_labels = self.view.namespace_labels(namespace)
         if (namespace_labels or {}).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             return Verdict(allowed=True)
         try:
+            if debug:
+                self._ephemeral(pod)
+                return Verdict(allowed=True)
             if request.is_pod_update:
                 check_update(request.old_object, pod, request.username, self.config)
                 return Verdict(allowed=True)
@@ -83,6 +91,17 @@ class Validation:
         if refusal is not None:
             raise Denied(QUOTA, refusal)
         return Verdict(allowed=True, warnings=tuple(warnings))
+
+    def _ephemeral(self, pod: Mapping[str, Any]) -> None:
+        """`kubectl debug` on a vGPU pod: the debug container joins the pod on its GPU node, so it
+        must not set the variables or mounts that escape the limits either."""
+        try:
+            asks_vgpu = parse_pod(pod, self.config.resource_names).asks_vgpu
+        except RequestError:
+            asks_vgpu = True  # stored pods were admitted; be strict with whatever this is
+        escape = find_escape(pod, self.config) if asks_vgpu else None
+        if escape is not None:
+            raise Denied(ISOLATION_ESCAPE, escape.message())
 
     def _quota(
         self,

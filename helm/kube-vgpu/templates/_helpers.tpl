@@ -122,11 +122,12 @@ would count as a webhook failure under failurePolicy Fail. */}}
     (has(c.resources.requests) && {{ $names }}.exists(n, n in c.resources.requests))))
 {{- end }}
 
-{{/* CEL: a CREATE, or an UPDATE that adds, changes or removes a scheduler-owned annotation
+{{/* CEL: a CREATE, an ephemeral container added (`kubectl debug`), or an UPDATE that adds, changes or removes a scheduler-owned annotation
 (SPEC §2.2 step 2). Presence and value are compared separately, so no annotation value can make an
 added key look unchanged. Every access is guarded: an evaluation error would fail the write. */}}
 {{- define "kube-vgpu.schedulerAnnotationChangeExpression" -}}
 request.operation != 'UPDATE' ||
+  (has(request.subResource) && request.subResource == 'ephemeralcontainers') ||
   ['volcano.sh/devices-to-allocate', 'volcano.sh/vgpu-ids-new', 'volcano.sh/vgpu-node',
    'volcano.sh/bind-phase', 'volcano.sh/vgpu-time', 'volcano.sh/bind-time'].exists(k,
     (has(object.metadata.annotations) && k in object.metadata.annotations) !=
