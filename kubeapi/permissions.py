@@ -34,13 +34,15 @@ class ApiCall:
 
 
 API_CALLS: Final[tuple[ApiCall, ...]] = (
-    # webhook: the cluster cache (list+watch); admission itself calls nothing (SPEC §2.3).
+    # webhook: the cluster cache (list+watch) and, at start, Volcano's MIG geometry; admission
+    # itself calls nothing (SPEC §2.3).
     ApiCall("webhook", "list", "nodes", why="GPU inventory"),
     ApiCall("webhook", "watch", "nodes", why="GPU inventory"),
     ApiCall("webhook", "list", "namespaces", why="quota labels, opt-out"),
     ApiCall("webhook", "watch", "namespaces", why="quota labels, opt-out"),
     ApiCall("webhook", "list", "pods", why="quota usage"),
     ApiCall("webhook", "watch", "pods", why="quota usage"),
+    ApiCall("webhook", "get", "configmaps", named="device-config", why="MIG slot sizes for quota"),
     # node plugin: its node's registration, labels and capacity; the pods bound to it.
     ApiCall("node", "list", "nodes", why="read its own node (field selector)"),
     ApiCall("node", "watch", "nodes", why="capacity zeroed by the kubelet"),

@@ -465,7 +465,10 @@ def test_rbac_grants_each_service_account_exactly_what_it_uses(rendered: Rendere
     secret = values["webhook"]["tls"]["secretName"] or f"{p}-webhook-tls"
     ns = rendered.namespace
     expected: dict[str, set[Grant]] = {
-        f"{p}-webhook": _grants("cluster", ["nodes", "namespaces", "pods"], ["list", "watch"]),
+        f"{p}-webhook": _grants("cluster", ["nodes", "namespaces", "pods"], ["list", "watch"])
+        | _grants(
+            cfg["node"]["deviceConfigNamespace"], ["configmaps"], ["get"], cfg["node"]["deviceConfigName"]
+        ),
         f"{p}-node": _grants("cluster", ["nodes"], ["list", "watch", "patch"])
         | _grants("cluster", ["pods"], ["list", "patch"])
         | _grants("cluster", ["nodes/status"], ["patch"])

@@ -20,6 +20,7 @@ import pytest
 from test_webhook_support import (
     A100,
     CORES,
+    H100,
     ThreadedWebhook,
     apply,
     container,
@@ -122,6 +123,7 @@ async def _sleep(seconds: float) -> None:
 
 def start(apiserver: ApiServerStandin, tmp_path: Path, config: Config | None = None) -> Cluster:
     apiserver.put(gpu_node("a100", "hami-core", [(A100, 40960)] * 4))
+    apiserver.put(gpu_node("h100", "mig", [(H100, 81920)] * 2))
     for name, labels in NAMESPACES.items():
         apiserver.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
     clock = Clock()
@@ -401,6 +403,16 @@ def test_default_cores_gives_the_container_a_real_limit_and_the_charge(
     assert limits["limits"][CORES] == limits["requests"][CORES] == "30"
     assert not answers[0]["warnings"]
     assert refused(answers[5], "requested 30%", "in use 150% of 150%")
+
+
+def test_a_mig_pod_is_charged_the_slot_it_will_hold(cluster: Cluster) -> None:
+    # H100 80GB's smallest slot (1g.10gb) is 9984 MiB in the shipped geometry: asking 1 MiB holds it.
+    tiny = gpu_pod("mem-15000", "a", memory=1)
+    tiny["metadata"]["annotations"] = {"volcano.sh/vgpu-mode": "mig"}
+    assert cluster.create(tiny)["allowed"]
+    second = copy.deepcopy(tiny)
+    second["metadata"]["name"] = "b"
+    assert refused(cluster.create(second), "requested 9984 MiB", "in use 9984 MiB of 15000 MiB")
 
 
 # --- 5. two phases: reinvocation, dry runs, existing names, a stale cache -----------------------

@@ -10,21 +10,25 @@ cluster cache keeps the ledger current through `NamespaceQuota.ledger`'s pod cal
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from contract.config import ResourceNames
-from contract.names import Mode
+from contract.mig_geometry import DeviceConfig
+from contract.names import MIG, Mode
 from contract.resources import PodRequest, RequestError, parse_pod
 from webhook.admission import resolve_placement
 from webhook.inventory import Inventory
+from webhook.mig_charge import slot_sizer
 from webhook.quota_charge import (
     Charge,
     GpuMemory,
     Limits,
     Resource,
+    SlotSize,
     exceeded_message,
     invalid_label_message,
     parse_limits,
@@ -33,7 +37,7 @@ from webhook.quota_charge import (
     restartable_init_flags,
     unsized_message,
 )
-from webhook.quota_ledger import GpuSizer, QuotaLedger, Verdict, pod_metadata
+from webhook.quota_ledger import GpuSizer, QuotaLedger, SlotSizer, Verdict, pod_metadata
 from webhook.selectors import SelectorError, parse_selectors
 
 __all__ = ["Charge", "DenialCounter", "NamespaceQuota", "QuotaLedger", "Verdict", "placement_sizer"]
@@ -58,6 +62,7 @@ class NamespaceQuota:
         pending_seconds: float,
         gpu_size: GpuSizer | None = None,
         gpu_memory: GpuMemory | None = None,
+        slot_size: SlotSizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -66,6 +71,7 @@ class NamespaceQuota:
             pending_seconds=pending_seconds,
             gpu_size=gpu_size,
             gpu_memory=gpu_memory,
+            slot_size=slot_size,
             clock=clock,
             wall_clock=wall_clock,
         )
@@ -102,7 +108,9 @@ class NamespaceQuota:
             if limits.memory_mib is not None:
                 return self._deny(namespace, "unsized", unsized_message(namespace), name)
             gpu_mib = 0  # memory is not limited here; the pod is re-sized once the cache shows it
-        charge = pod_charge(request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod))
+        charge = pod_charge(
+            request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod), slot=self.ledger.slot_size(pod)
+        )
         verdict = self.ledger.try_reserve(
             namespace,
             charge,
@@ -152,5 +160,35 @@ def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, de
         except (SelectorError, RequestError):
             return None
         return resolve_placement(selectors, request, inventory(), default_mode).largest_gpu_mib
+
+    return size
+
+
+def mig_slot_sizer(
+    inventory: Callable[[], Inventory],
+    geometry: Callable[[], DeviceConfig],
+    names: ResourceNames,
+    default_mode: Mode,
+) -> SlotSizer:
+    """The quota's `slot_size`: for a `mig` pod, the slot it will hold on the GPUs it may land on.
+
+    Resolved as admission resolves placement (selectors and mode against the current inventory);
+    None for a hami-core pod, whose memory is charged as asked.
+    """
+
+    def size(pod: Mapping[str, Any]) -> SlotSize | None:
+        annotations = pod_metadata(pod).get("annotations")
+        try:
+            selectors = parse_selectors(annotations if isinstance(annotations, Mapping) else {})
+            request = parse_pod(pod, names)
+        except (SelectorError, RequestError):
+            return None
+        inv = inventory()
+        placement = resolve_placement(selectors, request, inv, default_mode)
+        if placement.mode != MIG:
+            return None
+        # Without the memory floor: the slot depends on the GPU's geometry, not its whole size.
+        candidates = dataclasses.replace(placement.filter, min_memory_mib=0)
+        return slot_sizer(geometry(), inv.types_matching(candidates, MIG))
 
     return size

@@ -26,6 +26,8 @@ _PLAIN_INT = re.compile(r"^[0-9]+$")
 # What a vGPU with no SM limit can use: the whole GPU (HAMi-core reads an unset or 0 limit as none).
 WHOLE_GPU_CORES: Final = 100
 GpuMemory = Callable[[str], "int | None"]
+# MiB per vGPU asked -> MiB charged: the MIG slot a `mig` pod will hold (`webhook.mig_charge`).
+SlotSize = Callable[[int], int]
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,17 @@ def needs_gpu_size(container: ContainerRequest) -> bool:
 
 
 def container_charge(
-    container: ContainerRequest, *, gpu_mib: int | None, booked_mib: int | None = None
+    container: ContainerRequest,
+    *,
+    gpu_mib: int | None,
+    booked_mib: int | None = None,
+    slot: SlotSize | None = None,
 ) -> Charge:
     """One container's charge: number x per-vGPU memory, number x cores.
 
     `booked_mib` is what the scheduler actually booked for this container over all its GPUs
-    (from `volcano.sh/vgpu-ids-new`); when given it replaces the memory arithmetic.
+    (from `volcano.sh/vgpu-ids-new`); when given it replaces the memory arithmetic. `slot` maps
+    the per-vGPU MiB of a `mig` pod to the slot it will hold.
     """
     number = container.vgpus
     if number == 0:
@@ -101,7 +108,8 @@ def container_charge(
     if booked_mib is not None:
         return Charge(number, booked_mib, cores)
     if container.memory_mib is not None:
-        return Charge(number, number * container.memory_mib, cores)
+        per_vgpu = slot(container.memory_mib) if slot is not None else container.memory_mib
+        return Charge(number, number * per_vgpu, cores)
     if gpu_mib is None:
         raise GpuSizeUnknown(
             f"container {container.container!r} asks for a share of a GPU's memory "
@@ -109,7 +117,8 @@ def container_charge(
         )
     percent = container.memory_percent if container.memory_percent is not None else 100
     # Volcano's own rounding (protocol §3.3): floor(card MEM x pct / 100) per card.
-    return Charge(number, number * (gpu_mib * percent // 100), cores)
+    per_vgpu = gpu_mib * percent // 100
+    return Charge(number, number * (slot(per_vgpu) if slot is not None else per_vgpu), cores)
 
 
 def restartable_init_flags(pod: Mapping[str, Any]) -> tuple[bool, ...]:
@@ -123,6 +132,7 @@ def pod_charge(
     gpu_mib: int | None,
     sidecars: Sequence[bool] = (),
     booked_mib: Mapping[str, int] | None = None,
+    slot: SlotSize | None = None,
 ) -> Charge:
     """A pod's charge, folding init containers in per resource the way Kubernetes sizes a pod.
 
@@ -136,11 +146,13 @@ def pod_charge(
     booked = booked_mib or {}
     total = ZERO
     for container in request.app:
-        total += container_charge(container, gpu_mib=gpu_mib, booked_mib=booked.get(container.container))
+        total += container_charge(
+            container, gpu_mib=gpu_mib, booked_mib=booked.get(container.container), slot=slot
+        )
     running_sidecars = ZERO
     init_peak = ZERO
     for index, container in enumerate(request.init):
-        charge = container_charge(container, gpu_mib=gpu_mib)
+        charge = container_charge(container, gpu_mib=gpu_mib, slot=slot)
         if index < len(sidecars) and sidecars[index]:
             total += charge
             running_sidecars += charge

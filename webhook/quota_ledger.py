@@ -50,6 +50,7 @@ from webhook.quota_charge import (
     GpuMemory,
     Limits,
     Resource,
+    SlotSize,
     booked_memory,
     exceeded,
     pod_charge,
@@ -61,6 +62,8 @@ log = logging.getLogger("kube_vgpu.webhook.quota")
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 GpuSizer = Callable[[Mapping[str, Any]], "int | None"]
+# A pod -> how its per-vGPU MiB is charged (the MIG slot of a `mig` pod), or None: as asked.
+SlotSizer = Callable[[Mapping[str, Any]], "SlotSize | None"]
 
 
 @dataclass(frozen=True)
@@ -143,11 +146,13 @@ class QuotaLedger:
         pending_seconds: float,
         gpu_size: GpuSizer | None = None,
         gpu_memory: GpuMemory | None = None,
+        slot_size: SlotSizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._names = names
         self._gpu_memory = gpu_memory
+        self.slot_size: SlotSizer = slot_size or (lambda pod: None)
         self._pending = pending_seconds
         self._gpu_size = gpu_size or (lambda pod: None)
         self._clock = clock
@@ -318,7 +323,13 @@ class QuotaLedger:
                     "no GPU known to size its memory share; counted without that memory",
                 )
                 gpu_mib = 0
-        charge = pod_charge(request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod), booked_mib=booked)
+        charge = pod_charge(
+            request,
+            gpu_mib=gpu_mib,
+            sidecars=restartable_init_flags(pod),
+            booked_mib=booked,
+            slot=self.slot_size(pod),
+        )
         return _Pod(charge, booking, counted, deadline)
 
     def _uncount(self, ns: _Namespace, uid: str) -> None:

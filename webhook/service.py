@@ -16,14 +16,17 @@ from pathlib import Path
 
 from aiohttp import web
 
-from contract.config import Config
-from kubeapi.client import Kube, load_api_client
+from contract.config import Config, NodeConfig
+from contract.mig_geometry import DeviceConfig, MigGeometryError, parse_device_config
+from contract.mig_geometry_default import default_device_config
+from contract.names import DEVICE_CONFIG_KEY
+from kubeapi.client import Kube, KubeError, load_api_client
 from webhook.admission import Admission
 from webhook.cache import CachedKind, CacheEvent, ClusterCache
 from webhook.gates import QuotaGate
 from webhook.inventory import Inventory
 from webhook.metrics import WebhookMetrics
-from webhook.quota import NamespaceQuota, placement_sizer
+from webhook.quota import NamespaceQuota, mig_slot_sizer, placement_sizer
 from webhook.quota_metrics import QuotaMetrics
 from webhook.server import SERVICES, Readiness, Services, build_app
 from webhook.tls import CertReloader
@@ -45,7 +48,12 @@ class Options:
     shutdown_timeout_seconds: float = 20.0
 
 
-def build_quota(cache: ClusterCache, config: Config, metrics: WebhookMetrics) -> QuotaGate:
+def build_quota(
+    cache: ClusterCache,
+    config: Config,
+    metrics: WebhookMetrics,
+    geometry: Callable[[], DeviceConfig] = default_device_config,
+) -> QuotaGate:
     """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events.
 
     The one place the quota ledger is wired; return `webhook.gates.AllowAllQuota()` to switch it off.
@@ -57,6 +65,7 @@ def build_quota(cache: ClusterCache, config: Config, metrics: WebhookMetrics) ->
         pending_seconds=config.webhook.cache_staleness_seconds,
         gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
         gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
+        slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
     )
 
     def on_pod(event: CacheEvent) -> None:
@@ -108,11 +117,17 @@ class CacheValidationView:
         return f"{namespace}/{name}" in self._cache.objects("pod")
 
 
-def build_services(cache: ClusterCache, config: Config, metrics: WebhookMetrics) -> Services:
+def build_services(
+    cache: ClusterCache,
+    config: Config,
+    metrics: WebhookMetrics,
+    geometry: Callable[[], DeviceConfig] = default_device_config,
+) -> Services:
     """The handlers' dependencies, wired to a live cache."""
     metrics.track_cache(cache)
     admission = Admission(config, cache)
-    validation = Validation(config, CacheValidationView(cache), build_quota(cache, config, metrics))
+    quota = build_quota(cache, config, metrics, geometry)
+    validation = Validation(config, CacheValidationView(cache), quota)
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
 
@@ -138,7 +153,9 @@ class WebhookServer:
             self.kube, staleness_seconds=config.webhook.cache_staleness_seconds, clock=clock
         )
         self.metrics = WebhookMetrics()
-        self.app = build_app(build_services(self.cache, config, self.metrics))
+        # Volcano's MIG geometry, read at start: what a `mig` pod's slot costs against quota.
+        self.geometry: DeviceConfig = default_device_config()
+        self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry))
         self._runner = web.AppRunner(
             self.app, access_log=None, handle_signals=False, shutdown_timeout=options.shutdown_timeout_seconds
         )
@@ -154,6 +171,7 @@ class WebhookServer:
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         await self.cache.start()
+        self.geometry = await load_mig_geometry(self.kube, self.config.node)
         self._reload_task = asyncio.create_task(self.reloader.run(), name="tls-reload")
         log.info("event=webhook_started address=%s:%d", self.options.host, self.port)
 
@@ -178,6 +196,30 @@ class WebhookServer:
         await self.cache.stop()
         self.kube.close()
         log.info("event=webhook_stopped")
+
+
+async def load_mig_geometry(kube: Kube, node: NodeConfig) -> DeviceConfig:
+    """Volcano's device ConfigMap (the one the node plugin and the scheduler read), or the shipped
+    default when it is absent or unreadable; like the scheduler, the webhook reads it at start."""
+    namespace, name = node.device_config_namespace, node.device_config_name
+    try:
+        found = await asyncio.to_thread(kube.get, "configmap", name, namespace=namespace)
+        text = ((found or {}).get("data") or {}).get(DEVICE_CONFIG_KEY)
+        if isinstance(text, str):
+            geometry = parse_device_config(text)
+            log.info("event=mig_geometry_loaded configmap=%s/%s", namespace, name)
+            return geometry
+        reason = "absent"
+    except (KubeError, MigGeometryError) as exc:
+        reason = str(exc)
+    log.warning(
+        "event=mig_geometry_default configmap=%s/%s reason=%r detail=%s",
+        namespace,
+        name,
+        reason,
+        "MIG quota charges use the shipped geometry",
+    )
+    return default_device_config()
 
 
 async def serve(options: Options, config: Config, *, stop: asyncio.Event | None = None) -> int:
