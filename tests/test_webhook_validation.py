@@ -89,15 +89,22 @@ def test_a_quota_refusal_is_a_denial_with_its_message() -> None:
     assert verdict.patch == ()
 
 
-def test_quota_is_not_asked_for_pods_without_vgpu_existing_names_or_earlier_denials() -> None:
+def test_quota_is_not_asked_for_pods_without_vgpu_or_after_earlier_denials() -> None:
     quota = RecordingQuota()
     assert validate(final(pod(container("cpu"))), quota=quota).allowed
-    assert validate(
-        final(pod(container(memory=10), name="taken")), quota=quota, existing=[("default", "taken")]
-    )
     forged = final(pod(container(memory=10), annotations={VGPU_NODE: "n"}))
     assert validate(forged, quota=quota).reason == "forged-annotation"
     assert quota.calls == []
+
+
+def test_an_existing_name_is_checked_but_reserves_nothing() -> None:
+    quota = RecordingQuota()
+    taken = final(pod(container(memory=10), name="taken"))
+    assert validate(taken, quota=quota, existing=[("default", "taken")]).allowed
+    assert quota.calls[0]["dry_run"] is True
+    # A deleted-and-recreated name is still held to the quota.
+    refusing = RecordingQuota("namespace default: over")
+    assert not validate(taken, quota=refusing, existing=[("default", "taken")]).allowed
 
 
 def test_a_stale_view_refuses_only_where_quota_applies_or_is_unknown() -> None:

@@ -82,12 +82,13 @@ class Validation:
             return Verdict(allowed=True)
         check_create(pod, pod_request, self.config)
         name = (pod.get("metadata") or {}).get("name")
-        if isinstance(name, str) and name and self.view.pod_exists(namespace, name):
-            # The API server will refuse this create at the storage write; booking it would hold
-            # quota for a pod that never exists.
-            return Verdict(allowed=True)
+        # A name the cache holds: the API server will refuse this create at the storage write, so
+        # booking it would hold quota for a pod that never exists. It is still checked, as if a dry
+        # run: the pod of that name may have been deleted a moment ago, and skipping the check
+        # would let a delete-and-recreate trade a small pod for a large one.
+        taken = isinstance(name, str) and bool(name) and self.view.pod_exists(namespace, name)
         warnings = self._charge_warnings(pod_request, namespace, namespace_labels)
-        refusal = self._quota(request, pod_request, namespace, namespace_labels)
+        refusal = self._quota(request, pod_request, namespace, namespace_labels, reserve=not taken)
         if refusal is not None:
             raise Denied(QUOTA, refusal)
         return Verdict(allowed=True, warnings=tuple(warnings))
@@ -109,6 +110,8 @@ class Validation:
         pod_request: PodRequest,
         namespace: str,
         namespace_labels: Mapping[str, str] | None,
+        *,
+        reserve: bool,
     ) -> str | None:
         pod = request.object or {}
         uid = (pod.get("metadata") or {}).get("uid")
@@ -144,7 +147,7 @@ class Validation:
             request=pod_request,
             largest_gpu_mib=placement.largest_gpu_mib,
             pod_uid=uid,
-            dry_run=request.dry_run,
+            dry_run=request.dry_run or not reserve,
         )
 
     def _charge_warnings(
