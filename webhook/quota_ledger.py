@@ -22,13 +22,10 @@ What counts, per namespace:
   quota decisions instead (`webhook.validation`).
 
 Matching a reservation to its pod. Quota is decided in the validating phase, which sees the final
-object with its uid and name (facts `apiserver-admission.md` §2), so reservations are keyed by pod
-uid: a pod the cache shows claims the reservation of its own uid, and a second decision for the
-same uid (an API-server retry) replaces the first instead of adding to it. For callers that key a
-reservation by something else, a pod then claims the reservation made for its exact name, else,
-among those made with no name and its `generateName`, the oldest with an equal charge, else the
-oldest. A reservation for a name replaces an earlier one for the same name (two creates of one
-name cannot both succeed).
+object (facts `apiserver-admission.md` §2), so reservations are keyed by pod uid: the pod the cache
+shows claims the reservation of its uid, and a retried decision for one uid replaces the first.
+Failing that, a pod claims the reservation made for its exact name, else the oldest made for its
+`generateName` (an equal charge first). A reservation for a name replaces an earlier one for it.
 """
 
 from __future__ import annotations
