@@ -1,4 +1,4 @@
-"""The pure admission pipeline (SPEC §2 except quota arithmetic): each rule with a pod that triggers it
+"""The pure mutating pipeline (SPEC §2.1; safety as in §2.2): each rule with a pod that triggers it
 and one that must not; every patch applied with jsonpatch and admitted again to check idempotence.
 """
 

@@ -1,4 +1,4 @@
-"""Namespace GPU quotas at admission (SPEC §2 step 4): limits, charges, messages, relabels, dryRun."""
+"""Namespace GPU quotas at admission (SPEC §2.2 step 1): limits, charges, messages, relabels, dryRun."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def _uuid_alternatives(wanted: frozenset[str], allowed: frozenset[str] | None, i
 
 
 def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, default_mode: Mode) -> Placement:
-    """Resolve selectors and mode against the inventory into node requirements (SPEC §2 steps 2-3)."""
+    """Resolve selectors and mode against the inventory into node requirements (SPEC §2.1 steps 2-3)."""
     allowed: frozenset[str] | None = None
     if sel.by_type:
         allowed = frozenset(
@@ -207,7 +207,7 @@ class Admission:
         return Verdict(allowed=True, patch=make_patch(pod, after), warnings=tuple(warnings))
 
     def _default_number(self, pod: dict[str, Any], pod_request: PodRequest) -> None:
-        """SPEC §2 step 0: a container asking only memory/percentage/cores gets `vgpu-number: 1`."""
+        """SPEC §2.1 step 0: a container asking only memory/percentage/cores gets `vgpu-number: 1`."""
         count = self.config.resource_names.count
         for (container, _), parsed in zip(iter_containers(pod), pod_request.containers, strict=True):
             if not parsed.asks_vgpu or parsed.number is not None:
@@ -241,7 +241,7 @@ class Admission:
                 amounts[name] = str(cores)
 
     def _set_scheduler(self, pod: dict[str, Any]) -> None:
-        """SPEC §2 step 1."""
+        """SPEC §2.1 step 1."""
         spec = pod.setdefault("spec", {})
         ours = self.config.webhook.scheduler_name
         current = spec.get("schedulerName") or ""

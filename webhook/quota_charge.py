@@ -1,4 +1,4 @@
-"""What a pod costs against its namespace's GPU quota, and what the quota labels allow (SPEC §1, §2 step 4).
+"""What a pod costs against its namespace's GPU quota, and what the quota labels allow (SPEC §1, §2.2).
 
 Pure arithmetic: no I/O, no clock, nothing from aiohttp or the Kubernetes client, so every rule
 here is tested as plain function calls.
