@@ -86,8 +86,11 @@ def vgpu_pod(index: int, *, namespace: str, annotations: dict[str, str] | None =
     }
 
 
-def review_bodies(count: int) -> list[bytes]:
-    """A mix of what users send: plain memory, type selectors, UUID selectors, explicit mode."""
+def review_bodies(count: int, *, validate: bool = False) -> list[bytes]:
+    """A mix of what users send: plain memory, type selectors, UUID selectors, explicit mode.
+
+    For the validating phase each pod carries the uid the API server fills in before it (quota
+    reservations are keyed by it)."""
     uuid0 = f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, 'gpu-node-00001/0')}"
     variants = [
         {},
@@ -102,6 +105,9 @@ def review_bodies(count: int) -> list[bytes]:
         obj = vgpu_pod(i, namespace=f"team-{i % NAMESPACES}", annotations=variants[i % len(variants)])
         obj["spec"].pop("schedulerName")
         obj.pop("status")
+        if validate:
+            obj["metadata"]["name"] = f"new-{i:06d}"
+            obj["metadata"]["uid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{i}"))
         review = {
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
@@ -148,7 +154,7 @@ async def wait_ready(
 
 
 async def drive(
-    url: str, context: ssl.SSLContext, bodies: list[bytes], concurrency: int
+    url: str, context: ssl.SSLContext, bodies: list[bytes], concurrency: int, path: str = "/mutate"
 ) -> tuple[list[float], float, int]:
     """Send every body with `concurrency` workers on keep-alive connections; (latencies, seconds, errors)."""
     latencies: list[float] = []
@@ -162,7 +168,7 @@ async def drive(
             nonlocal errors
             for body in queue:
                 started = time.perf_counter()
-                async with session.post(url + "/mutate", data=body, headers=headers) as response:
+                async with session.post(url + path, data=body, headers=headers) as response:
                     answer = await response.json()
                 latencies.append(time.perf_counter() - started)
                 if response.status != 200 or not answer["response"]["allowed"]:
@@ -173,7 +179,7 @@ async def drive(
         return latencies, time.perf_counter() - started, errors
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=50000)
@@ -183,9 +189,19 @@ def main() -> int:
     parser.add_argument(
         "--quota",
         action="store_true",
-        help="label every namespace with (generous) GPU quotas, so each review goes through the quota ledger",
+        help="label every namespace with (generous) GPU quotas (the ledger runs in the validate phase)",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--phase",
+        choices=["mutate", "validate"],
+        default="mutate",
+        help="which admission phase to send the reviews to (quota is decided in validate)",
+    )
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="kube-vgpu-bench-"))
     ca = issue_ca("bench-ca", 1)
@@ -225,10 +241,11 @@ def main() -> int:
         try:
             sync_s = asyncio.run(wait_ready(url, context, proc, 600))
             rss_synced, _ = rss_mib(proc.pid)
-            bodies = review_bodies(args.reviews + args.warmup)
-            asyncio.run(drive(url, context, bodies[: args.warmup], args.concurrency))
+            path = "/" + args.phase
+            bodies = review_bodies(args.reviews + args.warmup, validate=args.phase == "validate")
+            asyncio.run(drive(url, context, bodies[: args.warmup], args.concurrency, path))
             latencies, seconds, errors = asyncio.run(
-                drive(url, context, bodies[args.warmup :], args.concurrency)
+                drive(url, context, bodies[args.warmup :], args.concurrency, path)
             )
             rss_now, rss_peak = rss_mib(proc.pid)
         finally:
@@ -241,7 +258,8 @@ def main() -> int:
     listed = f"{args.nodes} nodes + {args.pods} pods"
     print(f"cache synced (list of {listed}) in {sync_s:.1f} s; RSS {rss_synced:.0f} MiB")
     print(
-        f"{len(latencies)} reviews, concurrency {args.concurrency}, quota {'on' if args.quota else 'off'}: "
+        f"{len(latencies)} {args.phase} reviews, concurrency {args.concurrency}, "
+        f"quota {'on' if args.quota else 'off'}: "
         f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, {len(latencies) / seconds:.0f} reviews/s, {errors} errors"
     )
     print(f"webhook RSS after load {rss_now:.0f} MiB (peak {rss_peak:.0f} MiB); exit code on SIGTERM {code}")

@@ -19,6 +19,7 @@ from certs.errors import EXIT_OK, CertsError, UnreachableError, UsageError
 from certs.files import ensure_files
 from certs.plan import DEFAULT_CA_DAYS, DEFAULT_DAYS, RENEW_BEFORE, Action
 from kubeapi.client import Kube, KubeConfigError, load_api_client
+from kubeapi.permissions import Component
 
 log = logging.getLogger("kube_vgpu.certs")
 
@@ -75,7 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the Secret's ca.crt into every webhook's clientConfig.caBundle",
         description="Only webhooks whose caBundle differs are written.",
     )
-    patch.add_argument("--webhook-name", required=True, help="the MutatingWebhookConfiguration's name")
+    patch.add_argument(
+        "--webhook-name", required=True, help="the name of the Mutating- and ValidatingWebhookConfiguration"
+    )
     patch.add_argument("--namespace", required=True, help="namespace of the Secret")
     patch.add_argument("--secret-name", required=True, help="Secret holding ca.crt")
     _add_kubeconfig(patch)
@@ -127,9 +130,9 @@ def _what_was_issued(action: Action) -> str:
     return "new CA and serving certificate" if action == "reissue" else "new serving certificate, CA kept"
 
 
-def _kube(kubeconfig: str | None) -> Kube:
+def _kube(kubeconfig: str | None, component: Component) -> Kube:
     try:
-        return Kube(load_api_client(kubeconfig))
+        return Kube(load_api_client(kubeconfig), component=component)
     except KubeConfigError as exc:
         raise UnreachableError(str(exc)) from None
 
@@ -139,7 +142,7 @@ def _run_create(args: argparse.Namespace) -> str:
     _check_name("--namespace", args.namespace, _DNS_LABEL, "a DNS label", 63)
     _check_name("--secret-name", args.secret_name, _DNS_SUBDOMAIN, "a DNS subdomain", 253)
     _check_validity(args)
-    kube = _kube(args.kubeconfig)
+    kube = _kube(args.kubeconfig, "certs-create")
     try:
         outcome = ensure_secret(
             kube,
@@ -162,14 +165,14 @@ def _run_patch(args: argparse.Namespace) -> str:
     _check_name("--webhook-name", args.webhook_name, _DNS_SUBDOMAIN, "a DNS subdomain", 253)
     _check_name("--namespace", args.namespace, _DNS_LABEL, "a DNS label", 63)
     _check_name("--secret-name", args.secret_name, _DNS_SUBDOMAIN, "a DNS subdomain", 253)
-    kube = _kube(args.kubeconfig)
+    kube = _kube(args.kubeconfig, "certs-patch")
     try:
         outcome = patch_ca_bundle(
             kube, webhook_name=args.webhook_name, namespace=args.namespace, secret_name=args.secret_name
         )
     finally:
         kube.close()
-    configuration = f"MutatingWebhookConfiguration {args.webhook_name}"
+    configuration = f"webhook configurations {args.webhook_name}"
     if not outcome.patched:
         return f"{configuration}: all {outcome.webhooks} webhooks already carry the CA; nothing written"
     return f"{configuration}: caBundle written for {', '.join(outcome.patched)}"

@@ -34,6 +34,17 @@ log = logging.getLogger("kube_vgpu.certs")
 SECRET_TYPE = "kubernetes.io/tls"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "kube-vgpu"}
 WEBHOOK_CONFIGURATION = "mutatingwebhookconfigurations"
+# (client kind, API plural, kind as users read it) of the two configurations `certs patch` writes.
+MUTATING: tuple[Kind, str, str] = (
+    "mutatingwebhookconfiguration",
+    WEBHOOK_CONFIGURATION,
+    "MutatingWebhookConfiguration",
+)
+VALIDATING: tuple[Kind, str, str] = (
+    "validatingwebhookconfiguration",
+    "validatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration",
+)
 # Each retry follows a conflict, i.e. another writer's success; more than a few in a row means a
 # writer that disagrees with us (another tool owning the Secret), and looping would only fight it.
 ATTEMPTS = 5
@@ -203,19 +214,34 @@ def read_ca(kube: Kube, *, namespace: str, secret_name: str) -> bytes:
 
 
 def patch_ca_bundle(kube: Kube, *, webhook_name: str, namespace: str, secret_name: str) -> PatchOutcome:
-    """Write the Secret's `ca.crt` into every webhook's `clientConfig.caBundle`, where it differs."""
+    """Write the Secret's `ca.crt` into every webhook's `clientConfig.caBundle`, where it differs.
+
+    Both admission phases are served by the one server (SPEC §2), so the CA goes into the
+    MutatingWebhookConfiguration and the ValidatingWebhookConfiguration of that name; the latter
+    is skipped when absent (a release installed by an older chart has none).
+    """
     ca_pem = read_ca(kube, namespace=namespace, secret_name=secret_name)
+    mutating = _patch_configuration(kube, MUTATING, webhook_name, ca_pem, required=True)
+    validating = _patch_configuration(kube, VALIDATING, webhook_name, ca_pem, required=False)
+    return PatchOutcome(mutating.patched + validating.patched, mutating.webhooks + validating.webhooks)
+
+
+def _patch_configuration(
+    kube: Kube, target: tuple[Kind, str, str], webhook_name: str, ca_pem: bytes, *, required: bool
+) -> PatchOutcome:
+    kind, plural, title = target
     refused: tuple[str, ApiError] | None = None  # the version a patch was refused on, and why
     for attempt in range(1, ATTEMPTS + 1):
-        configuration = _get(kube, "mutatingwebhookconfiguration", WEBHOOK_CONFIGURATION, webhook_name, None)
+        configuration = _get(kube, kind, plural, webhook_name, None)
         if configuration is None:
-            raise NotFoundError(f"MutatingWebhookConfiguration {webhook_name} not found")
+            if not required:
+                log.info("event=ca_bundle_no_configuration kind=%s name=%s", title, webhook_name)
+                return PatchOutcome([], 0)
+            raise NotFoundError(f"{title} {webhook_name} not found")
         version = str((configuration.get("metadata") or {}).get("resourceVersion", ""))
         if refused is not None and refused[0] == version:
             # Nothing changed since the refusal, so it was not a race: retrying would fail the same way.
-            raise InvalidError(
-                f"MutatingWebhookConfiguration {webhook_name} refused the caBundle patch: {refused[1]}"
-            )
+            raise InvalidError(f"{title} {webhook_name} refused the caBundle patch: {refused[1]}")
         webhooks = configuration.get("webhooks") or []
         operations = ca_bundle_patch(configuration, ca_pem)
         if not operations:
@@ -223,7 +249,7 @@ def patch_ca_bundle(kube: Kube, *, webhook_name: str, namespace: str, secret_nam
             return PatchOutcome([], len(webhooks))
         names = [op["value"] for op in operations if op["op"] == "test"]
         try:
-            kube.patch("mutatingwebhookconfiguration", webhook_name, operations, patch_type="json")
+            kube.patch(kind, webhook_name, operations, patch_type="json")
         except ApiError as exc:
             # 422: a `test` failed (the list changed since it was read); 409: a concurrent write.
             if exc.status in (409, 422):
@@ -235,12 +261,11 @@ def patch_ca_bundle(kube: Kube, *, webhook_name: str, namespace: str, secret_nam
                     exc.message,
                 )
                 continue
-            _raise_api(exc, kube, "patch", WEBHOOK_CONFIGURATION, None)
+            _raise_api(exc, kube, "patch", plural, None)
         except ApiUnavailable as exc:
-            _raise_api(exc, kube, "patch", WEBHOOK_CONFIGURATION, None)
+            _raise_api(exc, kube, "patch", plural, None)
         log.info("event=ca_bundle_patched configuration=%s webhooks=%s", webhook_name, ",".join(names))
         return PatchOutcome(names, len(webhooks))
     raise CertsError(
-        f"MutatingWebhookConfiguration {webhook_name} kept changing while being patched; "
-        f"gave up after {ATTEMPTS} tries"
+        f"{title} {webhook_name} kept changing while being patched; gave up after {ATTEMPTS} tries"
     )

@@ -54,10 +54,15 @@ class WebhookConfig:
     max_affinity_terms: int = 128
     max_affinity_expressions: int = 2048
     deny_privileged: bool = True
-    # /readyz turns false when the cluster cache has heard nothing from the API for this long.
+    # /readyz turns false, and quota decisions are refused, when the cluster cache has heard nothing
+    # from the API for this long; a quota reservation whose pod the cache has not shown lives exactly
+    # as long, so a reservation can never expire while the cache still looks fresh (issue 12).
     cache_staleness_seconds: float = 120.0
-    # An admitted pod that never shows up in the cache stops counting against quota after this.
-    quota_pending_seconds: float = 60.0
+    # Who may add, change or remove the scheduler-owned pod annotations (SPEC §2.2 step 2).
+    annotation_writers: tuple[str, ...] = ("system:serviceaccount:volcano-system:volcano-scheduler",)
+    # 1-100: /mutate writes this vgpu-cores into vGPU containers that state none; 0: it does not,
+    # and such a container is charged a whole GPU's cores (100 per vGPU) against a cores quota.
+    default_cores: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,10 @@ def _check_value(where: str, value: Any, annotation: str) -> Any:
         ):
             raise ConfigError(f"{where}: expected a list of integers, got {value!r}")
         return tuple(value)
+    if annotation == "tuple[str, ...]":
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{where}: expected a list of non-empty strings, got {value!r}")
+        return tuple(value)
     if annotation == "Mode":
         if value not in MODES:
             raise ConfigError(f"{where}: expected one of {', '.join(MODES)}, got {value!r}")
@@ -169,6 +178,11 @@ def parse_config(text: str, *, source: str = "config") -> Config:
         webhook=_build_section(WebhookConfig, f"{source}: webhook", raw.get("webhook")),
         node=_build_section(NodeConfig, f"{source}: node", raw.get("node")),
     )
+    if config.webhook.default_cores > 100:
+        raise ConfigError(
+            f"{source}: webhook.defaultCores: expected 0 (off) to 100 (percent of one GPU), "
+            f"got {config.webhook.default_cores}"
+        )
     names = config.resource_names.all()
     if len(set(names)) != len(names):
         raise ConfigError(f"{source}: resourceNames must be four different names, got {list(names)}")

@@ -62,7 +62,7 @@ MODEL_LABEL_PREFIX: Final = "gpu-model.kube-vgpu.io/"
 UUID_LABEL_PREFIX: Final = "gpu-uuid.kube-vgpu.io/"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
-# Opt-out label on a namespace or pod.
+# Opt-out label on a namespace (SPEC §1); on a pod it exempts nothing, a pod's labels being its author's.
 OPT_OUT_LABEL: Final = "kube-vgpu.io/webhook"
 OPT_OUT_VALUE: Final = "ignore"
 

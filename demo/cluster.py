@@ -27,6 +27,7 @@ from contract.mig_geometry_default import device_config_for
 from contract.names import DEVICE_CONFIG_KEY, HOSTNAME_LABEL
 from demo.examples import NamespaceSpec, NodeSpec
 from kubeapi.client import Kube
+from kubeapi.permissions import Component
 from node.plugin import NodePlugin, PluginSettings
 from node.simnvml import load_simulation
 from standins.apiserver import ApiServerStandin
@@ -68,8 +69,15 @@ class LocalCluster:
     ca_pem: bytes = b""
     _kubes: list[Kube] = field(default_factory=list)
 
-    def kube(self) -> Kube:
-        """A fresh API client for one component, as each process in a cluster has its own."""
+    def kube(self, component: Component) -> Kube:
+        """A fresh API client for one component, as each process in a cluster has its own, held to
+        the calls `kubeapi.permissions` declares for it (what its RBAC would allow)."""
+        client = Kube(self.apiserver.api_client(), component=component)
+        self._kubes.append(client)
+        return client
+
+    def _volcano_kube(self) -> Kube:
+        # The scheduler stand-in is not ours: its client is not held to our components' RBAC.
         client = Kube(self.apiserver.api_client())
         self._kubes.append(client)
         return client
@@ -106,7 +114,7 @@ class LocalCluster:
         # A blocking client call: off the loop, which serves the API server stand-in.
         self.volcano = await asyncio.to_thread(
             volcano_from_cluster,
-            self.kube(),
+            self._volcano_kube(),
             namespace=self.config.node.device_config_namespace,
             name=self.config.node.device_config_name,
             scheduler_name=self.config.webhook.scheduler_name,
@@ -140,7 +148,7 @@ class LocalCluster:
             # The XID wait blocks a thread until it times out; short waits make Ctrl-C quick.
             xid_wait_ms=250,
         )
-        kube = self.kube()
+        kube = self.kube("node")
         plugin = NodePlugin(settings, nvml, kube)
         admission = KubeletAdmission(kubelet, self.apiserver, spec.name, plugin.resource_name)
         node = self.nodes[spec.name] = SimulatedNode(spec, kubelet, plugin, nvml, kube, admission)
@@ -171,7 +179,7 @@ class LocalCluster:
         write_material(tls, {CA_CERT: ca.cert_pem, TLS_CERT: serving.cert_pem, TLS_KEY: serving.key_pem})
         self.ca_pem = ca.cert_pem
         options = Options(tls_cert_file=tls / TLS_CERT, tls_key_file=tls / TLS_KEY, port=0, host="127.0.0.1")
-        self.webhook = WebhookServer(options, self.config, kube=self.kube())
+        self.webhook = WebhookServer(options, self.config, kube=self.kube("webhook"))
         await self.webhook.start()
         await asyncio.wait_for(self.webhook.cache.wait_synced(), 15)
 

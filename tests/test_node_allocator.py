@@ -148,7 +148,7 @@ async def test_an_entry_consumed_by_another_writer_is_not_taken_again(h: Harness
     assert h.plugin.metrics is not None
     h.api.put(one_gpu_pod("first", mem=1001, vgpu_time="100"))
     h.api.put(one_gpu_pod("second", mem=1002, vgpu_time="101"))
-    kube = Kube(h.api.api_client())
+    kube = Kube(h.api.api_client(), component="node")
     racing = RacingApi(kube, h.api)
     allocator = Allocator(
         racing,

@@ -67,7 +67,7 @@ async def test_load_reads_the_configured_configmap_through_the_api(apiserver: Ap
             "kube-system", "volcano-vgpu-device-config", {"device-config.yaml": DEFAULT_DEVICE_CONFIG_YAML}
         )
     )
-    kube = Kube(apiserver.api_client())
+    kube = Kube(apiserver.api_client(), component="node")
     try:
         node = NodeConfig(device_config_namespace="gpu-system", device_config_name="my-geometry")
         loaded = await load_geometry(kube, node, stop=asyncio.Event())
@@ -83,7 +83,7 @@ async def test_load_reads_the_configured_configmap_through_the_api(apiserver: Ap
 
 
 async def test_load_falls_back_when_the_configmap_is_absent(apiserver: ApiServerStandin) -> None:
-    kube = Kube(apiserver.api_client())
+    kube = Kube(apiserver.api_client(), component="node")
     try:
         loaded = await load_geometry(kube, NodeConfig(), stop=asyncio.Event())
     finally:
@@ -95,7 +95,7 @@ async def test_load_retries_while_the_api_is_down_until_it_answers_or_stop(
     apiserver: ApiServerStandin,
 ) -> None:
     apiserver.set_outage(True)
-    kube = Kube(apiserver.api_client(), timeout=(0.5, 0.5))
+    kube = Kube(apiserver.api_client(), timeout=(0.5, 0.5), component="node")
     try:
         stop = asyncio.Event()
         waiting = asyncio.create_task(load_geometry(kube, NodeConfig(), stop=stop, retry_seconds=0.05))
@@ -115,7 +115,7 @@ async def test_load_retries_while_the_api_is_down_until_it_answers_or_stop(
 
 async def test_no_permission_to_read_the_configmap_stops_the_plugin(apiserver: ApiServerStandin) -> None:
     apiserver.deny("get", "configmaps")
-    kube = Kube(apiserver.api_client())
+    kube = Kube(apiserver.api_client(), component="node")
     try:
         with pytest.raises(MigConfigError, match="may not read it"):
             await load_geometry(kube, NodeConfig(), stop=asyncio.Event())

@@ -221,7 +221,7 @@ async def running_plugin(
     if nvml is None:
         nvml = load_simulation(sim or simulation(), NODE)
         nvml.nvmlInit()
-    kube = Kube(api.api_client())
+    kube = Kube(api.api_client(), component="node")
     kubelet = KubeletStandin(kubelet_dir, on_register=on_register)
     plugin = NodePlugin(plugin_settings(kubelet_dir, tmp, **node), nvml, kube)
     try:

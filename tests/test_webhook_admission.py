@@ -1,10 +1,9 @@
-"""The pure admission pipeline (SPEC §2 except quota arithmetic): each rule with a pod that triggers it
+"""The pure mutating pipeline (SPEC §2.1; safety as in §2.2): each rule with a pod that triggers it
 and one that must not; every patch applied with jsonpatch and admitted again to check idempotence.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,9 +40,8 @@ from contract.names import (
     VGPU_MODE_ALIAS,
     VGPU_NODE,
 )
-from contract.resources import PodRequest
 from webhook.admission import Admission
-from webhook.gates import AllowAllQuota, QuotaGate, StaticView
+from webhook.gates import StaticView
 from webhook.inventory import Inventory
 from webhook.review import Verdict, parse_review
 from webhook.selectors import ORIGINAL_USE_GPUTYPE
@@ -67,13 +65,12 @@ def admit(
     nodes: Sequence[Mapping[str, Any]] = NODES,
     webhook: WebhookConfig | None = None,
     namespaces: Mapping[str, Mapping[str, str]] | None = None,
-    quota: QuotaGate | None = None,
     operation: str = "CREATE",
     kind: str = "Pod",
 ) -> tuple[Verdict, dict[str, Any]]:
     """Admit `obj`; return the verdict and the patched pod, after checking re-admission is a no-op."""
     config = Config(webhook=webhook or WebhookConfig())
-    admission = Admission(config, StaticView(inventory(nodes), namespaces), quota or AllowAllQuota())
+    admission = Admission(config, StaticView(inventory(nodes), namespaces))
     verdict = admission.review(parse_review_dict(review(obj, operation=operation, kind=kind)))
     patched = apply(obj, verdict.patch)
     if verdict.allowed:
@@ -121,10 +118,12 @@ def test_other_kinds_and_operations_pass_untouched(operation: str, kind: str) ->
     assert verdict.allowed and list(verdict.patch) == []
 
 
-def test_opt_out_label_on_pod_or_namespace_passes_untouched() -> None:
+def test_opt_out_label_on_a_namespace_passes_untouched_but_not_on_a_pod() -> None:
     forged = {VGPU_NODE: "x"}
-    opted = pod(container(memory="3Gi"), annotations=forged, labels={"kube-vgpu.io/webhook": "ignore"})
-    assert admit(opted)[0] == Verdict(allowed=True)
+    opted = pod(container(memory=100), annotations=forged, labels={"kube-vgpu.io/webhook": "ignore"})
+    # A pod's labels are its author's (SPEC §1): the label exempts nothing.
+    verdict, _ = admit(opted)
+    assert not verdict.allowed and verdict.reason == "forged-annotation"
     in_ns = pod(container(memory=100), namespace="batch")
     verdict, _ = admit(in_ns, namespaces={"batch": {"kube-vgpu.io/webhook": "ignore"}})
     assert verdict == Verdict(allowed=True)
@@ -398,67 +397,3 @@ def test_malformed_values_are_denied_naming_container_key_and_value(
         and expected in verdict.message
         and "volcano.sh/vgpu-" in verdict.message
     )
-
-
-# --- step 4: the quota hook ---------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class RecordingQuota:
-    answer: str | None = None
-    calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-    def admit(
-        self,
-        *,
-        namespace: str,
-        namespace_labels: Mapping[str, str],
-        pod: Mapping[str, Any],
-        request: PodRequest,
-        largest_gpu_mib: int | None,
-        review_uid: str,
-        dry_run: bool,
-    ) -> str | None:
-        self.calls.append(
-            {
-                "namespace": namespace,
-                "labels": namespace_labels,
-                "pod": pod,
-                "request": request,
-                "largest": largest_gpu_mib,
-                "uid": review_uid,
-                "dry_run": dry_run,
-            }
-        )
-        return self.answer
-
-
-def test_quota_step_runs_last_with_the_largest_gpu_the_pod_may_land_on() -> None:
-    quota = RecordingQuota()
-    namespaces = {"default": {"quota.kube-vgpu.io/vgpu-memory": "1000"}}
-    obj = pod(container(percent=50), annotations={USE_GPUTYPE: "A100,A10"})
-    verdict, _ = admit(obj, quota=quota, namespaces=namespaces)
-    assert verdict.allowed
-    call = quota.calls[0]
-    assert call["largest"] == 40960 and call["uid"] == "review-1" and call["labels"] == namespaces["default"]
-    assert call["pod"]["spec"]["schedulerName"] == "volcano" and call["request"].app[0].memory_percent == 50
-    mig = RecordingQuota()
-    admit(pod(container(percent=50), annotations={VGPU_MODE: "mig"}), quota=mig)
-    assert mig.calls[0]["largest"] == 81920
-
-    refusing = RecordingQuota(answer="namespace default: vgpu-memory ...")
-    verdict, _ = admit(obj, quota=refusing)
-    assert (
-        not verdict.allowed and verdict.reason == "quota" and verdict.message.startswith("namespace default")
-    )
-    # Denied earlier: the quota step is not asked.
-    late = RecordingQuota()
-    admit(pod(container(memory="3Gi")), quota=late)
-    assert late.calls == []
-
-
-def test_dry_run_is_passed_to_quota() -> None:
-    quota = RecordingQuota()
-    admission = Admission(Config(), StaticView(inventory()), quota)
-    admission.review(parse_review_dict(review(pod(container(memory=1)), dry_run=True)))
-    assert quota.calls[0]["dry_run"] is True

@@ -43,7 +43,9 @@ def clock() -> FakeClock:
 async def cache(apiserver: ApiServerStandin, tmp_path: Path, clock: FakeClock) -> AsyncIterator[ClusterCache]:
     apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
     apiserver.put(pod(name="p1") | {"metadata": {"name": "p1", "namespace": "default", "uid": "u1"}})
-    kube = Kube(load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))))
+    kube = Kube(
+        load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))), component="webhook"
+    )
     cache = ClusterCache(
         kube,
         staleness_seconds=30,

@@ -36,7 +36,7 @@ from contract.names import NOUSE_GPUTYPE, NOUSE_GPUUUID, USE_GPUTYPE, USE_GPUUUI
 from standins.apiserver import ApiServerStandin
 from webhook import affinity
 from webhook.admission import Admission
-from webhook.gates import AllowAllQuota, StaticView
+from webhook.gates import StaticView
 from webhook.inventory import Inventory
 from webhook.review import Verdict, decode_patch, parse_review
 
@@ -70,7 +70,7 @@ def admit(obj: Mapping[str, Any], webhook: WebhookConfig = DEFAULTS) -> tuple[Ve
     inv = Inventory()
     for node in NODES:
         inv.upsert(node)
-    admission = Admission(Config(webhook=webhook), StaticView(inv), AllowAllQuota())
+    admission = Admission(Config(webhook=webhook), StaticView(inv))
     verdict = admission.review(parse_review(json.dumps(review(obj)).encode()))
     patched = apply(obj, verdict.patch)
     if verdict.allowed:

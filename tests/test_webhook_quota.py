@@ -1,4 +1,4 @@
-"""Namespace GPU quotas at admission (SPEC §2 step 4): limits, charges, messages, relabels, dryRun."""
+"""Namespace GPU quotas at admission (SPEC §2.2 step 1): limits, charges, messages, relabels, dryRun."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_a_pod_that_fills_the_quota_exactly_is_admitted_and_the_next_is_not() ->
     gate = make_gate()
     gate.ledger.pod_seen(in_cache(make_pod(65536, name="old")))
     assert admit(gate, make_pod(16384, name="fits"), MEM_80G) is None
-    assert gate.ledger.usage("team-a") == Charge(2, 81920, 0)
+    assert gate.ledger.usage("team-a") == Charge(2, 81920, 200)
     assert "in use 81920 MiB of 81920 MiB" in (admit(gate, make_pod(1, name="one-more"), MEM_80G) or "")
 
 
@@ -92,7 +92,7 @@ def test_a_share_of_a_card_with_no_gpu_to_size_it_is_denied_only_under_a_memory_
     message = admit(gate, make_pod(None, percent=50, name="a"), MEM_80G, gpu=None)
     assert message is not None and "vgpu-memory" in message and "team-a" in message
     assert admit(gate, make_pod(None, percent=50, name="a"), {QUOTA_NUMBER_LABEL: "1"}, gpu=None) is None
-    assert gate.ledger.usage("team-a") == Charge(1, 0, 0)
+    assert gate.ledger.usage("team-a") == Charge(1, 0, 100)
 
 
 def test_dry_run_is_decided_the_same_way_and_reserves_nothing() -> None:
@@ -102,7 +102,7 @@ def test_dry_run_is_decided_the_same_way_and_reserves_nothing() -> None:
     assert admit(gate, make_pod(16385, name="a"), MEM_80G, dry_run=True) == (
         "namespace team-a: vgpu-memory quota exceeded: requested 16385 MiB, in use 65536 MiB of 81920 MiB"
     )
-    assert gate.ledger.usage("team-a") == Charge(1, 65536, 0)
+    assert gate.ledger.usage("team-a") == Charge(1, 65536, 100)
     assert gate.ledger.reserved("team-a") == Charge()
 
 
@@ -121,9 +121,9 @@ def test_init_containers_are_charged_as_kubernetes_counts_them() -> None:
     ]
     labels = {QUOTA_MEMORY_LABEL: "16000", QUOTA_NUMBER_LABEL: "2"}
     assert admit(gate, p, labels) is None
-    assert gate.ledger.usage("team-a") == Charge(2, 16000, 0)
+    assert gate.ledger.usage("team-a") == Charge(2, 16000, 200)
     gate.ledger.pod_seen(in_cache(p))
-    assert gate.ledger.usage("team-a") == Charge(2, 16000, 0)
+    assert gate.ledger.usage("team-a") == Charge(2, 16000, 200)
 
 
 def test_the_gate_is_the_quota_step_the_admission_pipeline_calls() -> None:
@@ -135,7 +135,7 @@ def test_the_gate_is_the_quota_step_the_admission_pipeline_calls() -> None:
         pod=p,
         request=parse_pod(p, NAMES),
         largest_gpu_mib=None,
-        review_uid="r",
+        pod_uid="r",
         dry_run=False,
     )
 

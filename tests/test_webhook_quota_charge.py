@@ -1,4 +1,4 @@
-"""Quota arithmetic (SPEC §2 step 4): a pod's charge, the namespace labels, the denial wording."""
+"""Quota arithmetic (SPEC §2.2 step 1): a pod's charge, the namespace labels, the denial wording."""
 
 from __future__ import annotations
 
@@ -63,16 +63,17 @@ def charge_of(p: dict[str, Any], gpu_mib: int | None = 81920) -> Charge:
 
 def test_charge_is_number_times_memory_and_number_times_cores_per_container() -> None:
     p = pod(ctr("a", number=2, memory=3000, cores=30), ctr("b", number=1, memory=1024), ctr("plain"))
-    assert charge_of(p) == Charge(number=3, memory_mib=2 * 3000 + 1024, cores=60)
+    # "b" states no cores: it runs with no SM limit, so it is charged the whole GPU's 100.
+    assert charge_of(p) == Charge(number=3, memory_mib=2 * 3000 + 1024, cores=60 + 100)
 
 
 def test_memory_only_counts_as_one_vgpu() -> None:
-    assert charge_of(pod(ctr("a", memory=4096))) == Charge(1, 4096, 0)
+    assert charge_of(pod(ctr("a", memory=4096))) == Charge(1, 4096, 100)
 
 
 def test_cores_only_or_number_only_holds_a_whole_card_per_vgpu() -> None:
     # Volcano books MemPercentagereq 100 when neither memory nor percentage is given.
-    assert charge_of(pod(ctr("a", number=2)), gpu_mib=40960) == Charge(2, 81920, 0)
+    assert charge_of(pod(ctr("a", number=2)), gpu_mib=40960) == Charge(2, 81920, 200)
     assert charge_of(pod(ctr("a", cores=50)), gpu_mib=40960) == Charge(1, 40960, 50)
 
 
@@ -95,14 +96,14 @@ def test_percentage_without_a_gpu_size_is_refused_to_size() -> None:
 
 
 def test_init_containers_count_as_kubernetes_does_per_resource() -> None:
-    # init: 4 vGPUs x 1000 MiB, 0 cores; app: 2 x (1 vGPU, 3000 MiB, 40 cores).
-    # number: max(4, 2) = 4; memory: max(4000, 6000) = 6000; cores: max(0, 80) = 80.
+    # init: 4 vGPUs x 1000 MiB, no SM limit (400); app: 2 x (1 vGPU, 3000 MiB, 40 cores).
+    # number: max(4, 2) = 4; memory: max(4000, 6000) = 6000; cores: max(400, 80) = 400.
     p = pod(
         ctr("app1", number=1, memory=3000, cores=40),
         ctr("app2", number=1, memory=3000, cores=40),
         init=(ctr("setup", number=4, memory=1000), ctr("small", memory=500)),
     )
-    assert charge_of(p) == Charge(number=4, memory_mib=6000, cores=80)
+    assert charge_of(p) == Charge(number=4, memory_mib=6000, cores=400)
 
 
 def test_a_larger_init_container_than_all_apps_sets_the_charge() -> None:
@@ -118,7 +119,7 @@ def test_sidecar_init_containers_add_to_the_app_containers() -> None:
     )
     assert restartable_init_flags(p) == (True, False)
     # apps + sidecar = 2 x, 3000 MiB; setup runs beside the sidecar: 2 x, 7000 MiB.
-    assert charge_of(p) == Charge(2, 7000, 0)
+    assert charge_of(p) == Charge(2, 7000, 200)
 
 
 def test_scheduler_booking_replaces_the_percentage_arithmetic() -> None:
@@ -138,10 +139,14 @@ def test_scheduler_booking_replaces_the_percentage_arithmetic() -> None:
         annotations={VGPU_IDS_NEW: booking},
     )
     request = parse_pod(p, NAMES)
-    assert booked_memory(p, request) == {"pct": 20480, "fixed": 2000}
-    assert not pod_needs_gpu_size(request, booked_memory(p, request))
+    sizes = {"GPU-aaaaaaaa-0000-0000-0000-000000000001": 40960}
+    assert booked_memory(p, request, sizes.get) == {"pct": 20480, "fixed": 2000}
+    assert not pod_needs_gpu_size(request, booked_memory(p, request, sizes.get))
     # Booked on a 40 GiB card: 20480 MiB, whatever the largest GPU in the cluster is.
-    assert charge_of(p, gpu_mib=None) == Charge(3, 22480, 20)
+    booked = booked_memory(p, request, sizes.get)
+    assert pod_charge(request, gpu_mib=None, booked_mib=booked) == Charge(3, 22480, 100 + 20)
+    # A percentage booked on a GPU the cluster does not know cannot be checked: not believed.
+    assert booked_memory(p, request) == {}
 
 
 @pytest.mark.parametrize("booking", ["garbage", "GPU-x,NVIDIA,1,0:", ""])

@@ -41,7 +41,7 @@ def test_a_terminal_pod_frees_its_share(phase: str) -> None:
     # Later events about the finished pod, and its deletion, change nothing.
     gate.ledger.pod_seen(done)
     gate.ledger.pod_gone(done)
-    assert gate.ledger.usage("team-a") == Charge(1, 81920, 0)
+    assert gate.ledger.usage("team-a") == Charge(1, 81920, 100)
 
 
 def test_a_terminating_pod_counts_until_its_grace_period_has_passed_twice_like_kubernetes() -> None:
@@ -63,7 +63,7 @@ def test_an_admitted_pod_that_never_appears_stops_counting_after_the_pending_tim
     assert admit(gate, make_pod(81920, generate_name="job-"), MEM_80G) is None
     clocks.advance(PENDING - 0.5)
     assert admit(gate, make_pod(1, name="b"), MEM_80G) is not None
-    assert gate.ledger.reserved("team-a") == Charge(1, 81920, 0)
+    assert gate.ledger.reserved("team-a") == Charge(1, 81920, 100)
     clocks.advance(0.5)
     assert gate.ledger.reserved("team-a") == Charge()
     assert admit(gate, make_pod(81920, name="b"), MEM_80G) is None
@@ -75,14 +75,14 @@ def test_a_pod_appearing_in_the_cache_replaces_its_reservation_and_is_counted_on
     labels = {QUOTA_MEMORY_LABEL: "4096"}
     assert admit(gate, make_pod(1024, name="named"), labels) is None
     assert admit(gate, make_pod(1024, generate_name="rs-abc-"), labels) is None
-    assert gate.ledger.usage("team-a") == Charge(2, 2048, 0)
+    assert gate.ledger.usage("team-a") == Charge(2, 2048, 200)
     gate.ledger.pod_seen(in_cache(make_pod(1024, name="named")))
     gate.ledger.pod_seen(in_cache(make_pod(1024, generate_name="rs-abc-")))
-    assert gate.ledger.usage("team-a") == Charge(2, 2048, 0)
+    assert gate.ledger.usage("team-a") == Charge(2, 2048, 200)
     assert gate.ledger.reserved("team-a") == Charge()
     # Long after the pending time, the pods still count: they are pods now, not reservations.
     clocks.advance(10 * PENDING)
-    assert gate.ledger.usage("team-a") == Charge(2, 2048, 0)
+    assert gate.ledger.usage("team-a") == Charge(2, 2048, 200)
 
 
 def test_generate_name_matching_prefers_the_identical_charge_then_the_oldest() -> None:
@@ -91,14 +91,14 @@ def test_generate_name_matching_prefers_the_identical_charge_then_the_oldest() -
     assert admit(gate, make_pod(3000, generate_name="w-"), {}) is None
     assert admit(gate, make_pod(5000, generate_name="other-"), {}) is None
     gate.ledger.pod_seen(in_cache(make_pod(3000, generate_name="w-")))
-    assert gate.ledger.reserved("team-a") == Charge(2, 6000, 0)  # the 3000 reservation retired
+    assert gate.ledger.reserved("team-a") == Charge(2, 6000, 200)  # the 3000 reservation retired
     # A pod whose charge matches none of its prefix (sized differently) retires the oldest.
     gate.ledger.pod_seen(in_cache(make_pod(1500, generate_name="w-")))
-    assert gate.ledger.reserved("team-a") == Charge(1, 5000, 0)
+    assert gate.ledger.reserved("team-a") == Charge(1, 5000, 100)
     # Another prefix, or a name that does not start with the prefix, claims nothing.
     gate.ledger.pod_seen(in_cache(make_pod(5000, generate_name="w-")))
     gate.ledger.pod_seen(in_cache(make_pod(5000, generate_name="other-"), name="renamed"))
-    assert gate.ledger.reserved("team-a") == Charge(1, 5000, 0)
+    assert gate.ledger.reserved("team-a") == Charge(1, 5000, 100)
 
 
 def test_later_events_for_a_known_pod_claim_no_further_reservation() -> None:
@@ -108,8 +108,8 @@ def test_later_events_for_a_known_pod_claim_no_further_reservation() -> None:
     first = in_cache(make_pod(1000, generate_name="w-"))
     for phase in ("Pending", "Running", "Running"):
         gate.ledger.pod_seen({**first, "status": {"phase": phase}})
-    assert gate.ledger.reserved("team-a") == Charge(1, 1000, 0)
-    assert gate.ledger.usage("team-a") == Charge(2, 2000, 0)
+    assert gate.ledger.reserved("team-a") == Charge(1, 1000, 100)
+    assert gate.ledger.usage("team-a") == Charge(2, 2000, 200)
 
 
 def test_a_retried_review_or_a_second_create_of_one_name_is_booked_once() -> None:
@@ -121,7 +121,7 @@ def test_a_retried_review_or_a_second_create_of_one_name_is_booked_once() -> Non
     other = make_gate()
     assert admit(other, make_pod(2048, name="x"), labels) is None
     assert admit(other, make_pod(2048, name="x"), labels) is None
-    assert other.ledger.usage("team-a") == Charge(1, 2048, 0)
+    assert other.ledger.usage("team-a") == Charge(1, 2048, 100)
 
 
 def test_a_pods_charge_is_frozen_until_the_scheduler_books_it() -> None:
@@ -164,7 +164,7 @@ def test_a_relist_drops_pods_that_are_gone_and_keeps_the_rest() -> None:
     assert admit(gate, make_pod(500, generate_name="new-"), {}) is None
     new = in_cache(make_pod(500, generate_name="new-"))
     gate.ledger.resync([keep, new])
-    assert gate.ledger.usage("team-a") == Charge(2, 1500, 0)
+    assert gate.ledger.usage("team-a") == Charge(2, 1500, 200)
     assert gate.ledger.reserved("team-a") == Charge()
     assert gate.ledger.usage("team-b") == Charge()
     assert set(gate.ledger.namespaces()) == {"team-a"}
@@ -193,7 +193,7 @@ async def _review(gate: NamespaceQuota, index: int, labels: Mapping[str, str], r
         pod=p,
         request=parse_pod(p, NAMES),
         largest_gpu_mib=81920,
-        review_uid=f"burst-{index}",
+        pod_uid=f"burst-{index}",
         dry_run=False,
     )
     await asyncio.sleep(0)

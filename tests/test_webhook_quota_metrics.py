@@ -31,7 +31,7 @@ def admit(gate: NamespaceQuota, pod: Mapping[str, Any], labels: Mapping[str, str
         pod=pod,
         request=parse_pod(pod, NAMES),
         largest_gpu_mib=81920,
-        review_uid=review,
+        pod_uid=review,
         dry_run=False,
     )
 

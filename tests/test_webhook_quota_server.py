@@ -1,8 +1,9 @@
 """Namespace quotas through the real webhook: HTTPS AdmissionReviews, the cache fed by the stand-in API.
 
-200 reviews fired at once at a namespace with room for exactly 37 admit exactly 37; the admitted pods,
-once created, are counted once (their reservations retire); deleting pods and relabelling the
-namespace take effect through the watch, without a restart.
+200 pod creates fired at once, each through both phases as the API server runs them (mutate, then
+name and uid, then validate: `standins.admission_chain`), at a namespace with room for exactly 37
+admit exactly 37; the admitted pods, once created, are counted once (their reservations retire by
+uid); deleting pods and relabelling the namespace take effect through the watch, without a restart.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_webhook_support import A100, ThreadedWebhook, apply, container, gpu_node, review, write_tls
+from test_webhook_support import A100, ThreadedWebhook, container, gpu_node, write_tls
 
 from contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL
+from standins.admission_chain import AdmissionChain, Admitted
 from standins.apiserver import ApiServerStandin
-from webhook.review import decode_patch
 
 NAMESPACE = "team-q"
 ROOM = 37
@@ -59,14 +60,10 @@ class Client:
         self.session = session
         self.base = f"https://127.0.0.1:{webhook.port}"
         self.context: ssl.SSLContext = webhook.tls.client_context()
+        self.chain = AdmissionChain(session, self.base, webhook.tls.ca.cert_pem)
 
-    async def admit(self, obj: Mapping[str, Any], uid: str, *, dry_run: bool = False) -> dict[str, Any]:
-        body = review(obj, uid=uid, dry_run=dry_run)
-        async with self.session.post(f"{self.base}/mutate", json=body, ssl=self.context) as response:
-            assert response.status == 200
-            answer: dict[str, Any] = await response.json()
-        assert answer["response"]["uid"] == uid
-        return answer
+    async def admit(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> Admitted:
+        return await self.chain.create(obj, dry_run=dry_run)
 
     async def quota(self, metric: str, resource: str = "vgpu-memory") -> float | None:
         async with self.session.get(f"{self.base}/metrics", ssl=self.context) as response:
@@ -95,32 +92,36 @@ async def test_two_hundred_concurrent_https_reviews_admit_exactly_37(
         assert await client.quota("kube_vgpu_quota_used") == 3 * 1024
 
         # dryRun is decided the same way and books nothing.
-        dry = await client.admit(burst_pod(), "dry", dry_run=True)
-        assert dry["response"]["allowed"]
+        dry = await client.admit(burst_pod(), dry_run=True)
+        assert dry.allowed
 
-        answers = await asyncio.gather(*(client.admit(burst_pod(), f"burst-{i}") for i in range(200)))
-        allowed = [a for a in answers if a["response"]["allowed"]]
-        denied = {a["response"]["status"]["message"] for a in answers if not a["response"]["allowed"]}
+        answers = await asyncio.gather(*(client.admit(burst_pod()) for _ in range(200)))
+        allowed = [a for a in answers if a.allowed]
+        denied = {(a.phase, a.message) for a in answers if not a.allowed}
         assert len(allowed) == ROOM
         assert denied == {
-            f"namespace {NAMESPACE}: vgpu-memory quota exceeded: "
-            f"requested 1024 MiB, in use {LIMIT_MIB} MiB of {LIMIT_MIB} MiB"
+            (
+                "validate",
+                f"namespace {NAMESPACE}: vgpu-memory quota exceeded: "
+                f"requested 1024 MiB, in use {LIMIT_MIB} MiB of {LIMIT_MIB} MiB",
+            )
         }
         assert await client.quota("kube_vgpu_quota_used") == LIMIT_MIB
         assert await client.quota("kube_vgpu_quota_reserved") == ROOM * 1024
         assert await client.quota("kube_vgpu_quota_limit") == LIMIT_MIB
 
-        # The API server creates the admitted pods (the patched objects, names generated there):
-        # each retires one reservation, and usage stays where it was, counted once.
-        created = [apiserver.put(apply(burst_pod(), decode_patch(a))) for a in allowed]
+        # The API server stores the admitted pods with the uids validation saw: each retires its
+        # own reservation, and usage stays where it was, counted once.
+        created = [apiserver.put(a.pod) for a in allowed]
+        assert {c["metadata"]["uid"] for c in created} == {a.pod["metadata"]["uid"] for a in allowed}
 
         async def reservations_retired() -> bool:
             return await client.quota("kube_vgpu_quota_reserved") == 0
 
         await client.wait_for(reservations_retired, "the admitted pods")
         assert await client.quota("kube_vgpu_quota_used") == LIMIT_MIB
-        refused = await client.admit(burst_pod(), "after-create")
-        assert not refused["response"]["allowed"]
+        refused = await client.admit(burst_pod())
+        assert not refused.allowed
 
         # Deleting two pods frees two pods' worth, at once.
         for obj in created[:2]:
@@ -130,9 +131,7 @@ async def test_two_hundred_concurrent_https_reviews_admit_exactly_37(
             return await client.quota("kube_vgpu_quota_used") == LIMIT_MIB - 2 * 1024
 
         await client.wait_for(freed, "the deletions")
-        assert [
-            (await client.admit(burst_pod(), f"refill-{i}"))["response"]["allowed"] for i in range(3)
-        ] == [
+        assert [(await client.admit(burst_pod())).allowed for _ in range(3)] == [
             True,
             True,
             False,
@@ -145,4 +144,4 @@ async def test_two_hundred_concurrent_https_reviews_admit_exactly_37(
             return await client.quota("kube_vgpu_quota_limit") == LIMIT_MIB + 10 * 1024
 
         await client.wait_for(relabelled, "the new label")
-        assert (await client.admit(burst_pod(), "after-relabel"))["response"]["allowed"]
+        assert (await client.admit(burst_pod())).allowed

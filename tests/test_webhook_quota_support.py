@@ -111,7 +111,7 @@ def admit(
         pod=p,
         request=parse_pod(p, NAMES),
         largest_gpu_mib=gpu,
-        review_uid=review or f"review-{next(_uids)}",
+        pod_uid=review or f"review-{next(_uids)}",
         dry_run=dry_run,
     )
 

@@ -50,7 +50,7 @@ from standins.apiserver import ApiServerStandin
 from standins.apiserver_selectors import LabelSelector, SelectorError
 from standins.volcano import Placement, VolcanoStandin, place
 from webhook.admission import Admission
-from webhook.gates import AllowAllQuota, StaticView
+from webhook.gates import StaticView
 from webhook.inventory import Inventory
 from webhook.review import Verdict, decode_patch, parse_review
 
@@ -78,7 +78,7 @@ def admit(
     inv = Inventory()
     for node in nodes:
         inv.upsert(node)
-    admission = Admission(Config(webhook=WebhookConfig(**webhook)), StaticView(inv), AllowAllQuota())
+    admission = Admission(Config(webhook=WebhookConfig(**webhook)), StaticView(inv))
     verdict = admission.review(parse_review(json.dumps(review(obj)).encode()))
     patched = apply(obj, verdict.patch)
     if verdict.allowed:

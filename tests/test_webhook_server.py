@@ -207,10 +207,11 @@ CASES = [
         lambda r, p: "write 3072" in r["status"]["message"] and "'t'" in r["status"]["message"],
     ),
     Case(
-        "opt-out-pod",
+        # A pod's labels are its author's: the namespace's opt-out label on a pod exempts nothing.
+        "opt-out-label-on-pod-exempts-nothing",
         pod(container(memory="3Gi"), labels={"kube-vgpu.io/webhook": "ignore"}),
-        True,
-        lambda r, p: "patch" not in r,
+        False,
+        lambda r, p: "write 3072" in r["status"]["message"],
     ),
     Case(
         "opt-out-namespace",
@@ -337,8 +338,21 @@ def test_request_path_makes_no_api_calls(webhook: ThreadedWebhook, apiserver: Ap
     assert apiserver.requests() == []
 
 
-def test_namespace_quota_is_enforced_through_the_wired_gate(webhook: ThreadedWebhook) -> None:
-    first, _ = admit_over_https(webhook, pod(container(number=1), namespace="small", name="a"), uid="q1")
-    assert first["allowed"]
-    second, _ = admit_over_https(webhook, pod(container(number=1), namespace="small", name="b"), uid="q2")
+def test_namespace_quota_is_enforced_by_the_validating_phase(webhook: ThreadedWebhook) -> None:
+    def validate(name: str) -> dict[str, Any]:
+        _, mutated = admit_over_https(webhook, pod(container(number=1), namespace="small", name=name))
+        mutated["metadata"]["uid"] = f"uid-{name}"
+        with contextlib.closing(webhook.connect()) as conn:
+            status, answer = post(conn, review(mutated, uid=f"v-{name}"), path="/validate")
+        assert status == 200 and "patch" not in answer["response"]
+        response: dict[str, Any] = answer["response"]
+        return response
+
+    # Mutation books nothing, however often it is called: quota is the validating phase's.
+    for again in range(3):
+        assert admit_over_https(webhook, pod(container(number=1), namespace="small"), uid=f"m{again}")[0][
+            "allowed"
+        ]
+    assert validate("a")["allowed"]
+    second = validate("b")
     assert not second["allowed"] and "small" in second["status"]["message"]

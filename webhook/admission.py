@@ -1,9 +1,11 @@
-"""The admission decision for one pod CREATE (SPEC §2): pure, no I/O, the pod before in and a verdict out.
+"""The mutating decision for one pod CREATE (SPEC §2.1): pure, no I/O, the pod before in and a verdict out.
 
 The pod is copied, every rule edits the copy, and the JSONPatch is the diff of the two documents,
 so a rule that changes nothing adds nothing to the patch and a second admission of the output is
-an empty patch. The order of the rules is the SPEC's: validation and safety first (a denial names
-what to fix), then defaults, scheduler, mode, selectors, and quota last, in `Admission._quota`.
+an empty patch. The order of the rules is the SPEC's: malformed values and safety first (a denial
+names what to fix), then defaults, scheduler, mode and selectors. Quota is not here: this phase may
+be called twice for one pod and sees no name or uid for a `generateName` pod, so quota is decided
+once, on the final object, by the validating phase (`webhook.validation`).
 """
 
 from __future__ import annotations
@@ -17,15 +19,22 @@ from contract.config import Config
 from contract.names import (
     OPT_OUT_LABEL,
     OPT_OUT_VALUE,
-    SCHEDULER_OWNED_ANNOTATIONS,
     VGPU_MODE,
 )
 from contract.resources import PodRequest, RequestError, iter_containers, parse_pod
 from webhook import affinity
-from webhook.gates import ClusterView, QuotaGate
+from webhook.gates import ClusterView
 from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
 from webhook.placement import Placement, clip, pending_warning, resolve_placement, rewrite_gputype
 from webhook.review import AdmissionRequest, Verdict, make_patch
+from webhook.safety import (
+    INVALID_ANNOTATION,
+    MALFORMED_VALUE,
+    NO_MATCHING_GPU,
+    OTHER_SCHEDULER,
+    Denied,
+    check_create,
+)
 from webhook.selectors import (
     AFFINITY_MARKER,
     SelectorError,
@@ -36,26 +45,10 @@ from webhook.selectors import (
 
 DEFAULT_SCHEDULER = "default-scheduler"
 
-# Denial reasons (the `reason` label of the denials metric).
-MALFORMED_VALUE = "malformed-value"
-INVALID_ANNOTATION = "invalid-annotation"
-FORGED_ANNOTATION = "forged-annotation"
-PRIVILEGED = "privileged"
-BYPASSES_SCHEDULER = "bypasses-scheduler"
-OTHER_SCHEDULER = "other-scheduler"
-NO_MATCHING_GPU = "no-matching-gpu"
+# Denial reason (the `reason` label of the denials metric) for a pod over a work limit.
 OVER_LIMIT = "over-limit"
-QUOTA = "quota"
 
 __all__ = ["Admission", "Denied", "Placement", "resolve_placement"]
-
-
-class Denied(Exception):
-    """A rule refused the pod; carries the metrics reason and the user's message."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        self.reason = reason
-        super().__init__(message)
 
 
 def _describe(sel: Selectors) -> str:
@@ -73,11 +66,10 @@ def _describe(sel: Selectors) -> str:
 
 @dataclass(frozen=True)
 class Admission:
-    """The decision pipeline with its configuration, cluster view and quota step."""
+    """The mutating pipeline with its configuration and cluster view."""
 
     config: Config
     view: ClusterView
-    quota: QuotaGate
 
     def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
@@ -85,22 +77,16 @@ class Admission:
             return Verdict(allowed=True)
         pod = request.object
         namespace = request.namespace or str((pod.get("metadata") or {}).get("namespace", ""))
-        labels = (pod.get("metadata") or {}).get("labels") or {}
+        # Only the namespace can opt out: a pod's labels are written by its author (SPEC §1).
         namespace_labels = self.view.namespace_labels(namespace) or {}
-        if OPT_OUT_VALUE in (labels.get(OPT_OUT_LABEL), namespace_labels.get(OPT_OUT_LABEL)):
+        if namespace_labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             return Verdict(allowed=True)
         try:
-            return self._mutate(request, pod, namespace, namespace_labels)
+            return self._mutate(pod)
         except Denied as denial:
             return Verdict(allowed=False, message=str(denial), reason=denial.reason)
 
-    def _mutate(
-        self,
-        request: AdmissionRequest,
-        pod: Mapping[str, Any],
-        namespace: str,
-        namespace_labels: Mapping[str, str],
-    ) -> Verdict:
+    def _mutate(self, pod: Mapping[str, Any]) -> Verdict:
         try:
             pod_request = parse_pod(pod, self.config.resource_names)
         except RequestError as exc:
@@ -108,7 +94,7 @@ class Admission:
         if not pod_request.asks_vgpu:
             return Verdict(allowed=True)
         annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
-        self._check_safety(pod, pod_request, annotations)
+        check_create(pod, pod_request, self.config)
         try:
             selectors = parse_selectors(annotations)
             canonical = canonical_annotations(annotations)
@@ -122,6 +108,7 @@ class Admission:
 
         after: dict[str, Any] = copy.deepcopy(dict(pod))
         self._default_number(after, pod_request)
+        self._default_cores(after, pod_request)
         self._set_scheduler(after)
         placement = resolve_placement(
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
@@ -148,72 +135,10 @@ class Admission:
             new_annotations.pop(AFFINITY_MARKER, None)
         after.setdefault("metadata", {})["annotations"] = new_annotations
 
-        refusal = self._quota(
-            request=request,
-            namespace=namespace,
-            namespace_labels=namespace_labels,
-            pod=after,
-            pod_request=pod_request,
-            placement=placement,
-        )
-        if refusal is not None:
-            raise Denied(QUOTA, refusal)
         return Verdict(allowed=True, patch=make_patch(pod, after), warnings=tuple(warnings))
 
-    def _quota(
-        self,
-        *,
-        request: AdmissionRequest,
-        namespace: str,
-        namespace_labels: Mapping[str, str],
-        pod: Mapping[str, Any],
-        pod_request: PodRequest,
-        placement: Placement,
-    ) -> str | None:
-        """SPEC §2 step 4: the one place the quota step is called."""
-        return self.quota.admit(
-            namespace=namespace,
-            namespace_labels=namespace_labels,
-            pod=pod,
-            request=pod_request,
-            largest_gpu_mib=placement.largest_gpu_mib,
-            review_uid=request.uid,
-            dry_run=request.dry_run,
-        )
-
-    def _check_safety(
-        self, pod: Mapping[str, Any], pod_request: PodRequest, annotations: Mapping[str, str]
-    ) -> None:
-        """SPEC §2 step 5: forged allocations, pods placed by hand, and privileged vGPU containers."""
-        node_name = (pod.get("spec") or {}).get("nodeName")
-        if node_name:
-            # Without the scheduler no GPU is chosen for the pod, and the node plugin would fail it
-            # at Allocate with a less helpful UnexpectedAdmissionError.
-            raise Denied(
-                BYPASSES_SCHEDULER,
-                f"spec.nodeName is set ({node_name}): a vGPU pod must be placed by the scheduler, which "
-                "chooses its GPUs; use nodeSelector kubernetes.io/hostname instead",
-            )
-        forged = [key for key in SCHEDULER_OWNED_ANNOTATIONS if key in annotations]
-        if forged:
-            raise Denied(
-                FORGED_ANNOTATION,
-                f"annotation(s) {', '.join(forged)} are written by the scheduler when it places a pod; "
-                "a new pod must not carry them",
-            )
-        if not self.config.webhook.deny_privileged:
-            return
-        for (container, _), parsed in zip(iter_containers(pod), pod_request.containers, strict=True):
-            security = container.get("securityContext") or {}
-            if parsed.asks_vgpu and security.get("privileged") is True:
-                raise Denied(
-                    PRIVILEGED,
-                    f"container {parsed.container!r}: privileged containers cannot use a vGPU "
-                    "(they see every GPU and escape the memory and core limits)",
-                )
-
     def _default_number(self, pod: dict[str, Any], pod_request: PodRequest) -> None:
-        """SPEC §2 step 0: a container asking only memory/percentage/cores gets `vgpu-number: 1`."""
+        """SPEC §2.1 step 0: a container asking only memory/percentage/cores gets `vgpu-number: 1`."""
         count = self.config.resource_names.count
         for (container, _), parsed in zip(iter_containers(pod), pod_request.containers, strict=True):
             if not parsed.asks_vgpu or parsed.number is not None:
@@ -226,8 +151,28 @@ class Admission:
                     amounts = resources[part] = {}
                 amounts[count] = "1"
 
+    def _default_cores(self, pod: dict[str, Any], pod_request: PodRequest) -> None:
+        """SPEC §2.2 step 1: with `defaultCores` set, a vGPU container stating no cores gets that limit.
+
+        Without it HAMi-core runs the container with no SM limit, and quota charges it a whole GPU.
+        """
+        cores = self.config.webhook.default_cores
+        if cores == 0:
+            return
+        name = self.config.resource_names.cores
+        for (container, _), parsed in zip(iter_containers(pod), pod_request.containers, strict=True):
+            if not parsed.asks_vgpu or parsed.cores is not None:
+                continue
+            assert isinstance(container, dict)  # the copy is made of plain dicts
+            resources = container.setdefault("resources", {})
+            for part in ("limits", "requests"):
+                amounts = resources.get(part)
+                if not isinstance(amounts, dict):
+                    amounts = resources[part] = {}
+                amounts[name] = str(cores)
+
     def _set_scheduler(self, pod: dict[str, Any]) -> None:
-        """SPEC §2 step 1."""
+        """SPEC §2.1 step 1."""
         spec = pod.setdefault("spec", {})
         ours = self.config.webhook.scheduler_name
         current = spec.get("schedulerName") or ""

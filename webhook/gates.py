@@ -1,4 +1,4 @@
-"""The seams of the admission pipeline: the cluster view it reads, the quota step it calls (SPEC §2 step 4).
+"""The seams of the admission pipeline: the cluster view it reads, the quota step it calls (SPEC §2.2).
 
 Both are Protocols so the pure pipeline can be driven by the live cache in the server and by plain
 objects in tests. The quota ledger plugs in by implementing `QuotaGate`; `AllowAllQuota` is the default.
@@ -26,6 +26,18 @@ class ClusterView(Protocol):
         ...
 
 
+class ValidationView(ClusterView, Protocol):
+    """What the validating phase also needs: whether the view is fresh, and which pods exist."""
+
+    def fresh(self) -> bool:
+        """Whether the view has heard from the API within the staleness bound (quota relies on it)."""
+        ...
+
+    def pod_exists(self, namespace: str, name: str) -> bool:
+        """Whether a pod of that name is in the view (a CREATE of it will be refused by the API server)."""
+        ...
+
+
 class QuotaGate(Protocol):
     """The quota step, called once per vGPU pod after every other rule passed."""
 
@@ -37,14 +49,15 @@ class QuotaGate(Protocol):
         pod: Mapping[str, Any],
         request: PodRequest,
         largest_gpu_mib: int | None,
-        review_uid: str,
+        pod_uid: str,
         dry_run: bool,
     ) -> str | None:
         """None when the pod fits its namespace's quota, else the denial message.
 
         `pod` is the pod as it will be stored (after the webhook's mutation); `largest_gpu_mib` is the
         memory of the largest GPU it may land on given its selectors and mode (None: unknown), against
-        which a memory percentage counts. With `dry_run` nothing may be reserved.
+        which a memory percentage counts. `pod_uid` keys the reservation, so deciding twice for one
+        pod books it once. With `dry_run` nothing may be reserved.
         """
         ...
 
@@ -60,7 +73,7 @@ class AllowAllQuota:
         pod: Mapping[str, Any],
         request: PodRequest,
         largest_gpu_mib: int | None,
-        review_uid: str,
+        pod_uid: str,
         dry_run: bool,
     ) -> str | None:
         """Always fits."""
@@ -71,10 +84,25 @@ class StaticView:
     """A ClusterView over fixed data, for tests and the benchmark's pure path."""
 
     def __init__(
-        self, inventory: Inventory | None = None, namespaces: Mapping[str, Mapping[str, str]] | None = None
+        self,
+        inventory: Inventory | None = None,
+        namespaces: Mapping[str, Mapping[str, str]] | None = None,
+        *,
+        pods: frozenset[tuple[str, str]] = frozenset(),
+        is_fresh: bool = True,
     ) -> None:
         self._inventory = inventory or Inventory()
         self._namespaces = dict(namespaces or {})
+        self._pods = pods
+        self.is_fresh = is_fresh
+
+    def fresh(self) -> bool:
+        """As set."""
+        return self.is_fresh
+
+    def pod_exists(self, namespace: str, name: str) -> bool:
+        """Whether (namespace, name) was given in `pods`."""
+        return (namespace, name) in self._pods
 
     @property
     def inventory(self) -> Inventory:

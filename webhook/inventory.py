@@ -248,6 +248,16 @@ class Inventory:
         sizes = [m for node_mode, m in self._matching(flt) if node_mode == mode and m is not None]
         return max(sizes, default=None)
 
+    def types_matching(self, flt: GpuFilter, mode: Mode) -> frozenset[str]:
+        """Register TYPEs of the GPUs that pass the filter on nodes in `mode` (MIG charges need them)."""
+        return frozenset(
+            gpu.type
+            for facts in self._nodes.values()
+            if facts.mode == mode
+            for gpu in facts.gpus
+            if gpu.type is not None and flt.admits(gpu)
+        )
+
     def fully_excluded_hostnames(self, excluded: Iterable[str]) -> tuple[str, ...]:
         """Hostnames of the nodes all of whose GPUs are in `excluded`, sorted."""
         excluded_set = frozenset(excluded)

@@ -1,28 +1,34 @@
-"""The quota step of admission (SPEC §2 step 4): does this pod fit its namespace's GPU quota?
+"""The quota step of admission (SPEC §2.2 step 1): does this pod fit its namespace's GPU quota?
 
-`NamespaceQuota.admit` is the one call the webhook's decision pipeline makes after every other rule
-has passed. It reads the limits from the namespace labels handed in with each review (so a
-relabel takes effect on the next review, no restart), sizes the pod (`webhook.quota_charge`) and
+`NamespaceQuota.admit` is the one call the validating phase makes after every other rule has
+passed, once per pod, with the final object (its uid keys the reservation). It reads the limits
+from the namespace labels handed in with each review (so a relabel takes effect on the next
+review, no restart), sizes the pod (`webhook.quota_charge`) and
 asks the ledger (`webhook.quota_ledger`) to check and book it in one synchronous step. The
 cluster cache keeps the ledger current through `NamespaceQuota.ledger`'s pod callbacks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from contract.config import ResourceNames
-from contract.names import Mode
+from contract.mig_geometry import DeviceConfig
+from contract.names import MIG, Mode
 from contract.resources import PodRequest, RequestError, parse_pod
 from webhook.admission import resolve_placement
 from webhook.inventory import Inventory
+from webhook.mig_charge import slot_sizer
 from webhook.quota_charge import (
     Charge,
+    GpuMemory,
     Limits,
     Resource,
+    SlotSize,
     exceeded_message,
     invalid_label_message,
     parse_limits,
@@ -31,7 +37,7 @@ from webhook.quota_charge import (
     restartable_init_flags,
     unsized_message,
 )
-from webhook.quota_ledger import GpuSizer, QuotaLedger, Verdict, pod_metadata
+from webhook.quota_ledger import GpuSizer, QuotaLedger, SlotSizer, Verdict, pod_metadata
 from webhook.selectors import SelectorError, parse_selectors
 
 __all__ = ["Charge", "DenialCounter", "NamespaceQuota", "QuotaLedger", "Verdict", "placement_sizer"]
@@ -55,6 +61,8 @@ class NamespaceQuota:
         names: ResourceNames,
         pending_seconds: float,
         gpu_size: GpuSizer | None = None,
+        gpu_memory: GpuMemory | None = None,
+        slot_size: SlotSizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -62,6 +70,8 @@ class NamespaceQuota:
             names=names,
             pending_seconds=pending_seconds,
             gpu_size=gpu_size,
+            gpu_memory=gpu_memory,
+            slot_size=slot_size,
             clock=clock,
             wall_clock=wall_clock,
         )
@@ -78,7 +88,7 @@ class NamespaceQuota:
         pod: Mapping[str, Any],
         request: PodRequest,
         largest_gpu_mib: int | None,
-        review_uid: str,
+        pod_uid: str,
         dry_run: bool,
     ) -> str | None:
         """None when the pod fits (and, unless `dry_run`, its charge is now reserved); else the denial."""
@@ -98,12 +108,14 @@ class NamespaceQuota:
             if limits.memory_mib is not None:
                 return self._deny(namespace, "unsized", unsized_message(namespace), name)
             gpu_mib = 0  # memory is not limited here; the pod is re-sized once the cache shows it
-        charge = pod_charge(request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod))
+        charge = pod_charge(
+            request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod), slot=self.ledger.slot_size(pod)
+        )
         verdict = self.ledger.try_reserve(
             namespace,
             charge,
             limits,
-            review_uid=review_uid,
+            key=pod_uid,
             name=name,
             generate_name=generate_name,
             dry_run=dry_run,
@@ -111,11 +123,10 @@ class NamespaceQuota:
         shown = name or f"{generate_name or ''}*"
         if verdict.fits:
             log.debug(
-                "event=quota_admitted namespace=%s pod=%s review=%s "
-                "number=%d memory_mib=%d cores=%d dry_run=%s",
+                "event=quota_admitted namespace=%s pod=%s uid=%s number=%d memory_mib=%d cores=%d dry_run=%s",
                 namespace,
                 shown,
-                review_uid,
+                pod_uid,
                 charge.number,
                 charge.memory_mib,
                 charge.cores,
@@ -149,5 +160,35 @@ def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, de
         except (SelectorError, RequestError):
             return None
         return resolve_placement(selectors, request, inventory(), default_mode).largest_gpu_mib
+
+    return size
+
+
+def mig_slot_sizer(
+    inventory: Callable[[], Inventory],
+    geometry: Callable[[], DeviceConfig],
+    names: ResourceNames,
+    default_mode: Mode,
+) -> SlotSizer:
+    """The quota's `slot_size`: for a `mig` pod, the slot it will hold on the GPUs it may land on.
+
+    Resolved as admission resolves placement (selectors and mode against the current inventory);
+    None for a hami-core pod, whose memory is charged as asked.
+    """
+
+    def size(pod: Mapping[str, Any]) -> SlotSize | None:
+        annotations = pod_metadata(pod).get("annotations")
+        try:
+            selectors = parse_selectors(annotations if isinstance(annotations, Mapping) else {})
+            request = parse_pod(pod, names)
+        except (SelectorError, RequestError):
+            return None
+        inv = inventory()
+        placement = resolve_placement(selectors, request, inv, default_mode)
+        if placement.mode != MIG:
+            return None
+        # Without the memory floor: the slot depends on the GPU's geometry, not its whole size.
+        candidates = dataclasses.replace(placement.filter, min_memory_mib=0)
+        return slot_sizer(geometry(), inv.types_matching(candidates, MIG))
 
     return size

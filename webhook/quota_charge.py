@@ -1,4 +1,4 @@
-"""What a pod costs against its namespace's GPU quota, and what the quota labels allow (SPEC §1, §2 step 4).
+"""What a pod costs against its namespace's GPU quota, and what the quota labels allow (SPEC §1, §2.2).
 
 Pure arithmetic: no I/O, no clock, nothing from aiohttp or the Kubernetes client, so every rule
 here is tested as plain function calls.
@@ -7,7 +7,7 @@ here is tested as plain function calls.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -23,6 +23,11 @@ LABELS: Final[dict[Resource, str]] = {
     "vgpu-cores": QUOTA_CORES_LABEL,
 }
 _PLAIN_INT = re.compile(r"^[0-9]+$")
+# What a vGPU with no SM limit can use: the whole GPU (HAMi-core reads an unset or 0 limit as none).
+WHOLE_GPU_CORES: Final = 100
+GpuMemory = Callable[[str], "int | None"]
+# MiB per vGPU asked -> MiB charged: the MIG slot a `mig` pod will hold (`webhook.mig_charge`).
+SlotSize = Callable[[int], int]
 
 
 @dataclass(frozen=True)
@@ -83,21 +88,28 @@ def needs_gpu_size(container: ContainerRequest) -> bool:
 
 
 def container_charge(
-    container: ContainerRequest, *, gpu_mib: int | None, booked_mib: int | None = None
+    container: ContainerRequest,
+    *,
+    gpu_mib: int | None,
+    booked_mib: int | None = None,
+    slot: SlotSize | None = None,
 ) -> Charge:
     """One container's charge: number x per-vGPU memory, number x cores.
 
     `booked_mib` is what the scheduler actually booked for this container over all its GPUs
-    (from `volcano.sh/vgpu-ids-new`); when given it replaces the memory arithmetic.
+    (from `volcano.sh/vgpu-ids-new`); when given it replaces the memory arithmetic. `slot` maps
+    the per-vGPU MiB of a `mig` pod to the slot it will hold.
     """
     number = container.vgpus
     if number == 0:
         return ZERO
-    cores = number * (container.cores or 0)
+    # No SM limit is the whole GPU's SMs: charging 0 would let a cores quota admit without bound.
+    cores = number * (container.cores or WHOLE_GPU_CORES)
     if booked_mib is not None:
         return Charge(number, booked_mib, cores)
     if container.memory_mib is not None:
-        return Charge(number, number * container.memory_mib, cores)
+        per_vgpu = slot(container.memory_mib) if slot is not None else container.memory_mib
+        return Charge(number, number * per_vgpu, cores)
     if gpu_mib is None:
         raise GpuSizeUnknown(
             f"container {container.container!r} asks for a share of a GPU's memory "
@@ -105,7 +117,8 @@ def container_charge(
         )
     percent = container.memory_percent if container.memory_percent is not None else 100
     # Volcano's own rounding (protocol §3.3): floor(card MEM x pct / 100) per card.
-    return Charge(number, number * (gpu_mib * percent // 100), cores)
+    per_vgpu = gpu_mib * percent // 100
+    return Charge(number, number * (slot(per_vgpu) if slot is not None else per_vgpu), cores)
 
 
 def restartable_init_flags(pod: Mapping[str, Any]) -> tuple[bool, ...]:
@@ -119,6 +132,7 @@ def pod_charge(
     gpu_mib: int | None,
     sidecars: Sequence[bool] = (),
     booked_mib: Mapping[str, int] | None = None,
+    slot: SlotSize | None = None,
 ) -> Charge:
     """A pod's charge, folding init containers in per resource the way Kubernetes sizes a pod.
 
@@ -132,11 +146,13 @@ def pod_charge(
     booked = booked_mib or {}
     total = ZERO
     for container in request.app:
-        total += container_charge(container, gpu_mib=gpu_mib, booked_mib=booked.get(container.container))
+        total += container_charge(
+            container, gpu_mib=gpu_mib, booked_mib=booked.get(container.container), slot=slot
+        )
     running_sidecars = ZERO
     init_peak = ZERO
     for index, container in enumerate(request.init):
-        charge = container_charge(container, gpu_mib=gpu_mib)
+        charge = container_charge(container, gpu_mib=gpu_mib, slot=slot)
         if index < len(sidecars) and sidecars[index]:
             total += charge
             running_sidecars += charge
@@ -152,12 +168,44 @@ def pod_needs_gpu_size(request: PodRequest, booked_mib: Mapping[str, int] | None
     return any(needs_gpu_size(c) and (c.init or c.container not in booked) for c in request.containers)
 
 
-def booked_memory(pod: Mapping[str, Any], request: PodRequest) -> dict[str, int]:
+def states_no_cores(container: ContainerRequest) -> bool:
+    """Whether a vGPU container runs with no SM limit (no `vgpu-cores`, or 0), so is charged a whole GPU's."""
+    return container.vgpus > 0 and not container.cores
+
+
+def _booking_agrees(container: ContainerRequest, entry: Sequence[Any], gpu_memory: GpuMemory | None) -> bool:
+    """Whether one container's booked devices match its own limits (which nobody can change).
+
+    Only a booking that charges at least what the limits say is believed: the annotation can be
+    edited by whoever may update the pod (when admission does not stop it), and a smaller figure
+    would free quota the container still holds. A percentage is checked against the booked GPU's
+    real size; a GPU the cluster does not know makes the booking unverifiable, so it is not used.
+    """
+    if len(entry) != container.vgpus:
+        return False
+    for record in entry:
+        if container.memory_mib is not None:
+            expected = container.memory_mib
+        else:
+            size = gpu_memory(record.gpu_uuid) if gpu_memory is not None else None
+            if size is None:
+                return False
+            percent = container.memory_percent if container.memory_percent is not None else 100
+            expected = size * percent // 100
+        if record.used_mem < expected:
+            return False
+    return True
+
+
+def booked_memory(
+    pod: Mapping[str, Any], request: PodRequest, gpu_memory: GpuMemory | None = None
+) -> dict[str, int]:
     """Per app container, the MiB the scheduler booked for it, read from `volcano.sh/vgpu-ids-new`.
 
     The scheduler writes one entry per vGPU app container in `spec.containers` order (protocol
-    §4.2); an entry count that does not match, or a list that does not decode, yields nothing,
-    and the caller falls back to the spec.
+    §4.2); an entry count that does not match, a list that does not decode, or an entry that
+    disagrees with its container's limits (`_booking_agrees`) yields nothing for that pod, and the
+    caller falls back to the spec. `gpu_memory(uuid)` gives a GPU's MiB, to check percentages.
     """
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     value = annotations.get(VGPU_IDS_NEW)
@@ -169,6 +217,8 @@ def booked_memory(pod: Mapping[str, Any], request: PodRequest) -> dict[str, int]
         return {}
     gpu_containers = [c for c in request.app if c.asks_vgpu]
     if len(entries) != len(gpu_containers):
+        return {}
+    if not all(_booking_agrees(c, e, gpu_memory) for c, e in zip(gpu_containers, entries, strict=True)):
         return {}
     return {
         c.container: sum(r.used_mem for r in entry) for c, entry in zip(gpu_containers, entries, strict=True)

@@ -15,24 +15,17 @@ What counts, per namespace:
   admitted, the larger of that and its charge at admission), and again only when
   its `volcano.sh/vgpu-ids-new` booking changes: pod resources are immutable, so nothing else can
   change it, and freezing it keeps usage from drifting as the GPU inventory changes.
-* **Reservations.** Every review this process admitted (not dryRun) whose pod the cache has not
-  shown yet. A reservation that no pod claims within `pending_seconds` (a later admission plugin
-  refused the pod, or the create failed) stops counting.
+* **Reservations.** Every pod this process admitted (not dryRun) that the cache has not shown yet.
+  A reservation that no pod claims within `pending_seconds` (a later admission plugin refused the
+  pod, or the create failed) stops counting. The service sets it to the cache's staleness bound:
+  a reservation cannot lapse while the cache still counts as fresh, and a stale cache refuses
+  quota decisions instead (`webhook.validation`).
 
-Matching a reservation to its pod. At admission a pod has no uid, and has no name when it uses
-`generateName` (the API server picks the name after admission). When the cache shows a vGPU pod
-whose uid the ledger has not seen before, it claims at most one reservation of its namespace:
-
-1. the reservation made for its exact name, if the review carried a name;
-2. otherwise, among reservations made with no name and the same `generateName` (the pod's name
-   must start with it): the oldest whose charge equals the pod's, else the oldest of them
-   (percentages sized against a changed inventory can make an identical pod differ slightly).
-
-Pods of one `generateName` come from one controller and one template, so which of two such
-reservations a pod claims does not change the total; what matters is that each pod retires one
-reservation, once. A named review replaces an earlier reservation for the same name (two creates
-of one name cannot both succeed), and a review uid seen again (an API-server retry) replaces its
-own reservation, so neither is counted twice.
+Matching a reservation to its pod. Quota is decided in the validating phase, which sees the final
+object (facts `apiserver-admission.md` §2), so reservations are keyed by pod uid: the pod the cache
+shows claims the reservation of its uid, and a retried decision for one uid replaces the first.
+Failing that, a pod claims the reservation made for its exact name, else the oldest made for its
+`generateName` (an equal charge first). A reservation for a name replaces an earlier one for it.
 """
 
 from __future__ import annotations
@@ -51,8 +44,10 @@ from contract.resources import RequestError, parse_pod
 from webhook.quota_charge import (
     ZERO,
     Charge,
+    GpuMemory,
     Limits,
     Resource,
+    SlotSize,
     booked_memory,
     exceeded,
     pod_charge,
@@ -64,13 +59,15 @@ log = logging.getLogger("kube_vgpu.webhook.quota")
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 GpuSizer = Callable[[Mapping[str, Any]], "int | None"]
+# A pod -> how its per-vGPU MiB is charged (the MIG slot of a `mig` pod), or None: as asked.
+SlotSizer = Callable[[Mapping[str, Any]], "SlotSize | None"]
 
 
 @dataclass(frozen=True)
 class Reservation:
     """A review admitted by this process whose pod the cache has not shown yet."""
 
-    review_uid: str
+    key: str  # the pod uid
     name: str | None
     generate_name: str | None
     charge: Charge
@@ -92,11 +89,11 @@ class _Namespace:
     name: str
     pods: dict[str, _Pod] = field(default_factory=dict)  # by uid
     pods_total: Charge = ZERO
-    # By review uid, oldest first: one expiry period for all, so insertion order is expiry order.
+    # By pod uid, oldest first: one expiry period for all, so insertion order is expiry order.
     reservations: dict[str, Reservation] = field(default_factory=dict)
     # Indexes of `reservations`, so matching costs the same with 10 or 10,000 in flight.
-    by_name: dict[str, str] = field(default_factory=dict)  # pod name -> review uid
-    by_prefix: dict[str, dict[str, None]] = field(default_factory=dict)  # generateName -> review uids
+    by_name: dict[str, str] = field(default_factory=dict)  # pod name -> reservation key
+    by_prefix: dict[str, dict[str, None]] = field(default_factory=dict)  # generateName -> reservation keys
     reserved_total: Charge = ZERO
     deadlines: list[tuple[float, str]] = field(default_factory=list)  # heap of terminating pods
 
@@ -145,10 +142,14 @@ class QuotaLedger:
         names: ResourceNames,
         pending_seconds: float,
         gpu_size: GpuSizer | None = None,
+        gpu_memory: GpuMemory | None = None,
+        slot_size: SlotSizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._names = names
+        self._gpu_memory = gpu_memory
+        self.slot_size: SlotSizer = slot_size or (lambda pod: None)
         self._pending = pending_seconds
         self._gpu_size = gpu_size or (lambda pod: None)
         self._clock = clock
@@ -163,7 +164,7 @@ class QuotaLedger:
         charge: Charge,
         limits: Limits,
         *,
-        review_uid: str,
+        key: str,
         name: str | None,
         generate_name: str | None,
         dry_run: bool,
@@ -174,7 +175,7 @@ class QuotaLedger:
         """
         ns = self._namespace(namespace)
         self._expire(ns)
-        replaced = ns.reservations.get(review_uid)
+        replaced = ns.reservations.get(key)
         if replaced is None and name and name in ns.by_name:
             replaced = ns.reservations[ns.by_name[name]]
         usage = ns.pods_total + ns.reserved_total
@@ -186,9 +187,7 @@ class QuotaLedger:
                 self._drop_reservation(ns, replaced)
             self._add_reservation(
                 ns,
-                Reservation(
-                    review_uid, name or None, generate_name or None, charge, self._clock() + self._pending
-                ),
+                Reservation(key, name or None, generate_name or None, charge, self._clock() + self._pending),
             )
         self._forget_if_empty(ns)
         return verdict
@@ -309,7 +308,7 @@ class QuotaLedger:
             return None
         if not request.asks_vgpu:
             return None
-        booked = booked_memory(pod, request)
+        booked = booked_memory(pod, request, self._gpu_memory)
         gpu_mib = None
         if pod_needs_gpu_size(request, booked):
             gpu_mib = self._gpu_size(pod)
@@ -321,7 +320,13 @@ class QuotaLedger:
                     "no GPU known to size its memory share; counted without that memory",
                 )
                 gpu_mib = 0
-        charge = pod_charge(request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod), booked_mib=booked)
+        charge = pod_charge(
+            request,
+            gpu_mib=gpu_mib,
+            sidecars=restartable_init_flags(pod),
+            booked_mib=booked,
+            slot=self.slot_size(pod),
+        )
         return _Pod(charge, booking, counted, deadline)
 
     def _uncount(self, ns: _Namespace, uid: str) -> None:
@@ -337,7 +342,9 @@ class QuotaLedger:
         self._expire(ns)
         name = meta.get("name")
         generate_name = meta.get("generateName")
-        match = ns.reservations[ns.by_name[name]] if isinstance(name, str) and name in ns.by_name else None
+        match = ns.reservations.get(str(meta.get("uid")))
+        if match is None and isinstance(name, str) and name in ns.by_name:
+            match = ns.reservations[ns.by_name[name]]
         if (
             match is None
             and isinstance(generate_name, str)
@@ -352,22 +359,22 @@ class QuotaLedger:
         return match
 
     def _add_reservation(self, ns: _Namespace, reservation: Reservation) -> None:
-        ns.reservations[reservation.review_uid] = reservation
+        ns.reservations[reservation.key] = reservation
         ns.reserved_total += reservation.charge
         if reservation.name is not None:
-            ns.by_name[reservation.name] = reservation.review_uid
+            ns.by_name[reservation.name] = reservation.key
         elif reservation.generate_name is not None:
-            ns.by_prefix.setdefault(reservation.generate_name, {})[reservation.review_uid] = None
+            ns.by_prefix.setdefault(reservation.generate_name, {})[reservation.key] = None
 
     def _drop_reservation(self, ns: _Namespace, reservation: Reservation) -> None:
-        del ns.reservations[reservation.review_uid]
+        del ns.reservations[reservation.key]
         ns.reserved_total -= reservation.charge
         if reservation.name is not None:
             ns.by_name.pop(reservation.name, None)
         elif reservation.generate_name is not None:
             uids = ns.by_prefix.get(reservation.generate_name)
             if uids is not None:
-                uids.pop(reservation.review_uid, None)
+                uids.pop(reservation.key, None)
                 if not uids:
                     del ns.by_prefix[reservation.generate_name]
 
@@ -380,9 +387,9 @@ class QuotaLedger:
                 break
             self._drop_reservation(ns, oldest)
             log.info(
-                "event=quota_reservation_expired namespace=%s review=%s pod=%s detail=%s",
+                "event=quota_reservation_expired namespace=%s pod_uid=%s pod=%s detail=%s",
                 ns.name,
-                oldest.review_uid,
+                oldest.key,
                 oldest.name or f"{oldest.generate_name or ''}*",
                 "admitted pod never appeared in the cache",
             )

@@ -70,16 +70,24 @@ class AdmissionRequest:
     object: Mapping[str, Any] | None
     dry_run: bool = False
     sub_resource: str = ""
+    # UPDATE only: the pod before the change, and who made it (`request.userInfo.username`).
+    old_object: Mapping[str, Any] | None = None
+    username: str = ""
+
+    @property
+    def is_pod(self) -> bool:
+        """Whether the request is about a core/v1 Pod itself (not a subresource)."""
+        return self.kind["group"] == "" and self.kind["kind"] == "Pod" and not self.sub_resource
 
     @property
     def is_pod_create(self) -> bool:
         """Whether this is the CREATE of a core/v1 Pod (every other request passes untouched)."""
-        return (
-            self.operation == "CREATE"
-            and self.kind["group"] == ""
-            and self.kind["kind"] == "Pod"
-            and not self.sub_resource
-        )
+        return self.operation == "CREATE" and self.is_pod
+
+    @property
+    def is_pod_update(self) -> bool:
+        """Whether this is an UPDATE (or PATCH, which reaches webhooks as UPDATE) of a core/v1 Pod."""
+        return self.operation == "UPDATE" and self.is_pod
 
 
 def _text(value: object, where: str, *, required: bool = False) -> str:
@@ -123,6 +131,12 @@ def parse_review(body: bytes) -> AdmissionRequest:
     obj = request.get("object")
     if obj is not None and not isinstance(obj, dict):
         raise MalformedReview("request.object is not an object")
+    old = request.get("oldObject")
+    if old is not None and not isinstance(old, dict):
+        raise MalformedReview("request.oldObject is not an object")
+    user_info = request.get("userInfo")
+    if user_info is not None and not isinstance(user_info, dict):
+        raise MalformedReview("request.userInfo is not an object")
     dry_run = request.get("dryRun", False)
     if not isinstance(dry_run, bool) and dry_run is not None:
         raise MalformedReview("request.dryRun must be a boolean")
@@ -135,11 +149,18 @@ def parse_review(body: bytes) -> AdmissionRequest:
         object=obj,
         dry_run=bool(dry_run),
         sub_resource=_text(request.get("subResource"), "request.subResource"),
+        old_object=old,
+        username=_text((user_info or {}).get("username"), "request.userInfo.username"),
     )
-    if parsed.is_pod_create:
+    if parsed.is_pod_create or parsed.is_pod_update:
         if obj is None:
-            raise MalformedReview("request.object is missing for a Pod CREATE")
+            raise MalformedReview(f"request.object is missing for a Pod {operation}")
         _check_pod_shape(obj)
+    elif obj is not None and kind["kind"] == "Pod" and parsed.sub_resource == "ephemeralcontainers":
+        _check_pod_shape(obj)  # `kubectl debug`: the object is the whole Pod
+    if parsed.is_pod_update and old is not None:
+        # Without oldObject every scheduler-owned annotation on the object counts as added.
+        _check_pod_shape(old)
     return parsed
 
 

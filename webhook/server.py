@@ -1,7 +1,8 @@
-"""The thin HTTP edge: `POST /mutate`, `GET /healthz`, `GET /readyz`, `GET /metrics` (SPEC §2).
+"""The thin HTTP edge: `POST /mutate` and `/validate`, `GET /healthz`, `/readyz`, `/metrics` (SPEC §2).
 
-The handler reads the body, parses it (`webhook.review`), asks the pure pipeline
-(`webhook.admission`), and encodes the answer. A body that is not an AdmissionReview is HTTP 400
+The handler reads the body, parses it (`webhook.review`), asks the pure pipeline of the path's
+phase (`webhook.admission` for /mutate, `webhook.validation` for /validate), and encodes the
+answer. A body that is not an AdmissionReview is HTTP 400
 with a JSON reason, a body over the limit is 413; neither is ever a traceback or a 5xx.
 """
 
@@ -20,6 +21,7 @@ from aiohttp.typedefs import Handler
 from webhook.admission import Admission
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, MalformedReview, Verdict, encode_response, parse_review
+from webhook.validation import Validation
 
 log = logging.getLogger("kube_vgpu.webhook.server")
 
@@ -27,6 +29,7 @@ MAX_BODY_BYTES = 3 * 1024 * 1024
 # How long a review waits for a cache that has not finished its first list before it is refused.
 SYNC_WAIT_SECONDS = 2.0
 NOT_READY = "not-ready"
+VALIDATE_PATH = "/validate"
 INTERNAL_ERROR = "internal-error"
 
 
@@ -87,6 +90,7 @@ class Services:
     """What the handlers use, stored in the application under `SERVICES`."""
 
     admission: Admission
+    validation: Validation
     readiness: Readiness
     metrics: WebhookMetrics
     max_body_bytes: int = MAX_BODY_BYTES
@@ -125,15 +129,19 @@ async def mutate(http: web.Request) -> web.Response:
         metrics.reviews.labels("malformed").inc()
         log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
         return _error(400, str(exc))
-    verdict = await _decide(services, request)
+    validating = http.path == VALIDATE_PATH
+    verdict = await _decide(services, request, validating=validating)
     response = encode_response(request.uid, verdict)
     metrics.latency.observe(time.perf_counter() - started)
     metrics.reviews.labels("allowed" if verdict.allowed else "denied").inc()
     if not verdict.allowed:
         metrics.denials.labels(verdict.reason or "unknown").inc()
-    if request.is_pod_create:
+    if request.is_pod_create or (validating and request.is_pod_update):
         log.info(
-            "event=review uid=%s namespace=%s pod=%s allowed=%s reason=%s patch_ops=%d warnings=%d%s",
+            "event=review phase=%s operation=%s uid=%s namespace=%s pod=%s allowed=%s reason=%s "
+            "patch_ops=%d warnings=%d%s",
+            "validate" if validating else "mutate",
+            request.operation,
             request.uid,
             request.namespace,
             _pod_name(request),
@@ -146,14 +154,15 @@ async def mutate(http: web.Request) -> web.Response:
     return web.json_response(response)
 
 
-async def _decide(services: Services, request: AdmissionRequest) -> Verdict:
+async def _decide(services: Services, request: AdmissionRequest, *, validating: bool) -> Verdict:
     readiness = services.readiness
     if not readiness.synced():
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SYNC_WAIT_SECONDS):
                 await readiness.wait_synced()
     try:
-        verdict = services.admission.review(request)
+        phase = services.validation if validating else services.admission
+        verdict = phase.review(request)
     except Exception as exc:  # a bug must answer a review, not drop the connection
         log.error("event=review_failed uid=%s error=%r", request.uid, f"{type(exc).__name__}: {exc}")
         return Verdict(
@@ -195,6 +204,8 @@ def build_app(services: Services) -> web.Application:
     app = web.Application(client_max_size=services.max_body_bytes, middlewares=[_track])
     app[SERVICES] = services
     app.router.add_post("/mutate", mutate)
+    # One handler for both phases: parsing, limits and errors are the same; `_decide` picks the phase.
+    app.router.add_post(VALIDATE_PATH, mutate)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -16,16 +16,21 @@ from pathlib import Path
 
 from aiohttp import web
 
-from contract.config import Config
-from kubeapi.client import Kube, load_api_client
+from contract.config import Config, NodeConfig
+from contract.mig_geometry import DeviceConfig, MigGeometryError, parse_device_config
+from contract.mig_geometry_default import default_device_config
+from contract.names import DEVICE_CONFIG_KEY
+from kubeapi.client import Kube, KubeError, load_api_client
 from webhook.admission import Admission
 from webhook.cache import CachedKind, CacheEvent, ClusterCache
 from webhook.gates import QuotaGate
+from webhook.inventory import Inventory
 from webhook.metrics import WebhookMetrics
-from webhook.quota import NamespaceQuota, placement_sizer
+from webhook.quota import NamespaceQuota, mig_slot_sizer, placement_sizer
 from webhook.quota_metrics import QuotaMetrics
 from webhook.server import SERVICES, Readiness, Services, build_app
 from webhook.tls import CertReloader
+from webhook.validation import Validation
 
 log = logging.getLogger("kube_vgpu.webhook")
 
@@ -43,16 +48,24 @@ class Options:
     shutdown_timeout_seconds: float = 20.0
 
 
-def build_quota(cache: ClusterCache, config: Config, metrics: WebhookMetrics) -> QuotaGate:
-    """The quota step (SPEC §2 step 4): namespace quotas fed by the cache's pod events.
+def build_quota(
+    cache: ClusterCache,
+    config: Config,
+    metrics: WebhookMetrics,
+    geometry: Callable[[], DeviceConfig] = default_device_config,
+) -> QuotaGate:
+    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events.
 
     The one place the quota ledger is wired; return `webhook.gates.AllowAllQuota()` to switch it off.
     """
     names = config.resource_names
     gate = NamespaceQuota(
         names=names,
-        pending_seconds=config.webhook.quota_pending_seconds,
+        # One setting for both: a reservation outlives no fresh cache, and no fresh cache outlives it.
+        pending_seconds=config.webhook.cache_staleness_seconds,
         gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
+        gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
+        slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
     )
 
     def on_pod(event: CacheEvent) -> None:
@@ -75,12 +88,48 @@ def build_quota(cache: ClusterCache, config: Config, metrics: WebhookMetrics) ->
     return gate
 
 
-def build_services(cache: ClusterCache, config: Config, metrics: WebhookMetrics) -> Services:
+def _gpu_memory(cache: ClusterCache, uuid: str) -> int | None:
+    gpu = cache.inventory.gpu(uuid)
+    return None if gpu is None else gpu.memory_mib
+
+
+class CacheValidationView:
+    """The live cache as the validating phase reads it."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
+
+    @property
+    def inventory(self) -> Inventory:
+        """The GPU nodes."""
+        return self._cache.inventory
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The namespace's labels, None when it is not cached."""
+        return self._cache.namespace_labels(namespace)
+
+    def fresh(self) -> bool:
+        """Synced and heard from within the staleness bound."""
+        return self._cache.ready()
+
+    def pod_exists(self, namespace: str, name: str) -> bool:
+        """Whether the cache holds a pod of that name."""
+        return f"{namespace}/{name}" in self._cache.objects("pod")
+
+
+def build_services(
+    cache: ClusterCache,
+    config: Config,
+    metrics: WebhookMetrics,
+    geometry: Callable[[], DeviceConfig] = default_device_config,
+) -> Services:
     """The handlers' dependencies, wired to a live cache."""
     metrics.track_cache(cache)
-    admission = Admission(config, cache, build_quota(cache, config, metrics))
+    admission = Admission(config, cache)
+    quota = build_quota(cache, config, metrics, geometry)
+    validation = Validation(config, CacheValidationView(cache), quota)
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
-    return Services(admission=admission, readiness=readiness, metrics=metrics)
+    return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
 
 
 class WebhookServer:
@@ -99,12 +148,14 @@ class WebhookServer:
         self.reloader = CertReloader(
             options.tls_cert_file, options.tls_key_file, poll_seconds=options.cert_poll_seconds
         )
-        self.kube = kube or Kube(load_api_client(options.kubeconfig))
+        self.kube = kube or Kube(load_api_client(options.kubeconfig), component="webhook")
         self.cache = ClusterCache(
             self.kube, staleness_seconds=config.webhook.cache_staleness_seconds, clock=clock
         )
         self.metrics = WebhookMetrics()
-        self.app = build_app(build_services(self.cache, config, self.metrics))
+        # Volcano's MIG geometry, read at start: what a `mig` pod's slot costs against quota.
+        self.geometry: DeviceConfig = default_device_config()
+        self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry))
         self._runner = web.AppRunner(
             self.app, access_log=None, handle_signals=False, shutdown_timeout=options.shutdown_timeout_seconds
         )
@@ -120,6 +171,7 @@ class WebhookServer:
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         await self.cache.start()
+        self.geometry = await load_mig_geometry(self.kube, self.config.node)
         self._reload_task = asyncio.create_task(self.reloader.run(), name="tls-reload")
         log.info("event=webhook_started address=%s:%d", self.options.host, self.port)
 
@@ -144,6 +196,30 @@ class WebhookServer:
         await self.cache.stop()
         self.kube.close()
         log.info("event=webhook_stopped")
+
+
+async def load_mig_geometry(kube: Kube, node: NodeConfig) -> DeviceConfig:
+    """Volcano's device ConfigMap (the one the node plugin and the scheduler read), or the shipped
+    default when it is absent or unreadable; like the scheduler, the webhook reads it at start."""
+    namespace, name = node.device_config_namespace, node.device_config_name
+    try:
+        found = await asyncio.to_thread(kube.get, "configmap", name, namespace=namespace)
+        text = ((found or {}).get("data") or {}).get(DEVICE_CONFIG_KEY)
+        if isinstance(text, str):
+            geometry = parse_device_config(text)
+            log.info("event=mig_geometry_loaded configmap=%s/%s", namespace, name)
+            return geometry
+        reason = "absent"
+    except (KubeError, MigGeometryError) as exc:
+        reason = str(exc)
+    log.warning(
+        "event=mig_geometry_default configmap=%s/%s reason=%r detail=%s",
+        namespace,
+        name,
+        reason,
+        "MIG quota charges use the shipped geometry",
+    )
+    return default_device_config()
 
 
 async def serve(options: Options, config: Config, *, stop: asyncio.Event | None = None) -> int:

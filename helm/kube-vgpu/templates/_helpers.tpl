@@ -78,7 +78,7 @@ app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
 {{- printf "%s-certs-patch" (include "kube-vgpu.fullname" .) }}
 {{- end }}
 
-{{/* Label that keeps a pod or namespace away from the webhook (SPEC §1). */}}
+{{/* Label that keeps a namespace away from the webhook (SPEC §1); on a pod it means nothing. */}}
 {{- define "kube-vgpu.optOutLabelKey" -}}kube-vgpu.io/webhook{{- end }}
 {{- define "kube-vgpu.optOutLabelValue" -}}ignore{{- end }}
 
@@ -122,13 +122,19 @@ would count as a webhook failure under failurePolicy Fail. */}}
     (has(c.resources.requests) && {{ $names }}.exists(n, n in c.resources.requests))))
 {{- end }}
 
-{{/* CEL: true unless the pod is one of this release's certificate hook pods. */}}
-{{- define "kube-vgpu.notHookPodExpression" -}}
-!(has(object.metadata.labels) &&
-  'app.kubernetes.io/instance' in object.metadata.labels &&
-  object.metadata.labels['app.kubernetes.io/instance'] == '{{ .Release.Name }}' &&
-  'app.kubernetes.io/component' in object.metadata.labels &&
-  object.metadata.labels['app.kubernetes.io/component'] in ['certs-create', 'certs-patch'])
+{{/* CEL: a CREATE, an ephemeral container added (`kubectl debug`), or an UPDATE that adds, changes or removes a scheduler-owned annotation
+(SPEC §2.2 step 2). Presence and value are compared separately, so no annotation value can make an
+added key look unchanged. Every access is guarded: an evaluation error would fail the write. */}}
+{{- define "kube-vgpu.schedulerAnnotationChangeExpression" -}}
+request.operation != 'UPDATE' ||
+  (has(request.subResource) && request.subResource == 'ephemeralcontainers') ||
+  ['volcano.sh/devices-to-allocate', 'volcano.sh/vgpu-ids-new', 'volcano.sh/vgpu-node',
+   'volcano.sh/bind-phase', 'volcano.sh/vgpu-time', 'volcano.sh/bind-time'].exists(k,
+    (has(object.metadata.annotations) && k in object.metadata.annotations) !=
+      (has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations) ||
+    (has(object.metadata.annotations) && k in object.metadata.annotations &&
+      has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations &&
+      object.metadata.annotations[k] != oldObject.metadata.annotations[k]))
 {{- end }}
 
 {{/* Security context of every container that runs as the image's non-root user. */}}

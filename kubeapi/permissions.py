@@ -1,0 +1,103 @@
+"""Every Kubernetes API call kube-vgpu makes, per component, in one table: the source of its RBAC.
+
+`kubeapi.client.Kube` built with a `component` refuses any call not declared here for it
+(`UndeclaredCall`), so a component's tests fail the moment its code makes a call the table lacks;
+the chart tests compare the chart's rendered Roles with this table in both directions, so a grant
+nothing uses fails too. Adding a call is adding one line below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Component = Literal["webhook", "node", "certs-create", "certs-patch"]
+COMPONENTS: Final[tuple[Component, ...]] = ("webhook", "node", "certs-create", "certs-patch")
+Verb = Literal["get", "list", "watch", "create", "update", "patch"]
+
+
+class UndeclaredCall(RuntimeError):
+    """A component called the API in a way `API_CALLS` does not declare (so RBAC would refuse it)."""
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One verb on one resource (`pods`, `nodes/status`) of one API group, made by one component."""
+
+    component: Component
+    verb: Verb
+    resource: str
+    group: str = ""
+    # Which object, when the call is limited to one (a key the chart maps to the rendered name).
+    named: str | None = None
+    why: str = ""
+
+
+API_CALLS: Final[tuple[ApiCall, ...]] = (
+    # webhook: the cluster cache (list+watch) and, at start, Volcano's MIG geometry; admission
+    # itself calls nothing (SPEC §2.3).
+    ApiCall("webhook", "list", "nodes", why="GPU inventory"),
+    ApiCall("webhook", "watch", "nodes", why="GPU inventory"),
+    ApiCall("webhook", "list", "namespaces", why="quota labels, opt-out"),
+    ApiCall("webhook", "watch", "namespaces", why="quota labels, opt-out"),
+    ApiCall("webhook", "list", "pods", why="quota usage"),
+    ApiCall("webhook", "watch", "pods", why="quota usage"),
+    ApiCall("webhook", "get", "configmaps", named="device-config", why="MIG slot sizes for quota"),
+    # node plugin: its node's registration, labels and capacity; the pods bound to it.
+    ApiCall("node", "list", "nodes", why="read its own node (field selector)"),
+    ApiCall("node", "watch", "nodes", why="capacity zeroed by the kubelet"),
+    ApiCall("node", "patch", "nodes", why="register annotation, labels, node lock"),
+    ApiCall("node", "patch", "nodes/status", why="vgpu-memory and vgpu-cores capacity"),
+    ApiCall("node", "list", "pods", why="pods bound to the node (field selector)"),
+    ApiCall("node", "watch", "pods", why="the order of binds: the kubelet admits pods in it"),
+    ApiCall("node", "patch", "pods", why="bind phase, devices-to-allocate"),
+    ApiCall("node", "get", "configmaps", named="device-config", why="Volcano's MIG geometry"),
+    # certificate Jobs.
+    ApiCall("certs-create", "get", "secrets", named="tls-secret"),
+    ApiCall("certs-create", "create", "secrets", why="names of new objects cannot be limited"),
+    ApiCall("certs-create", "update", "secrets", named="tls-secret", why="re-issue"),
+    ApiCall("certs-patch", "get", "secrets", named="tls-secret", why="read ca.crt"),
+    ApiCall(
+        "certs-patch",
+        "get",
+        "mutatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        "webhook-configuration",
+    ),
+    ApiCall(
+        "certs-patch",
+        "patch",
+        "mutatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        "webhook-configuration",
+        "caBundle",
+    ),
+    ApiCall(
+        "certs-patch",
+        "get",
+        "validatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        "webhook-configuration",
+    ),
+    ApiCall(
+        "certs-patch",
+        "patch",
+        "validatingwebhookconfigurations",
+        "admissionregistration.k8s.io",
+        "webhook-configuration",
+        "caBundle",
+    ),
+)
+
+
+def declared(component: Component, verb: Verb, resource: str, group: str) -> bool:
+    """Whether `component` may make this call."""
+    return any(
+        c.component == component and c.verb == verb and c.resource == resource and c.group == group
+        for c in API_CALLS
+    )
+
+
+def calls_of(component: Component) -> frozenset[tuple[str, str, str, str | None]]:
+    """(group, resource, verb, named) of every call one component makes."""
+    return frozenset((c.group, c.resource, c.verb, c.named) for c in API_CALLS if c.component == component)

@@ -1,0 +1,154 @@
+"""Ways out of the HAMi-core limits that a pod spec can ask for, refused at admission (SPEC §2.2 step 3).
+
+Pure: a pod dict and the configuration in, the first escape found (or None) out. The node plugin hands
+a vGPU container its limits through environment variables and bind mounts; a container that sets
+those variables itself, mounts over those paths, or reaches the plugin's host folders through a
+hostPath volume could replace the limits or switch HAMi-core off. Every container of a vGPU pod is
+checked, not just the ones that ask for a vGPU: with the NVIDIA runtime as the node's default, a
+sidecar that sets `NVIDIA_VISIBLE_DEVICES=all` is handed every GPU of the node with no limits at all.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from contract.config import Config
+
+# Variables HAMi-core or the NVIDIA container runtime read (names are case-sensitive, as in Linux).
+RESERVED_ENV: Final[frozenset[str]] = frozenset(
+    {
+        "CUDA_DEVICE_SM_LIMIT",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        "CUDA_DISABLE_CONTROL",
+        "CUDA_OVERSUBSCRIBE",
+        "GPU_CORE_UTILIZATION_POLICY",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "LD_PRELOAD",
+    }
+)
+# `CUDA_DEVICE_MEMORY_LIMIT` and every per-device `CUDA_DEVICE_MEMORY_LIMIT_<i>`.
+RESERVED_ENV_PREFIX: Final = "CUDA_DEVICE_MEMORY_LIMIT"
+
+# Paths the node plugin mounts into a hami-core container (node/hamicore.py), besides the hook path.
+PLUGIN_CONTAINER_PATHS: Final[tuple[str, ...]] = ("/etc/ld.so.preload", "/tmp/vgpu", "/tmp/vgpulock")
+# Host folders the node plugin serves from, besides the configured hook path.
+PLUGIN_HOST_PATHS: Final[tuple[str, ...]] = ("/tmp/vgpulock",)
+
+
+@dataclass(frozen=True)
+class Escape:
+    """One way out of the limits: what the pod wrote, and what to write instead."""
+
+    what: str
+    instead: str
+
+    def message(self) -> str:
+        """The denial text a user sees."""
+        return f"{self.what}: {self.instead}"
+
+
+def normalize(path: str) -> str:
+    """An absolute, `..`-free, single-slash form of a mount path, as the runtime resolves it.
+
+    `posixpath.normpath` keeps a leading `//` (POSIX lets it mean something else), which the
+    container runtime does not: `//etc/ld.so.preload` is `/etc/ld.so.preload` to runc.
+    """
+    joined = posixpath.normpath("/" + path)
+    return "/" + joined.lstrip("/")
+
+
+def covers(mount: str, protected: str) -> bool:
+    """Whether a mount at `mount` would replace `protected` or something inside it.
+
+    A mount on a parent folder (`/tmp`, `/etc`) is harmless: the plugin's own bind mounts are
+    deeper and land on top of it. Segments are compared, so `/tmp/vgpufoo` is not `/tmp/vgpu`.
+    """
+    mount, protected = normalize(mount), normalize(protected)
+    return mount == protected or mount.startswith(protected.rstrip("/") + "/")
+
+
+def host_overlaps(host: str, folder: str) -> bool:
+    """Whether a hostPath volume of `host` reaches `folder` (it is the folder, inside it, or above it)."""
+    host, folder = normalize(host), normalize(folder)
+    return covers(host, folder) or covers(folder, host)
+
+
+def _containers(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    spec = pod.get("spec") or {}
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        for container in spec.get(key) or []:
+            if isinstance(container, Mapping):
+                yield f"{key}[{container.get('name', '?')}]", container
+
+
+def _reserved_env(name: str) -> bool:
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX)
+
+
+def _env_escape(where: str, container: Mapping[str, Any]) -> Escape | None:
+    for entry in container.get("env") or []:
+        name = entry.get("name") if isinstance(entry, Mapping) else None
+        if isinstance(name, str) and _reserved_env(name):
+            return Escape(
+                f"{where}: env {name} is set by the node plugin for vGPU containers "
+                "(it carries the GPU memory and core limits)",
+                "remove it from env; the limits come from the container's vgpu resources",
+            )
+    return None
+
+
+def _mount_escape(where: str, container: Mapping[str, Any], protected: tuple[str, ...]) -> Escape | None:
+    mounts = [
+        (m.get("mountPath"), "volumeMounts")
+        for m in container.get("volumeMounts") or []
+        if isinstance(m, Mapping)
+    ]
+    mounts += [
+        (d.get("devicePath"), "volumeDevices")
+        for d in container.get("volumeDevices") or []
+        if isinstance(d, Mapping)
+    ]
+    for path, field in mounts:
+        if not isinstance(path, str):
+            continue
+        hit = next((p for p in protected if covers(path, p)), None)
+        if hit is not None:
+            return Escape(
+                f"{where}: {field} path {path!r} covers {hit}, which the node plugin mounts to enforce "
+                "the vGPU limits",
+                f"mount the volume elsewhere (not at or under {', '.join(protected)})",
+            )
+    return None
+
+
+def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escape | None:
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if not isinstance(volume, Mapping):
+            continue
+        host = volume.get("hostPath")
+        path = host.get("path") if isinstance(host, Mapping) else None
+        if not isinstance(path, str):
+            continue
+        hit = next((f for f in folders if host_overlaps(path, f)), None)
+        if hit is not None:
+            return Escape(
+                f"volume {volume.get('name', '?')!r}: hostPath {path!r} reaches the node plugin's host "
+                f"folder {hit}, where HAMi-core and every container's limits live",
+                "use an emptyDir or another volume type instead",
+            )
+    return None
+
+
+def find_escape(pod: Mapping[str, Any], config: Config) -> Escape | None:
+    """The first way the pod would escape its vGPU limits, or None."""
+    hook = config.node.hook_path
+    protected = (hook, *PLUGIN_CONTAINER_PATHS)
+    for where, container in _containers(pod):
+        escape = _env_escape(where, container) or _mount_escape(where, container, protected)
+        if escape is not None:
+            return escape
+    return _host_path_escape(pod, (hook, *PLUGIN_HOST_PATHS))

@@ -1,0 +1,97 @@
+"""The safety rules of admission (SPEC §2.2 steps 2-3): pure checks that raise `Denied` naming the fix.
+
+Used by the validating phase on the final object, and by the mutating phase too, so a pod that can
+never be admitted is told so before any rewrite. Nothing here reads pod labels: a pod's labels are its
+author's, so none of them can exempt a pod from these rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from contract.config import Config
+from contract.names import SCHEDULER_OWNED_ANNOTATIONS
+from contract.resources import PodRequest, iter_containers
+from webhook.isolation import find_escape
+
+# Denial reasons (the `reason` label of the denials metric).
+MALFORMED_VALUE = "malformed-value"
+INVALID_ANNOTATION = "invalid-annotation"
+FORGED_ANNOTATION = "forged-annotation"
+PRIVILEGED = "privileged"
+BYPASSES_SCHEDULER = "bypasses-scheduler"
+OTHER_SCHEDULER = "other-scheduler"
+NO_MATCHING_GPU = "no-matching-gpu"
+ISOLATION_ESCAPE = "isolation-escape"
+QUOTA = "quota"
+STALE_CACHE = "stale-cache"
+
+
+class Denied(Exception):
+    """A rule refused the pod; carries the metrics reason and the user's message."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+def annotations_of(pod: Mapping[str, Any] | None) -> Mapping[str, str]:
+    """A pod's annotations (empty when it has none)."""
+    annotations = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+    return annotations if isinstance(annotations, Mapping) else {}
+
+
+def check_create(pod: Mapping[str, Any], pod_request: PodRequest, config: Config) -> None:
+    """Refuse a new vGPU pod that is placed by hand, forges an allocation, or escapes its limits."""
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    if node_name:
+        # Without the scheduler no GPU is chosen for the pod, and the node plugin would fail it
+        # at Allocate with a less helpful UnexpectedAdmissionError.
+        raise Denied(
+            BYPASSES_SCHEDULER,
+            f"spec.nodeName is set ({node_name}): a vGPU pod must be placed by the scheduler, which "
+            "chooses its GPUs; use nodeSelector kubernetes.io/hostname instead",
+        )
+    annotations = annotations_of(pod)
+    forged = [key for key in SCHEDULER_OWNED_ANNOTATIONS if key in annotations]
+    if forged:
+        raise Denied(
+            FORGED_ANNOTATION,
+            f"annotation(s) {', '.join(forged)} are written by the scheduler when it places a pod; "
+            "a new pod must not carry them: remove them",
+        )
+    if config.webhook.deny_privileged:
+        for (container, _), parsed in zip(iter_containers(pod), pod_request.containers, strict=True):
+            security = container.get("securityContext") or {}
+            if parsed.asks_vgpu and security.get("privileged") is True:
+                raise Denied(
+                    PRIVILEGED,
+                    f"container {parsed.container!r}: privileged containers cannot use a vGPU "
+                    "(they see every GPU and escape the memory and core limits); "
+                    "remove securityContext.privileged",
+                )
+    escape = find_escape(pod, config)
+    if escape is not None:
+        raise Denied(ISOLATION_ESCAPE, escape.message())
+
+
+def changed_scheduler_annotations(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
+    """The scheduler-owned annotations an update adds, changes or removes, in protocol order."""
+    before, after = annotations_of(old), annotations_of(new)
+    return [key for key in SCHEDULER_OWNED_ANNOTATIONS if before.get(key) != after.get(key)]
+
+
+def check_update(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, username: str, config: Config
+) -> None:
+    """Refuse an update of the scheduler-owned annotations by anyone but the configured writers."""
+    changed = changed_scheduler_annotations(old, new)
+    if not changed or username in config.webhook.annotation_writers:
+        return
+    raise Denied(
+        FORGED_ANNOTATION,
+        f"annotation(s) {', '.join(changed)} belong to the scheduler and the node plugin; "
+        f"{username or 'an anonymous user'} may not add, change or remove them "
+        "(leave them as they are; the writers are set in webhook.annotationWriters)",
+    )
