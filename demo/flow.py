@@ -43,6 +43,7 @@ class Outcome:
     example: ExamplePod
     allowed: bool = False
     message: str = ""
+    denied_by: str = ""  # the admission phase that refused the pod: mutate or validate
     warnings: list[str] = field(default_factory=list)
     patch: list[dict[str, Any]] = field(default_factory=list)
     node: str | None = None
@@ -89,6 +90,7 @@ class PodFlow:
             raise DemoError(str(exc)) from None
         outcome.allowed = admitted.allowed
         outcome.message = admitted.message
+        outcome.denied_by = admitted.phase
         outcome.warnings = admitted.warnings
         outcome.patch = admitted.patch
         return admitted.pod

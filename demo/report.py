@@ -25,9 +25,9 @@ def render(outcome: Outcome, problems: list[str]) -> Iterator[str]:
     title = f"== {example.key} ({example.source}) "
     yield title + "=" * max(0, _WIDTH - len(title))
     if not outcome.allowed:
-        yield f"webhook: DENIED: {outcome.message}"
+        yield f"webhook /{outcome.denied_by}: DENIED: {outcome.message}"
     else:
-        yield f"webhook: allowed with {len(outcome.patch)} patch operation(s)"
+        yield f"webhook: allowed by /mutate ({len(outcome.patch)} patch operation(s)) and /validate"
         for op in outcome.patch:
             value = f" = {_value(op['value'])}" if "value" in op else ""
             yield f"    {op['op']:<7} {_pointer(op['path'])}{value}"

@@ -34,7 +34,8 @@ def test_every_example_ends_as_expected() -> None:
     pods = sorted((DEFAULT_EXAMPLES / "pods").glob("*.yaml"))
     assert f"{len(pods)} of {len(pods)} examples ended as expected." in result.stdout
     # Each kind of outcome is shown in readable form.
-    assert "webhook: DENIED: namespace team-small: vgpu-memory quota exceeded" in result.stdout
+    # Quota is decided by the validating phase, after the mutating one admitted the pod.
+    assert "webhook /validate: DENIED: namespace team-small: vgpu-memory quota exceeded" in result.stdout
     assert "env   NVIDIA_VISIBLE_DEVICES=MIG-" in result.stdout
     assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10000m" in result.stdout
     assert 'replace /metadata/annotations/nvidia.com/use-gputype = "[NVIDIA A100-SXM4-80GB]"' in result.stdout
