@@ -46,6 +46,7 @@ from webhook.selectors import (
 DEFAULT_SCHEDULER = "default-scheduler"
 
 # Denial reasons (the `reason` label of the denials metric).
+MALFORMED_OBJECT = "malformed-object"
 MALFORMED_VALUE = "malformed-value"
 INVALID_ANNOTATION = "invalid-annotation"
 FORGED_ANNOTATION = "forged-annotation"
@@ -163,6 +164,11 @@ class Admission:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
         if not request.is_pod_create or request.object is None:
             return Verdict(allowed=True)
+        if request.object_error:
+            # Only a caller other than the API server sends mistyped pods; no rule may meet one.
+            return Verdict(
+                allowed=False, reason=MALFORMED_OBJECT, message=f"malformed pod: {request.object_error}"
+            )
         pod = request.object
         namespace = request.namespace or str((pod.get("metadata") or {}).get("namespace", ""))
         labels = (pod.get("metadata") or {}).get("labels") or {}

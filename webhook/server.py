@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from webhook.admission import Admission
+from webhook.listener import GuardedConnection
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, MalformedReview, Verdict, encode_response, parse_review
 
@@ -69,10 +70,20 @@ class Drain:
         await self._idle.wait()
 
 
+def _guard(request: web.Request) -> GuardedConnection | None:
+    """The listener's guard of the request's connection (None when served by another listener)."""
+    transport = request.transport
+    protocol = transport.get_protocol() if transport is not None else None
+    return protocol if isinstance(protocol, GuardedConnection) else None
+
+
 @web.middleware
 async def _track(request: web.Request, handler: Handler) -> web.StreamResponse:
     drain = request.app[SERVICES].drain
+    guard = _guard(request)
     drain.begin()
+    if guard is not None:
+        guard.request_started()
     try:
         response = await handler(request)
         if drain.draining:
@@ -80,6 +91,8 @@ async def _track(request: web.Request, handler: Handler) -> web.StreamResponse:
         return response
     finally:
         drain.end()
+        if guard is not None:
+            guard.request_finished()
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,19 @@ def _error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
+async def _answer_and_close(http: web.Request, response: web.Response) -> web.Response:
+    """Send `response`, then close the connection: the rest of a broken body cannot be read or skipped.
+
+    Closing before aiohttp's own clean-up keeps it from trying to drain the body (which raises the
+    same error again, logged with a traceback); the close still flushes the answer first.
+    """
+    response.force_close()
+    await response.prepare(http)
+    await response.write_eof()
+    http.protocol.force_close()
+    return response
+
+
 def _pod_name(request: AdmissionRequest) -> str:
     metadata = (request.object or {}).get("metadata") or {}
     return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
@@ -117,7 +143,13 @@ async def mutate(http: web.Request) -> web.Response:
         body = await http.read()
     except web.HTTPRequestEntityTooLarge:
         metrics.reviews.labels("too_large").inc()
-        return _error(413, f"body is over the {limit}-byte limit")
+        return _error(413, f"body is over the {limit}-byte limit (after decompression)")
+    except web.RequestPayloadError as exc:
+        # A body that does not decompress, or whose chunked framing is broken.
+        metrics.reviews.labels("malformed").inc()
+        reason = " ".join(str(exc).split())
+        log.info("event=review_unreadable remote=%s reason=%r", http.remote, reason)
+        return await _answer_and_close(http, _error(400, f"body cannot be read: {reason}"))
     started = time.perf_counter()
     try:
         request = parse_review(body)
