@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import http.client
 import json
 import ssl
@@ -234,7 +235,9 @@ class ThreadedWebhook:
         *,
         clock: Callable[[], float] = time.monotonic,
         cert_poll_seconds: float = 10.0,
+        **overrides: Any,
     ) -> None:
+        """`overrides` replace `Options` fields (limits=, client_ca_file=, shutdown_timeout_seconds=)."""
         options = Options(
             tls_cert_file=tls.cert_file,
             tls_key_file=tls.key_file,
@@ -244,6 +247,7 @@ class ThreadedWebhook:
             cert_poll_seconds=cert_poll_seconds,
             shutdown_timeout_seconds=5.0,
         )
+        options = dataclasses.replace(options, **overrides)
         self.tls = tls
         self._connections: list[http.client.HTTPSConnection] = []
         self._loop = asyncio.new_event_loop()
