@@ -141,6 +141,10 @@ async def mutate(http: web.Request) -> web.Response:
         return _error(413, f"body of {http.content_length} bytes is over the {limit}-byte limit")
     try:
         body = await http.read()
+    except ConnectionResetError:
+        # The connection closed mid-body (the caller left, or its request deadline passed): no answer.
+        log.info("event=review_abandoned remote=%s", http.remote)
+        return _error(400, "connection closed before the body arrived")
     except web.HTTPRequestEntityTooLarge:
         metrics.reviews.labels("too_large").inc()
         return _error(413, f"body is over the {limit}-byte limit (after decompression)")
