@@ -7,6 +7,7 @@ It holds no tests; it is named like a test module so it lives among the webhook'
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import dataclasses
 import http.client
@@ -258,6 +259,10 @@ class ThreadedWebhook:
     def call(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on the webhook's loop and return its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+
+    def submit(self, coroutine: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Start a coroutine on the webhook's loop without waiting for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def read(self, fn: Callable[[], _T]) -> _T:
         """Evaluate `fn` on the webhook's loop (the cache is only touched there)."""

@@ -81,6 +81,17 @@ class GuardedConnection(asyncio.Protocol):
         )
         self.abort()
 
+    @property
+    def idle(self) -> bool:
+        """Open, with no request in the handler and no byte of a next one received."""
+        return self.transport is not None and not self.busy and self._deadline is None
+
+    def close(self) -> None:
+        """Close the connection once what was written is sent."""
+        self._disarm()
+        if self.transport is not None:
+            self.transport.close()
+
     def abort(self) -> None:
         """Close the connection now, without waiting for the peer."""
         self._disarm()
@@ -142,8 +153,8 @@ class Listener:
         self.refused = 0  # connections closed at once because the cap was reached
         self.expired = 0  # connections closed by the request deadline
         self._sock: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
-        self._opening: set[asyncio.Task[None]] = set()
+        # Connections accepted and not yet through their TLS handshake.
+        self._opening: dict[asyncio.Task[None], tuple[socket.socket, GuardedConnection]] = {}
         self._all_closed = asyncio.Event()
         self._all_closed.set()
         self._at_cap_logged = False
@@ -155,27 +166,42 @@ class Listener:
         sock.setblocking(False)
         self._sock = sock
         self.port = int(sock.getsockname()[1])
-        self._accepting = asyncio.create_task(self._accept_loop(sock), name="webhook-accept")
+        # A reader callback rather than `loop.sock_accept`: nothing to cancel on close, so no
+        # accepted socket can be lost between the accept and a cancellation.
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._accept_ready, sock)
 
-    async def _accept_loop(self, sock: socket.socket) -> None:
+    def _accept_ready(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn
             try:
-                conn, _ = await loop.sock_accept(sock)
+                conn, _ = sock.accept()
+            except BlockingIOError:
+                return
             except OSError as exc:  # out of file descriptors: let some connections end first
                 log.warning("event=accept_failed error=%r", str(exc))
-                await asyncio.sleep(_ACCEPT_ERROR_PAUSE_SECONDS)
-                continue
+                self._pause_accepting(sock)
+                return
             if len(self.connections) >= self.limits.max_connections:
                 self._refuse(conn)
                 continue
             self._at_cap_logged = False
+            conn.setblocking(False)
             guard = GuardedConnection(self.protocol_factory(), self, loop.time())
             self.connections.add(guard)
             self._all_closed.clear()
-            task = asyncio.create_task(self._open(conn, guard))
-            self._opening.add(task)
-            task.add_done_callback(self._opening.discard)
+            task = loop.create_task(self._open(conn, guard))
+            self._opening[task] = (conn, guard)
+            task.add_done_callback(self._opened)
+
+    def _pause_accepting(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(sock.fileno())
+
+        def resume() -> None:
+            if self._sock is sock:
+                loop.add_reader(sock.fileno(), self._accept_ready, sock)
+
+        loop.call_later(_ACCEPT_ERROR_PAUSE_SECONDS, resume)
 
     def _refuse(self, conn: socket.socket) -> None:
         self.refused += 1
@@ -202,11 +228,17 @@ class Listener:
         except (OSError, ssl.SSLError, asyncio.CancelledError) as exc:
             # A failed or timed-out handshake never reaches the protocol; the slot is freed here.
             log.debug("event=handshake_failed error=%r", str(exc))
-            with contextlib.suppress(OSError):
-                conn.close()
-            if guard.transport is None:  # else its connection_lost forgets it
-                guard.abort()
-                self.forget(guard)
+            self._abandon(conn, guard)
+
+    def _opened(self, task: asyncio.Task[None]) -> None:
+        self._opening.pop(task, None)
+
+    def _abandon(self, conn: socket.socket, guard: GuardedConnection) -> None:
+        with contextlib.suppress(OSError):
+            conn.close()
+        if guard.transport is None:  # else its connection_lost forgets it
+            guard.abort()
+            self.forget(guard)
 
     def forget(self, guard: GuardedConnection) -> None:
         """A connection ended (or never opened)."""
@@ -216,20 +248,31 @@ class Listener:
 
     async def close(self) -> None:
         """Stop accepting; handshakes still in progress are abandoned. Open connections stay."""
-        if self._accepting is not None:
-            self._accepting.cancel()
-            await asyncio.gather(self._accepting, return_exceptions=True)
-            self._accepting = None
         if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
-        for task in list(self._opening):
+        opening = dict(self._opening)
+        for task in opening:
             task.cancel()
-        await asyncio.gather(*self._opening, return_exceptions=True)
+        await asyncio.gather(*opening, return_exceptions=True)
+        # A task cancelled before it ran never reached its own clean-up.
+        for conn, guard in opening.values():
+            self._abandon(conn, guard)
 
     async def wait_all_closed(self) -> None:
         """Return once no connection is open."""
         await self._all_closed.wait()
+
+    def close_idle(self) -> int:
+        """Close (with the TLS close exchange) every connection between requests; the number closed.
+
+        A connection with part of a request buffered is not idle: it gets its answer first.
+        """
+        idle = [g for g in self.connections if g.idle]
+        for guard in idle:
+            guard.close()
+        return len(idle)
 
     def abort_all(self) -> None:
         """Close every open connection now."""

@@ -32,6 +32,8 @@ from webhook.tls import CertReloader
 
 log = logging.getLogger("kube_vgpu.webhook")
 
+_CLEANUP_TIMEOUT_SECONDS = 1.0
+
 
 @dataclass(frozen=True)
 class Options:
@@ -171,10 +173,13 @@ class WebhookServer:
             self.app,
             access_log=None,
             handle_signals=False,
-            shutdown_timeout=options.shutdown_timeout_seconds,
+            # `stop` has closed or aborted every connection before the runner's clean-up runs; this
+            # only bounds handlers still unwinding from an abort.
+            shutdown_timeout=_CLEANUP_TIMEOUT_SECONDS,
             keepalive_timeout=options.limits.idle_timeout_seconds,
         )
         self.listener: Listener | None = None
+        self._stopped = False
         self._reload_task: asyncio.Task[None] | None = None
         self.port = options.port
 
@@ -197,23 +202,30 @@ class WebhookServer:
         log.info("event=webhook_started address=%s:%d", self.options.host, self.port)
 
     async def stop(self) -> None:
-        """Within the shutdown timeout: stop accepting, let requests in flight finish, close every
-        connection (idle keep-alive ones at once); then stop the cache."""
+        """Stop accepting, close idle keep-alive connections, let requests in flight finish, close
+        every connection (aborting what is left when the shutdown timeout is up); then stop the cache.
+        A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.shutdown_timeout_seconds
         drain = self.app[SERVICES].drain
         listener = self.listener
         if listener is not None:
             await listener.close()
+        # From here every answer closes its connection; idle keep-alive connections close now, busy
+        # ones after their answer. (aiohttp's own pre_shutdown would also stop serving connections
+        # that hold part of a request, which then could never be answered.)
+        drain.draining = True
+        if listener is not None:
+            closed = listener.close_idle()
+            log.info("event=webhook_idle_closed count=%d", closed)
         try:
             async with asyncio.timeout_at(deadline):
                 await drain.wait_idle()
         except TimeoutError:
             log.warning("event=webhook_drain_timeout in_flight=%d", drain.in_flight)
-        # No await since the wait: no request can have started; idle keep-alive connections close now,
-        # busy ones (past the deadline) after their answer.
-        if self._runner.server is not None:
-            self._runner.server.pre_shutdown()
         if listener is not None:
             try:
                 async with asyncio.timeout_at(deadline):
