@@ -9,6 +9,7 @@ import copy
 import gzip
 import json
 import logging
+import socket
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -155,6 +156,10 @@ MEMORY = "volcano.sh/vgpu-memory"
 LIMITS = ("spec", "containers", 0, "resources", "limits")
 # (the change, what the denial must name)
 MISTYPED_PODS: list[tuple[Callable[[dict[str, Any]], None], str]] = [
+    (_set("metadata", value=[1]), "metadata must be an object, got a list"),
+    (_set("spec", value=None), "spec must be an object, got null"),
+    (_set("spec", "containers", 0, "resources", value=None), "resources must be an object, got null"),
+    (_set(*LIMITS, value=None), "limits must be an object, got null"),
     (_set("metadata", "name", value=5), "metadata.name must be a string, got a number"),
     (_set("metadata", "annotations", value=["a"]), "metadata.annotations must be an object, got a list"),
     (_set("metadata", "labels", value={"a": None}), "metadata.labels['a'] must be a string, got null"),
@@ -201,7 +206,10 @@ MISTYPED_PODS: list[tuple[Callable[[dict[str, Any]], None], str]] = [
 ]
 
 
-def test_a_mistyped_pod_is_denied_naming_the_field(webhook: ThreadedWebhook) -> None:
+def test_a_mistyped_pod_is_denied_naming_the_field(
+    webhook: ThreadedWebhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     conn = webhook.connect()
     for change, field in MISTYPED_PODS:
         doc = _valid()
@@ -216,6 +224,29 @@ def test_a_mistyped_pod_is_denied_naming_the_field(webhook: ThreadedWebhook) -> 
     assert f'kube_vgpu_webhook_denials_total{{reason="malformed-object"}} {len(MISTYPED_PODS)}.0' in (
         text.decode()
     )
+    _no_tracebacks(caplog)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_body_that_ends_wrongly_in_one_packet_gets_a_400_without_traceback(
+    webhook: ThreadedWebhook, caplog: pytest.LogCaptureFixture, encoding: str
+) -> None:
+    caplog.set_level(logging.INFO)
+    whole = gzip.compress(_OK_JSON) if encoding == "gzip" else zlib.compress(_OK_JSON)
+    # (body, whether it must be refused): a gzip stream missing only its trailer still decodes whole.
+    cases = [(whole[:-5], False), (whole[: len(whole) // 2], True), (whole[:3], True)]
+    cases.append((b"\x78\x9c" + b"\x00" * 8, True))
+    for body, refused in cases:
+        raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=10)
+        with webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost") as sock:
+            head = (
+                f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Encoding: {encoding}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)  # headers and body in one write: parsed at once
+            status = int(sock.recv(4096).split(b" ")[1])
+        assert (400 <= status < 500) if refused else status < 500, (body, status)
+    _no_tracebacks(caplog)
 
 
 @pytest.mark.parametrize(

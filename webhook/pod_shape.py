@@ -32,7 +32,11 @@ class Flag:
 
 @dataclass(frozen=True)
 class Obj:
-    """A JSON object; the named fields have the given shapes, null meaning absent; others are unread."""
+    """A JSON object; the named fields have the given shapes; others are unread.
+
+    null stands for absent in text and flag fields; objects and lists must not be null, since the
+    rules write into them (the API server never sends a null there).
+    """
 
     fields: Mapping[str, Shape]
 
@@ -178,11 +182,11 @@ def _check(value: Any, shape: Shape, path: str) -> str | None:
                 return problem
         return None
     for key, field_shape in shape.fields.items():
-        item = value.get(key)
-        if item is not None:
-            problem = _check(item, field_shape, f"{path}.{key}" if path else key)
-            if problem:
-                return problem
+        if key not in value or (value[key] is None and isinstance(field_shape, Text | Flag)):
+            continue
+        problem = _check(value[key], field_shape, f"{path}.{key}" if path else key)
+        if problem:
+            return problem
     return None
 
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from webhook.admission import Admission
@@ -127,8 +128,32 @@ async def _answer_and_close(http: web.Request, response: web.Response) -> web.Re
 
 
 def _pod_name(request: AdmissionRequest) -> str:
-    metadata = (request.object or {}).get("metadata") or {}
+    metadata = (request.object or {}).get("metadata")
+    if not isinstance(metadata, dict):  # a mistyped pod, denied; its name is whatever it says
+        return "?"
     return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
+
+
+class _BadRequestsWithoutTraceback(logging.Filter):
+    """aiohttp logs a request it cannot parse (bad framing, a compressed body that ends wrongly) with
+    a traceback at ERROR; that is a caller's bad input, so it becomes one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg, record.args = (
+                "event=http_bad_request remote=%s reason=%r",
+                (remote, " ".join(str(exc).split())),
+            )
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+# The logger aiohttp reports protocol errors on (passed to the server as its `logger`).
+http_log = logging.getLogger("kube_vgpu.webhook.http")
+http_log.addFilter(_BadRequestsWithoutTraceback())
 
 
 async def mutate(http: web.Request) -> web.Response:

@@ -27,7 +27,7 @@ from webhook.listener import ConnectionLimits, Listener
 from webhook.metrics import WebhookMetrics
 from webhook.quota import NamespaceQuota, placement_sizer
 from webhook.quota_metrics import QuotaMetrics
-from webhook.server import SERVICES, Readiness, Services, build_app
+from webhook.server import SERVICES, Readiness, Services, build_app, http_log
 from webhook.tls import CertReloader
 
 log = logging.getLogger("kube_vgpu.webhook")
@@ -177,6 +177,7 @@ class WebhookServer:
             # only bounds handlers still unwinding from an abort.
             shutdown_timeout=_CLEANUP_TIMEOUT_SECONDS,
             keepalive_timeout=options.limits.idle_timeout_seconds,
+            logger=http_log,
         )
         self.listener: Listener | None = None
         self._stopped = False
