@@ -153,7 +153,7 @@ class WebhookMetrics:
         )
         self.latency = Histogram(
             "kube_vgpu_webhook_review_duration_seconds",
-            "Time from receiving a review's body to its answer.",
+            "Time from a review's headers to its answer (reading and parsing the body included).",
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )

@@ -156,11 +156,13 @@ http_log = logging.getLogger("kube_vgpu.webhook.http")
 http_log.addFilter(_BadRequestsWithoutTraceback())
 
 
-async def mutate(http: web.Request) -> web.Response:
-    """Answer one AdmissionReview."""
-    services = http.app[SERVICES]
-    metrics = services.metrics
-    limit = services.max_body_bytes
+async def read_review(http: web.Request) -> AdmissionRequest | web.Response:
+    """The request's AdmissionReview, or the 4xx answer (JSON reason) for a body that is not one.
+
+    Every admission path reads its body here, so none can answer a caller's input with a 5xx.
+    """
+    metrics = http.app[SERVICES].metrics
+    limit = http.app[SERVICES].max_body_bytes
     if http.content_length is not None and http.content_length > limit:
         metrics.reviews.labels("too_large").inc()
         return _error(413, f"body of {http.content_length} bytes is over the {limit}-byte limit")
@@ -179,13 +181,22 @@ async def mutate(http: web.Request) -> web.Response:
         reason = " ".join(str(exc).split())
         log.info("event=review_unreadable remote=%s reason=%r", http.remote, reason)
         return await _answer_and_close(http, _error(400, f"body cannot be read: {reason}"))
-    started = time.perf_counter()
     try:
-        request = parse_review(body)
+        return parse_review(body)
     except MalformedReview as exc:
         metrics.reviews.labels("malformed").inc()
         log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
         return _error(400, str(exc))
+
+
+async def mutate(http: web.Request) -> web.Response:
+    """Answer one AdmissionReview."""
+    services = http.app[SERVICES]
+    metrics = services.metrics
+    started = time.perf_counter()
+    request = await read_review(http)
+    if isinstance(request, web.Response):
+        return request
     verdict = await _decide(services, request)
     response = encode_response(request.uid, verdict)
     metrics.latency.observe(time.perf_counter() - started)
