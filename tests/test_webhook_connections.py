@@ -127,6 +127,20 @@ def test_a_connection_that_sends_nothing_is_closed(strict: ThreadedWebhook) -> N
     assert _closed_by_server(sock)
 
 
+def test_a_connection_that_never_starts_tls_is_closed_and_frees_its_slot(strict: ThreadedWebhook) -> None:
+    raw = socket.create_connection(("127.0.0.1", strict.port), timeout=BOUND)
+    _opened.append(raw)
+    raw.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello, and nothing more
+    try:
+        closed = raw.recv(1) == b""
+    except ConnectionResetError:
+        closed = True
+    assert closed
+    listener = strict.server.listener
+    assert listener is not None
+    _wait(lambda: strict.read(lambda: len(listener.connections)) == 0, "the slot to be freed")
+
+
 def test_a_stalled_request_head_is_closed(strict: ThreadedWebhook) -> None:
     sock = _tls_socket(strict)
     sock.sendall(_request()[:20])
