@@ -32,7 +32,9 @@ from test_webhook_support import (
 )
 
 from certs.issue import Issued, issue_ca
+from cli.main import build_parser
 from standins.apiserver import ApiServerStandin
+from webhook.cli import run
 from webhook.listener import ConnectionLimits
 
 BOUND = 10.0  # seconds any wait in these tests may take before it fails
@@ -262,3 +264,21 @@ def test_reviews_still_work_through_the_guarded_listener(strict: ThreadedWebhook
     for i in range(5):
         status, answer = post(conn, review(pod(container(memory=1000)), uid=f"u{i}"))
         assert status == 200 and answer["response"]["uid"] == f"u{i}"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-connections", "0", "max connections must be at least 1, got 0"),
+        ("--request-timeout", "0", "timeouts must be positive"),
+        ("--idle-timeout", "-1", "timeouts must be positive"),
+    ],
+)
+def test_bad_connection_bounds_are_refused_at_start(
+    caplog: pytest.LogCaptureFixture, flag: str, value: str, message: str
+) -> None:
+    args = build_parser().parse_args(
+        ["webhook", "--tls-cert-file", "tls.crt", "--tls-key-file", "tls.key", flag, value]
+    )
+    assert run(args) == 2
+    assert any(message in r.getMessage() for r in caplog.records)
