@@ -227,6 +227,25 @@ def test_a_mistyped_pod_is_denied_naming_the_field(
     _no_tracebacks(caplog)
 
 
+@pytest.mark.parametrize(
+    ("method", "path"), [("POST", "/healthz"), ("POST", "/nowhere"), ("GET", "/metrics")]
+)
+def test_a_broken_body_sent_where_no_body_is_read_leaves_no_traceback(
+    webhook: ThreadedWebhook, caplog: pytest.LogCaptureFixture, method: str, path: str
+) -> None:
+    caplog.set_level(logging.INFO)
+    conn = webhook.connect()
+    conn.request(method, path, body=b"\x1f\x8b garbage" * 100, headers={"Content-Encoding": "gzip"})
+    response = conn.getresponse()
+    response.read()
+    assert response.status < 500
+    conn.close()
+    _wait(
+        lambda: any("http_bad_request" in r.getMessage() for r in caplog.records), "the skipped body's line"
+    )
+    _no_tracebacks(caplog)
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_a_compressed_body_that_ends_wrongly_in_one_packet_gets_a_400_without_traceback(
     webhook: ThreadedWebhook, caplog: pytest.LogCaptureFixture, encoding: str

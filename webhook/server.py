@@ -135,12 +135,14 @@ def _pod_name(request: AdmissionRequest) -> str:
 
 
 class _BadRequestsWithoutTraceback(logging.Filter):
-    """aiohttp logs a request it cannot parse (bad framing, a compressed body that ends wrongly) with
-    a traceback at ERROR; that is a caller's bad input, so it becomes one INFO line."""
+    """aiohttp logs a request it cannot parse (bad framing, a compressed body that ends wrongly, or
+    one it fails to skip after an answer that did not read it) with a traceback at ERROR; that is a
+    caller's bad input, so it becomes one INFO line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+        client_error = isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500
+        if client_error or isinstance(exc, web.RequestPayloadError):
             remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
             record.msg, record.args = (
                 "event=http_bad_request remote=%s reason=%r",
