@@ -38,6 +38,7 @@ from webhook.cli import run
 from webhook.listener import ConnectionLimits
 
 BOUND = 10.0  # seconds any wait in these tests may take before it fails
+STRICT_DEADLINE = 1.0  # the request deadline of the `strict` webhook
 
 
 def _wait(condition: Callable[[], bool], what: str) -> None:
@@ -119,7 +120,10 @@ def _open_webhook(
 @pytest.fixture
 def strict(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[ThreadedWebhook]:
     """A webhook with a short request deadline and a long idle timeout."""
-    limits = ConnectionLimits(max_connections=50, request_timeout_seconds=0.5, idle_timeout_seconds=60)
+    # Short enough to wait out, long enough that a request on a loaded machine is never cut.
+    limits = ConnectionLimits(
+        max_connections=50, request_timeout_seconds=STRICT_DEADLINE, idle_timeout_seconds=60
+    )
     with _open_webhook(apiserver, tmp_path, limits=limits) as running:
         yield running
 
@@ -173,7 +177,7 @@ def test_an_idle_keep_alive_connection_outlives_the_request_deadline(strict: Thr
     sock.sendall(_request())
     assert b" 200 " in _read_response(sock)
     # Several request deadlines pass while the connection is idle; the idle timeout is 60 s.
-    time.sleep(4 * 0.5)
+    time.sleep(2.5 * STRICT_DEADLINE)
     sock.sendall(_request())
     assert b" 200 " in _read_response(sock)
     sock.close()
