@@ -7,7 +7,9 @@ It holds no tests; it is named like a test module so it lives among the webhook'
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
+import dataclasses
 import http.client
 import json
 import ssl
@@ -234,7 +236,9 @@ class ThreadedWebhook:
         *,
         clock: Callable[[], float] = time.monotonic,
         cert_poll_seconds: float = 10.0,
+        **overrides: Any,
     ) -> None:
+        """`overrides` replace `Options` fields (limits=, client_ca_file=, shutdown_timeout_seconds=)."""
         options = Options(
             tls_cert_file=tls.cert_file,
             tls_key_file=tls.key_file,
@@ -244,6 +248,7 @@ class ThreadedWebhook:
             cert_poll_seconds=cert_poll_seconds,
             shutdown_timeout_seconds=5.0,
         )
+        options = dataclasses.replace(options, **overrides)
         self.tls = tls
         self._connections: list[http.client.HTTPSConnection] = []
         self._loop = asyncio.new_event_loop()
@@ -254,6 +259,10 @@ class ThreadedWebhook:
     def call(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         """Run a coroutine on the webhook's loop and return its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+
+    def submit(self, coroutine: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Start a coroutine on the webhook's loop without waiting for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def read(self, fn: Callable[[], _T]) -> _T:
         """Evaluate `fn` on the webhook's loop (the cache is only touched there)."""

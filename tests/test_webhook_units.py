@@ -123,16 +123,27 @@ def _review(**request: Any) -> bytes:
         (_review(uid=""), "request.uid"),
         (_review(operation="PATCH"), "request.operation"),
         (_review(object=None), "missing for a Pod CREATE"),
-        (_review(object={"metadata": {"annotations": {"a": 1}}}), "annotations"),
-        (_review(object={"spec": {"containers": {}}}), "spec.containers"),
-        (_review(object={"spec": {"affinity": {"nodeAffinity": []}}}), "nodeAffinity"),
         (_review(dryRun="yes"), "dryRun"),
-        (b"\xff", "not JSON"),
+        (b"\xff", "not UTF-8"),
     ],
 )
 def test_parse_review_names_what_is_wrong(body: bytes, reason: str) -> None:
     with pytest.raises(MalformedReview, match=reason):
         parse_review(body)
+
+
+@pytest.mark.parametrize(
+    ("pod", "field"),
+    [
+        ({"metadata": {"annotations": {"a": 1}}}, "metadata.annotations['a'] must be a string"),
+        ({"spec": {"containers": {}}}, "spec.containers must be a list"),
+        ({"spec": {"affinity": {"nodeAffinity": []}}}, "spec.affinity.nodeAffinity must be an object"),
+    ],
+)
+def test_a_mistyped_pod_in_a_well_formed_review_is_named_for_a_denial(
+    pod: dict[str, Any], field: str
+) -> None:
+    assert field in parse_review(_review(object=pod)).object_error
 
 
 def test_encode_response_carries_patch_warnings_and_denials() -> None:

@@ -29,6 +29,7 @@ from webhook.placement import Placement, clip, pending_warning, resolve_placemen
 from webhook.review import AdmissionRequest, Verdict, make_patch
 from webhook.safety import (
     INVALID_ANNOTATION,
+    MALFORMED_OBJECT,
     MALFORMED_VALUE,
     NO_MATCHING_GPU,
     OTHER_SCHEDULER,
@@ -75,6 +76,11 @@ class Admission:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
         if not request.is_pod_create or request.object is None:
             return Verdict(allowed=True)
+        if request.object_error:
+            # Only a caller other than the API server sends mistyped pods; no rule may meet one.
+            return Verdict(
+                allowed=False, reason=MALFORMED_OBJECT, message=f"malformed pod: {request.object_error}"
+            )
         pod = request.object
         namespace = request.namespace or str((pod.get("metadata") or {}).get("namespace", ""))
         # Only the namespace can opt out: a pod's labels are written by its author (SPEC §1).

@@ -69,11 +69,24 @@ def decode_marker(value: str | None) -> list[Requirement]:
         return []
     try:
         decoded = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # the annotation is the pod author's: it may nest arbitrarily
         return []
     if not isinstance(decoded, list):
         return []
-    return [r for r in decoded if isinstance(r, dict)]
+    return [r for r in decoded if _is_requirement(r)]
+
+
+def _is_requirement(value: Any) -> bool:
+    """Whether `value` has a NodeSelectorRequirement's shape (only those can be ours to take off)."""
+    if not isinstance(value, dict) or set(value) - {"key", "operator", "values"}:
+        return False
+    values = value.get("values", [])
+    return (
+        isinstance(value.get("key"), str)
+        and isinstance(value.get("operator"), str)
+        and isinstance(values, list)
+        and all(isinstance(v, str) for v in values)
+    )
 
 
 def _dedupe(terms: Iterable[Term]) -> list[Term]:

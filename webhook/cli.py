@@ -10,6 +10,7 @@ from pathlib import Path
 
 from contract.config import ConfigError, load_config
 from kubeapi.client import KubeConfigError
+from webhook.listener import ConnectionLimits
 from webhook.service import Options, serve
 from webhook.tls import TlsFilesError
 
@@ -34,7 +35,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shutdown-timeout",
         type=float,
         default=20.0,
-        help="seconds reviews in flight get to finish on SIGTERM",
+        help="seconds from SIGTERM to exit: requests in flight finish, every connection is closed "
+        "(keep the pod's terminationGracePeriodSeconds above it)",
+    )
+    parser.add_argument(
+        "--client-ca-file",
+        default=None,
+        help="PEM CA bundle; callers must present a client certificate it signed (default: any caller)",
+    )
+    limits = ConnectionLimits()
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=limits.max_connections,
+        help="open connections at most; more are closed on accept (bounds memory, ~0.3 MiB each)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=limits.request_timeout_seconds,
+        help="seconds from a request's first byte (a new connection: its accept) to its answer",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=limits.idle_timeout_seconds,
+        help="seconds an idle keep-alive connection is kept (above the API server's 90)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -53,8 +79,14 @@ def run(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig,
             cert_poll_seconds=args.cert_poll_seconds,
             shutdown_timeout_seconds=args.shutdown_timeout,
+            limits=ConnectionLimits(
+                max_connections=args.max_connections,
+                request_timeout_seconds=args.request_timeout,
+                idle_timeout_seconds=args.idle_timeout,
+            ),
+            client_ca_file=Path(args.client_ca_file) if args.client_ca_file else None,
         )
         return asyncio.run(serve(options, config))
-    except (ConfigError, KubeConfigError, TlsFilesError, OSError) as exc:
+    except (ConfigError, KubeConfigError, TlsFilesError, OSError, ValueError) as exc:
         log.error("event=webhook_failed error=%r", str(exc))
         return 2

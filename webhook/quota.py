@@ -51,6 +51,9 @@ class DenialCounter(Protocol):
     def denied(self, namespace: str, reason: Resource | str) -> None:
         """One review in `namespace` was refused for `reason` (a resource, `invalid-label` or `unsized`)."""
 
+    def forget(self, namespace: str) -> None:
+        """Drop what is counted for a deleted namespace."""
+
 
 class NamespaceQuota:
     """Namespace GPU quotas at admission: no over-admission, no refusal of a pod that fits."""
@@ -79,6 +82,13 @@ class NamespaceQuota:
         # The last labels each namespace's reviews carried; the metrics module reports limits from it
         # when it is not given the cache's namespaces.
         self.last_limits: dict[str, Limits] = {}
+
+    def forget_namespace(self, namespace: str) -> None:
+        """The namespace was deleted: keep nothing for it (memory is bounded by the namespaces that exist)."""
+        self.ledger.forget(namespace)
+        self.last_limits.pop(namespace, None)
+        if self.denials is not None:
+            self.denials.forget(namespace)
 
     def admit(
         self,

@@ -212,6 +212,10 @@ class QuotaLedger:
         """Every namespace the ledger holds anything for."""
         return list(self._namespaces)
 
+    def forget(self, namespace: str) -> None:
+        """Drop all a deleted namespace's state (its pods are gone with it)."""
+        self._namespaces.pop(namespace, None)
+
     # -- the cache side --------------------------------------------------------------------------
 
     def pod_seen(self, pod: Mapping[str, Any]) -> None:

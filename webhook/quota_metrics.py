@@ -7,6 +7,7 @@ is not shared across threads.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter
@@ -45,6 +46,12 @@ class QuotaMetrics(Collector):
     def denied(self, namespace: str, reason: str) -> None:
         """Count one denial."""
         self._denied.labels(namespace=namespace, reason=reason).inc()
+
+    def forget(self, namespace: str) -> None:
+        """Drop the deleted namespace's denial series, so series are bounded by the namespaces that exist."""
+        for reason in (*RESOURCES, "invalid-label", "unsized"):
+            with contextlib.suppress(KeyError):
+                self._denied.remove(namespace, reason)
 
     def _limits(self) -> dict[str, Limits]:
         if self._namespaces is None:

@@ -7,17 +7,33 @@ a policy refusal is a well-formed review with `allowed: false`. The two never mi
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Literal, NotRequired, TypedDict
 
 import jsonpatch
+
+from webhook.pod_shape import is_namespace_name, is_unicode_text, pod_problem
 
 API_VERSION: Literal["admission.k8s.io/v1"] = "admission.k8s.io/v1"
 KIND: Literal["AdmissionReview"] = "AdmissionReview"
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 _OPERATIONS: tuple[Operation, ...] = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+# A Pod review nests about a dozen levels; deeper input is refused before it is decoded, so neither
+# the decoder nor any later copy or diff of the document can run out of stack.
+MAX_NESTING = 100
+# Numbers in a review are 64-bit at most (20 characters with the sign); longer digit strings are
+# refused before Python converts them (which is quadratic, and refused past 4300 digits).
+MAX_NUMBER_CHARS = 24
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]++")
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 class MalformedReview(ValueError):
@@ -79,6 +95,9 @@ class AdmissionRequest:
         """Whether the request is about a core/v1 Pod itself (not a subresource)."""
         return self.kind["group"] == "" and self.kind["kind"] == "Pod" and not self.sub_resource
 
+    # What is wrong with the shape of the pod ("" when nothing): a denial, not a 400.
+    object_error: str = ""
+
     @property
     def is_pod_create(self) -> bool:
         """Whether this is the CREATE of a core/v1 Pod (every other request passes untouched)."""
@@ -97,15 +116,68 @@ def _text(value: object, where: str, *, required: bool = False) -> str:
         raise MalformedReview(
             f"{where} must be a non-empty string" if required else f"{where} must be a string"
         )
+    if not is_unicode_text(value):
+        raise MalformedReview(f"{where} holds a lone UTF-16 surrogate, which is not text")
     return value
+
+
+def nesting_depth(text: str) -> int:
+    """How deeply the arrays and objects of a JSON text nest (brackets inside strings do not count).
+
+    Linear and without recursion, in C-level passes: strings blanked, everything but brackets
+    removed, then the running sum of +1/-1 steps.
+    """
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits) > MAX_NUMBER_CHARS:
+        raise MalformedReview(
+            f"body holds a number of {len(digits)} characters; numbers in an AdmissionReview fit in 64 bits"
+        )
+    return int(digits)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text) if len(text) <= 64 else math.inf
+    if not math.isfinite(value):
+        raise MalformedReview(f"body holds a number out of range ({text[:32]})")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise MalformedReview(f"body holds {name}, which is not JSON")
+
+
+def decode_json(body: bytes) -> Any:
+    """The JSON document in `body` (strict UTF-8, bounded nesting and numbers) or MalformedReview."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MalformedReview(
+            f"body is not UTF-8 text (byte {body[exc.start]:#04x} at offset {exc.start}); "
+            "send the AdmissionReview as UTF-8 JSON"
+        ) from None
+    # Counting brackets is far cheaper than measuring depth, and few bodies have many.
+    openers = text.count("[") + text.count("{")
+    if openers > MAX_NESTING and (depth := nesting_depth(text)) > MAX_NESTING:
+        raise MalformedReview(
+            f"body nests {depth} levels deep; an AdmissionReview nests at most {MAX_NESTING}"
+        )
+    try:
+        return json.loads(
+            text, parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant
+        )
+    except MalformedReview:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise MalformedReview(f"body is not JSON: {str(exc)[:200]}") from None
 
 
 def parse_review(body: bytes) -> AdmissionRequest:
     """Parse an AdmissionReview v1 request body; raise MalformedReview naming what is wrong."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise MalformedReview(f"body is not JSON: {exc}") from None
+    doc = decode_json(body)
     if not isinstance(doc, dict):
         raise MalformedReview("body is not a JSON object")
     if doc.get("kind") != KIND or doc.get("apiVersion") != API_VERSION:
@@ -140,11 +212,14 @@ def parse_review(body: bytes) -> AdmissionRequest:
     dry_run = request.get("dryRun", False)
     if not isinstance(dry_run, bool) and dry_run is not None:
         raise MalformedReview("request.dryRun must be a boolean")
+    namespace = _text(request.get("namespace"), "request.namespace")
+    if namespace and not is_namespace_name(namespace):
+        raise MalformedReview(f"request.namespace {namespace[:80]!r} is not a namespace name")
     parsed = AdmissionRequest(
         uid=uid,
         kind=kind,
         operation=operation,
-        namespace=_text(request.get("namespace"), "request.namespace"),
+        namespace=namespace,
         name=_text(request.get("name"), "request.name"),
         object=obj,
         dry_run=bool(dry_run),
@@ -155,74 +230,18 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if parsed.is_pod_create or parsed.is_pod_update:
         if obj is None:
             raise MalformedReview(f"request.object is missing for a Pod {operation}")
-        _check_pod_shape(obj)
+        problem = pod_problem(obj)
     elif obj is not None and kind["kind"] == "Pod" and parsed.sub_resource == "ephemeralcontainers":
-        _check_pod_shape(obj)  # `kubectl debug`: the object is the whole Pod
-    if parsed.is_pod_update and old is not None:
-        # Without oldObject every scheduler-owned annotation on the object counts as added.
-        _check_pod_shape(old)
+        problem = pod_problem(obj)  # `kubectl debug`: the object is the whole Pod
+    else:
+        problem = None
+    if not problem and parsed.is_pod_update and old is not None:
+        # Without a readable oldObject every scheduler-owned annotation counts as added.
+        old_problem = pod_problem(old)
+        problem = f"oldObject: {old_problem}" if old_problem else None
+    if problem:
+        parsed = dataclasses.replace(parsed, object_error=problem)
     return parsed
-
-
-def _check_pod_shape(pod: Mapping[str, Any]) -> None:
-    """The containers of a Pod must be where the API server puts them; anything else is not a Pod."""
-    for key in ("metadata", "spec"):
-        if key in pod and not isinstance(pod[key], dict):
-            raise MalformedReview(f"request.object.{key} is not an object")
-    metadata = pod.get("metadata") or {}
-    for key in ("annotations", "labels"):
-        value = metadata.get(key)
-        if value is not None and (
-            not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())
-        ):
-            raise MalformedReview(f"request.object.metadata.{key} must map strings to strings")
-    spec = pod.get("spec") or {}
-    for key in ("containers", "initContainers"):
-        value = spec.get(key)
-        if value is not None and (not isinstance(value, list) or not all(isinstance(c, dict) for c in value)):
-            raise MalformedReview(f"request.object.spec.{key} must be a list of objects")
-        for container in value or []:
-            resources = container.get("resources")
-            if resources is not None and not isinstance(resources, dict):
-                raise MalformedReview(f"request.object.spec.{key}[].resources is not an object")
-            for part in ("limits", "requests"):
-                amounts = (resources or {}).get(part)
-                if amounts is not None and not isinstance(amounts, dict):
-                    raise MalformedReview(f"request.object.spec.{key}[].resources.{part} is not an object")
-            security = container.get("securityContext")
-            if security is not None and not isinstance(security, dict):
-                raise MalformedReview(f"request.object.spec.{key}[].securityContext is not an object")
-    _check_affinity_shape(spec.get("affinity"))
-
-
-def _check_affinity_shape(affinity: Any) -> None:
-    """The required node affinity, which the webhook rewrites, must have the API's shape."""
-    where = "request.object.spec.affinity"
-    if affinity is None:
-        return
-    if not isinstance(affinity, dict):
-        raise MalformedReview(f"{where} is not an object")
-    node_affinity = affinity.get("nodeAffinity")
-    if node_affinity is None:
-        return
-    if not isinstance(node_affinity, dict):
-        raise MalformedReview(f"{where}.nodeAffinity is not an object")
-    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required is None:
-        return
-    where += ".nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    if not isinstance(required, dict):
-        raise MalformedReview(f"{where} is not an object")
-    terms = required.get("nodeSelectorTerms")
-    if terms is not None and (not isinstance(terms, list) or not all(isinstance(t, dict) for t in terms)):
-        raise MalformedReview(f"{where}.nodeSelectorTerms must be a list of objects")
-    for term in terms or []:
-        for key in ("matchExpressions", "matchFields"):
-            value = term.get(key)
-            if value is not None and (
-                not isinstance(value, list) or not all(isinstance(r, dict) for r in value)
-            ):
-                raise MalformedReview(f"{where}.nodeSelectorTerms[].{key} must be a list of objects")
 
 
 @dataclass(frozen=True)

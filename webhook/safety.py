@@ -16,6 +16,8 @@ from contract.resources import PodRequest, iter_containers
 from webhook.isolation import find_escape
 
 # Denial reasons (the `reason` label of the denials metric).
+# A pod whose shape is not a Pod's (only a caller other than the API server sends one).
+MALFORMED_OBJECT = "malformed-object"
 MALFORMED_VALUE = "malformed-value"
 INVALID_ANNOTATION = "invalid-annotation"
 FORGED_ANNOTATION = "forged-annotation"

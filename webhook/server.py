@@ -16,9 +16,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from webhook.admission import Admission
+from webhook.listener import GuardedConnection
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, MalformedReview, Verdict, encode_response, parse_review
 from webhook.validation import Validation
@@ -72,10 +74,20 @@ class Drain:
         await self._idle.wait()
 
 
+def _guard(request: web.Request) -> GuardedConnection | None:
+    """The listener's guard of the request's connection (None when served by another listener)."""
+    transport = request.transport
+    protocol = transport.get_protocol() if transport is not None else None
+    return protocol if isinstance(protocol, GuardedConnection) else None
+
+
 @web.middleware
 async def _track(request: web.Request, handler: Handler) -> web.StreamResponse:
     drain = request.app[SERVICES].drain
+    guard = _guard(request)
     drain.begin()
+    if guard is not None:
+        guard.request_started()
     try:
         response = await handler(request)
         if drain.draining:
@@ -83,6 +95,8 @@ async def _track(request: web.Request, handler: Handler) -> web.StreamResponse:
         return response
     finally:
         drain.end()
+        if guard is not None:
+            guard.request_finished()
 
 
 @dataclass(frozen=True)
@@ -104,31 +118,91 @@ def _error(status: int, reason: str) -> web.Response:
     return web.json_response({"error": reason}, status=status)
 
 
+async def _answer_and_close(http: web.Request, response: web.Response) -> web.Response:
+    """Send `response`, then close the connection: the rest of a broken body cannot be read or skipped.
+
+    Closing before aiohttp's own clean-up keeps it from trying to drain the body (which raises the
+    same error again, logged with a traceback); the close still flushes the answer first.
+    """
+    response.force_close()
+    await response.prepare(http)
+    await response.write_eof()
+    http.protocol.force_close()
+    return response
+
+
 def _pod_name(request: AdmissionRequest) -> str:
-    metadata = (request.object or {}).get("metadata") or {}
+    metadata = (request.object or {}).get("metadata")
+    if not isinstance(metadata, dict):  # a mistyped pod, denied; its name is whatever it says
+        return "?"
     return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
+
+
+class _BadRequestsWithoutTraceback(logging.Filter):
+    """aiohttp logs a request it cannot parse (bad framing, a compressed body that ends wrongly, or
+    one it fails to skip after an answer that did not read it) with a traceback at ERROR; that is a
+    caller's bad input, so it becomes one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        client_error = isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500
+        if client_error or isinstance(exc, web.RequestPayloadError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg, record.args = (
+                "event=http_bad_request remote=%s reason=%r",
+                (remote, " ".join(str(exc).split())),
+            )
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+# The logger aiohttp reports protocol errors on (passed to the server as its `logger`).
+http_log = logging.getLogger("kube_vgpu.webhook.http")
+http_log.addFilter(_BadRequestsWithoutTraceback())
+
+
+async def read_review(http: web.Request) -> AdmissionRequest | web.Response:
+    """The request's AdmissionReview, or the 4xx answer (JSON reason) for a body that is not one.
+
+    Every admission path reads its body here, so none can answer a caller's input with a 5xx.
+    """
+    metrics = http.app[SERVICES].metrics
+    limit = http.app[SERVICES].max_body_bytes
+    if http.content_length is not None and http.content_length > limit:
+        metrics.reviews.labels("too_large").inc()
+        return _error(413, f"body of {http.content_length} bytes is over the {limit}-byte limit")
+    try:
+        body = await http.read()
+    except ConnectionResetError:
+        # The connection closed mid-body (the caller left, or its request deadline passed): no answer.
+        log.info("event=review_abandoned remote=%s", http.remote)
+        return _error(400, "connection closed before the body arrived")
+    except web.HTTPRequestEntityTooLarge:
+        metrics.reviews.labels("too_large").inc()
+        return _error(413, f"body is over the {limit}-byte limit (after decompression)")
+    except web.RequestPayloadError as exc:
+        # A body that does not decompress, or whose chunked framing is broken.
+        metrics.reviews.labels("malformed").inc()
+        reason = " ".join(str(exc).split())
+        log.info("event=review_unreadable remote=%s reason=%r", http.remote, reason)
+        return await _answer_and_close(http, _error(400, f"body cannot be read: {reason}"))
+    try:
+        return parse_review(body)
+    except MalformedReview as exc:
+        metrics.reviews.labels("malformed").inc()
+        log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
+        return _error(400, str(exc))
 
 
 async def mutate(http: web.Request) -> web.Response:
     """Answer one AdmissionReview."""
     services = http.app[SERVICES]
     metrics = services.metrics
-    limit = services.max_body_bytes
-    if http.content_length is not None and http.content_length > limit:
-        metrics.reviews.labels("too_large").inc()
-        return _error(413, f"body of {http.content_length} bytes is over the {limit}-byte limit")
-    try:
-        body = await http.read()
-    except web.HTTPRequestEntityTooLarge:
-        metrics.reviews.labels("too_large").inc()
-        return _error(413, f"body is over the {limit}-byte limit")
     started = time.perf_counter()
-    try:
-        request = parse_review(body)
-    except MalformedReview as exc:
-        metrics.reviews.labels("malformed").inc()
-        log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
-        return _error(400, str(exc))
+    request = await read_review(http)
+    if isinstance(request, web.Response):
+        return request
     validating = http.path == VALIDATE_PATH
     verdict = await _decide(services, request, validating=validating)
     response = encode_response(request.uid, verdict)

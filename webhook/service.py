@@ -11,8 +11,9 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -20,19 +21,23 @@ from contract.config import Config, NodeConfig
 from contract.mig_geometry import DeviceConfig, MigGeometryError, parse_device_config
 from contract.mig_geometry_default import default_device_config
 from contract.names import DEVICE_CONFIG_KEY
+from contract.resources import PodRequest
 from kubeapi.client import Kube, KubeError, load_api_client
 from webhook.admission import Admission
 from webhook.cache import CachedKind, CacheEvent, ClusterCache
 from webhook.gates import QuotaGate
 from webhook.inventory import Inventory
+from webhook.listener import ConnectionLimits, Listener
 from webhook.metrics import WebhookMetrics
 from webhook.quota import NamespaceQuota, mig_slot_sizer, placement_sizer
 from webhook.quota_metrics import QuotaMetrics
-from webhook.server import SERVICES, Readiness, Services, build_app
+from webhook.server import SERVICES, Readiness, Services, build_app, http_log
 from webhook.tls import CertReloader
 from webhook.validation import Validation
 
 log = logging.getLogger("kube_vgpu.webhook")
+
+_CLEANUP_TIMEOUT_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,52 @@ class Options:
     host: str = "0.0.0.0"
     kubeconfig: str | None = None
     cert_poll_seconds: float = 10.0
+    # From SIGTERM to exit: stop accepting, finish requests in flight, close every connection.
     shutdown_timeout_seconds: float = 20.0
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # Callers must present a client certificate signed by this CA (None: any caller is served).
+    client_ca_file: Path | None = None
+
+
+class KnownNamespaceQuota:
+    """The quota step for namespaces the cache holds; vGPU pods of any other namespace are refused.
+
+    The API server refuses creates in a namespace that does not exist before any webhook is called,
+    so such a review is a forgery or a namespace created a moment ago; either way nothing is
+    reserved or remembered for it, which bounds the quota's memory by the namespaces that exist.
+    """
+
+    def __init__(self, gate: QuotaGate, known: Callable[[str], bool]) -> None:
+        self.gate = gate
+        self.known = known
+
+    def admit(
+        self,
+        *,
+        namespace: str,
+        namespace_labels: Mapping[str, str],
+        pod: Mapping[str, Any],
+        request: PodRequest,
+        largest_gpu_mib: int | None,
+        pod_uid: str,
+        dry_run: bool,
+    ) -> str | None:
+        """The wrapped gate's answer for a known namespace; a refusal naming the namespace otherwise."""
+        if not self.known(namespace):
+            log.info("event=quota_unknown_namespace namespace=%r pod_uid=%s", namespace, pod_uid)
+            return (
+                f"namespace {namespace!r} is not in the webhook's view of the cluster yet "
+                "(created a moment ago?); retry in a few seconds"
+            )
+        return self.gate.admit(
+            namespace=namespace,
+            namespace_labels=namespace_labels,
+            pod=pod,
+            request=request,
+            largest_gpu_mib=largest_gpu_mib,
+            pod_uid=pod_uid,
+            dry_run=dry_run,
+        )
 
 
 def build_quota(
@@ -77,15 +127,26 @@ def build_quota(
     def on_relist(kind: CachedKind) -> None:
         if kind == "pod":
             gate.ledger.resync(cache.objects("pod").values())
+        elif kind == "namespace":
+            listed = set(cache.objects("namespace"))
+            for name in set(gate.ledger.namespaces()) | set(gate.last_limits):
+                if name not in listed:
+                    gate.forget_namespace(name)
+
+    def on_namespace(event: CacheEvent) -> None:
+        name = (event.obj.get("metadata") or {}).get("name")
+        if event.type == "deleted" and isinstance(name, str):
+            gate.forget_namespace(name)
 
     def namespaces() -> Iterator[tuple[str, Mapping[str, str]]]:
         for name in cache.objects("namespace"):
             yield name, cache.namespace_labels(name) or {}
 
     cache.subscribe("pod", on_pod)
+    cache.subscribe("namespace", on_namespace)
     cache.subscribe_relist(on_relist)
     QuotaMetrics(gate, metrics.registry, namespaces=namespaces)
-    return gate
+    return KnownNamespaceQuota(gate, lambda name: cache.namespace_labels(name) is not None)
 
 
 def _gpu_memory(cache: ClusterCache, uuid: str) -> int | None:
@@ -146,7 +207,10 @@ class WebhookServer:
         self.options = options
         self.config = config
         self.reloader = CertReloader(
-            options.tls_cert_file, options.tls_key_file, poll_seconds=options.cert_poll_seconds
+            options.tls_cert_file,
+            options.tls_key_file,
+            poll_seconds=options.cert_poll_seconds,
+            client_ca_file=options.client_ca_file,
         )
         self.kube = kube or Kube(load_api_client(options.kubeconfig), component="webhook")
         self.cache = ClusterCache(
@@ -157,37 +221,71 @@ class WebhookServer:
         self.geometry: DeviceConfig = default_device_config()
         self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry))
         self._runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, shutdown_timeout=options.shutdown_timeout_seconds
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            # `stop` has closed or aborted every connection before the runner's clean-up runs; this
+            # only bounds handlers still unwinding from an abort.
+            shutdown_timeout=_CLEANUP_TIMEOUT_SECONDS,
+            keepalive_timeout=options.limits.idle_timeout_seconds,
+            logger=http_log,
         )
+        self.listener: Listener | None = None
+        self._stopped = False
         self._reload_task: asyncio.Task[None] | None = None
         self.port = options.port
 
     async def start(self) -> None:
         """Listen (port 0 picks a free one, see `port`), start the cache and the certificate poller."""
         await self._runner.setup()
-        site = web.TCPSite(
-            self._runner, self.options.host, self.options.port, ssl_context=self.reloader.context
+        assert self._runner.server is not None
+        self.listener = Listener(
+            self._runner.server,
+            self.reloader.context,
+            self.options.limits,
+            host=self.options.host,
+            port=self.options.port,
         )
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        await self.listener.start()
+        self.port = self.listener.port
+        self.metrics.track_connections(self.listener)
         await self.cache.start()
         self.geometry = await load_mig_geometry(self.kube, self.config.node)
         self._reload_task = asyncio.create_task(self.reloader.run(), name="tls-reload")
         log.info("event=webhook_started address=%s:%d", self.options.host, self.port)
 
     async def stop(self) -> None:
-        """Stop accepting, let reviews in flight finish, close keep-alive connections, stop the cache."""
-        for site in list(self._runner.sites):
-            await site.stop()
+        """Stop accepting, close idle keep-alive connections, let requests in flight finish, close
+        every connection (aborting what is left when the shutdown timeout is up); then stop the cache.
+        A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.shutdown_timeout_seconds
         drain = self.app[SERVICES].drain
+        listener = self.listener
+        if listener is not None:
+            await listener.close()
+        # From here every answer closes its connection; idle keep-alive connections close now, busy
+        # ones after their answer. (aiohttp's own pre_shutdown would also stop serving connections
+        # that hold part of a request, which then could never be answered.)
+        drain.draining = True
+        if listener is not None:
+            closed = listener.close_idle()
+            log.info("event=webhook_idle_closed count=%d", closed)
         try:
-            async with asyncio.timeout(self.options.shutdown_timeout_seconds):
+            async with asyncio.timeout_at(deadline):
                 await drain.wait_idle()
         except TimeoutError:
             log.warning("event=webhook_drain_timeout in_flight=%d", drain.in_flight)
-        # No await since the wait: no request can have started; idle keep-alive connections close now.
-        if self._runner.server is not None:
-            self._runner.server.pre_shutdown()
+        if listener is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await listener.wait_all_closed()  # TLS close exchanges included
+            except TimeoutError:
+                log.warning("event=webhook_connections_aborted count=%d", len(listener.connections))
+                listener.abort_all()
         await self._runner.cleanup()
         if self._reload_task is not None:
             self._reload_task.cancel()

@@ -31,14 +31,32 @@ def server_context() -> ssl.SSLContext:
     return context
 
 
+def require_client_certificates(context: ssl.SSLContext, ca_file: Path) -> None:
+    """Make `context` refuse callers without a client certificate signed by a CA in `ca_file`."""
+    try:
+        context.load_verify_locations(cafile=str(ca_file))
+    except (ssl.SSLError, OSError) as exc:
+        raise TlsFilesError(f"cannot load the client CA file {ca_file}: {exc}") from None
+    context.verify_mode = ssl.CERT_REQUIRED
+
+
 class CertReloader:
     """Owns the server's SSLContext and keeps it loaded with the current certificate files."""
 
-    def __init__(self, cert_file: str | Path, key_file: str | Path, *, poll_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        cert_file: str | Path,
+        key_file: str | Path,
+        *,
+        poll_seconds: float = 10.0,
+        client_ca_file: str | Path | None = None,
+    ) -> None:
         self.cert_file = Path(cert_file)
         self.key_file = Path(key_file)
         self.poll_seconds = poll_seconds
         self.context = server_context()
+        if client_ca_file is not None:
+            require_client_certificates(self.context, Path(client_ca_file))
         self.reloads = 0
         self._digest = ""
         if not self.reload_if_changed():

@@ -23,6 +23,7 @@ from webhook.review import AdmissionRequest, Verdict
 from webhook.safety import (
     INVALID_ANNOTATION,
     ISOLATION_ESCAPE,
+    MALFORMED_OBJECT,
     MALFORMED_VALUE,
     QUOTA,
     STALE_CACHE,
@@ -51,6 +52,11 @@ class Validation:
         debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
         if pod is None or not (request.is_pod_create or request.is_pod_update or debug):
             return Verdict(allowed=True)
+        if request.object_error:
+            # Only a caller other than the API server sends mistyped pods; no rule may meet one.
+            return Verdict(
+                allowed=False, reason=MALFORMED_OBJECT, message=f"malformed pod: {request.object_error}"
+            )
         namespace = request.namespace or str((pod.get("metadata") or {}).get("namespace", ""))
         namespace_labels = self.view.namespace_labels(namespace)
         if (namespace_labels or {}).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:

@@ -1,0 +1,374 @@
+"""Hostile traffic against a real `kube-vgpu webhook` process: fuzzed reviews, a worst-case legal pod,
+and a flood of idle TLS connections (SPEC §2.3).
+
+The stand-in API server (in this process) holds a few GPU nodes; the webhook runs as its own
+process. Printed: answers by status class (5xx must be 0, and no answer may be an "internal
+error" denial), the webhook's RSS before and after, the time of the worst-case legal pod, and
+its RSS with N idle connections open (the connection cap closes those over it).
+
+    .venv/bin/python bench/hostile.py                     # 100,000 reviews, 5,000 idle connections
+    .venv/bin/python bench/hostile.py --quick             # 5,000 reviews, 1,500 idle connections
+    .venv/bin/python bench/hostile.py --paths /mutate,/validate
+
+Every body is a pure function of (--seed, its index), so a failing body can be regenerated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import importlib.util
+import json
+import random
+import signal
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from certs.issue import issue_ca, issue_serving  # noqa: E402
+from standins.apiserver import ApiServerStandin  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("bench_webhook", REPO / "bench" / "webhook.py")
+assert _spec is not None and _spec.loader is not None
+bench_webhook = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_webhook)
+
+BODY_LIMIT = 3 * 1024 * 1024
+NAMESPACES = ["default", "team-a", "team-b"]
+Body = tuple[bytes, dict[str, str]]  # (body, extra headers)
+
+
+def envelope(request: Any) -> dict[str, Any]:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def known_uuids() -> list[str]:
+    """The GPU UUIDs of one stand-in node."""
+    prefix = "gpu-uuid.kube-vgpu.io/"
+    return [
+        k.removeprefix(prefix) for k in bench_webhook.node(1)["metadata"]["labels"] if k.startswith(prefix)
+    ]
+
+
+def valid_review(rng: random.Random, index: int) -> dict[str, Any]:
+    namespace = rng.choice(NAMESPACES)
+    annotations = rng.choice(
+        [
+            {},
+            {"nvidia.com/use-gputype": "A100"},
+            {"nvidia.com/nouse-gputype": "H100"},
+            {"volcano.sh/vgpu-mode": "mig"},
+            {"nvidia.com/use-gpuuuid": known_uuids()[0]},
+        ]
+    )
+    obj = bench_webhook.vgpu_pod(index, namespace=namespace, annotations=annotations)
+    obj.pop("status", None)
+    obj["spec"].pop("schedulerName", None)
+    return envelope(
+        {
+            "uid": f"hostile-{index}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": namespace,
+            "name": obj["metadata"]["name"],
+            "object": obj,
+            "dryRun": rng.random() < 0.5,
+        }
+    )
+
+
+# Where a wrong type can be put in a review (each is a path of keys and list indexes).
+TYPED_PATHS: list[tuple[str | int, ...]] = [
+    ("request",),
+    ("request", "uid"),
+    ("request", "kind"),
+    ("request", "operation"),
+    ("request", "namespace"),
+    ("request", "dryRun"),
+    ("request", "object"),
+    ("request", "object", "metadata"),
+    ("request", "object", "metadata", "name"),
+    ("request", "object", "metadata", "annotations"),
+    ("request", "object", "spec"),
+    ("request", "object", "spec", "containers"),
+    ("request", "object", "spec", "containers", 0),
+    ("request", "object", "spec", "containers", 0, "name"),
+    ("request", "object", "spec", "containers", 0, "resources"),
+    ("request", "object", "spec", "containers", 0, "resources", "limits"),
+    ("request", "object", "spec", "containers", 0, "resources", "limits", "volcano.sh/vgpu-memory"),
+    ("request", "object", "spec", "nodeName"),
+    ("request", "object", "spec", "affinity"),
+]
+WRONG_VALUES: list[Any] = [None, 0, -1, 2**63, 1.5, True, "", "x", [], [1, "a"], {}, {"a": {"b": []}}]
+
+
+def _set(doc: Any, path: tuple[str | int, ...], value: Any) -> None:
+    node = doc
+    for key in path[:-1]:
+        node = node[key] if isinstance(key, int) else node.setdefault(key, {})
+        if not isinstance(node, dict | list):
+            return
+    fits_list = isinstance(node, list) and isinstance(path[-1], int) and path[-1] < len(node)
+    if fits_list or isinstance(node, dict):
+        node[path[-1]] = value
+
+
+def _json(doc: Any) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def fuzzed(seed: int, index: int) -> Body:
+    """The body number `index`: about a third valid, the rest malformed or hostile in one way."""
+    rng = random.Random(seed * 1_000_003 + index)
+    doc = valid_review(rng, index)
+    kind = rng.randrange(16)
+    if kind <= 4:
+        return _json(doc), {}
+    if kind == 5:
+        return rng.randbytes(rng.randrange(1, 512)), {}
+    if kind == 6:
+        data = _json(doc)
+        return data[: rng.randrange(len(data))], {}
+    if kind == 7:
+        depth = rng.choice([101, 1000, 10_000, 200_000])
+        opener, closer = rng.choice([(b"[", b"]"), (b'{"a":', b"}")])
+        inner = opener * depth + b"1" + closer * depth
+        return (
+            inner if rng.random() < 0.5 else _json(doc).replace(b'"dryRun"', b'"x": ' + inner + b', "dryRun"')
+        ), {}
+    if kind == 8:
+        number = rng.choice(["9" * rng.randrange(25, 6000), "1e999", "-1e999", "NaN", "Infinity"])
+        return _json(doc).replace(b'"dryRun": ', f'"n": {number}, "dryRun": '.encode()), {}
+    if kind == 9:
+        choice = rng.randrange(4)
+        if choice == 0:
+            return b'{"a": "' + bytes([rng.randrange(0x80, 0x100)]) + b'"}', {}
+        if choice == 1:
+            return _json(doc).decode().encode("utf-16"), {}
+        text = json.dumps(doc).replace('"default"', '"\\ud800"').replace('"team-a"', '"a\\udfffb"')
+        return text.replace('"pod-', '"p\\ud83d\\n\\"od-').encode(), {}
+    if kind == 10:
+        _set(doc, rng.choice(TYPED_PATHS), rng.choice(WRONG_VALUES))
+        return _json(doc), {}
+    if kind == 11:
+        encoding = rng.choice(["gzip", "deflate"])
+        if rng.random() < 0.5:
+            return rng.randbytes(rng.randrange(1, 256)), {"Content-Encoding": encoding}
+        data = gzip.compress(_json(doc)) if encoding == "gzip" else zlib.compress(_json(doc))
+        return data, {"Content-Encoding": encoding}
+    if kind == 12:
+        marker = rng.choice(["[" * 5000 + "]" * 5000, json.dumps([{"key": {"k": []}, "operator": 1}])])
+        doc["request"]["object"]["metadata"].setdefault("annotations", {})["kube-vgpu.io/node-affinity"] = (
+            marker
+        )
+        return _json(doc), {}
+    if kind == 13:
+        doc["request"]["namespace"] = doc["request"]["object"]["metadata"]["namespace"] = f"forged-{index}"
+        return _json(doc), {}
+    if kind == 14:
+        limits = doc["request"]["object"]["spec"]["containers"][0]["resources"]["limits"]
+        limits["volcano.sh/vgpu-memory"] = rng.choice(["9" * 5000, "3Gi", "-1", "0.5", "1e30", "", "\ud800"])
+        return _json(doc), {}
+    if rng.random() < 0.02:  # over the body limit, rarely: each one is 3 MiB on the wire
+        return b" " * (BODY_LIMIT + 1), {}
+    doc["request"]["operation"] = rng.choice(["UPDATE", "DELETE", "CONNECT"])
+    return _json(doc), {}
+
+
+def worst_legal_review(terms: int, uuids: int, containers: int) -> bytes:
+    """A pod with `terms` own nodeSelectorTerms, `uuids` GPU UUIDs (known and unknown) and `containers`."""
+    rng = random.Random(7)
+    doc = valid_review(rng, 0)
+    pod = doc["request"]["object"]
+    chosen = (known_uuids() + [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(uuids)])[:uuids]
+    pod["metadata"]["annotations"] = {"volcano.sh/vgpu-use-gpuuuid": ",".join(chosen)}
+    pod["spec"]["containers"] = [
+        {"name": f"c{i}", "resources": {"limits": {"volcano.sh/vgpu-memory": "1024"}}}
+        for i in range(containers)
+    ]
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": f"zone-{i}", "operator": "Exists"}]} for i in range(terms)
+                ]
+            }
+        }
+    }
+    return _json(doc)
+
+
+async def fuzz(
+    url: str, context: ssl.SSLContext, paths: list[str], count: int, *, seed: int, concurrency: int
+) -> tuple[Counter[str], list[str], float]:
+    """Send `count` fuzzed bodies; (answers by class, the first few failures, seconds)."""
+    classes: Counter[str] = Counter()
+    failures: list[str] = []
+    indexes = iter(range(count))
+    connector = aiohttp.TCPConnector(ssl=context, limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def worker() -> None:
+            for index in indexes:
+                body, headers = fuzzed(seed, index)
+                path = paths[index % len(paths)]
+                headers = {"Content-Type": "application/json"} | headers
+                try:
+                    async with session.post(url + path, data=body, headers=headers) as response:
+                        raw = await response.read()
+                        status = response.status
+                except aiohttp.ClientError:
+                    classes["connection closed early"] += 1  # e.g. a 413 answered mid-upload
+                    continue
+                classes[f"{status // 100}xx"] += 1
+                if status >= 500 or (status == 200 and b"internal error" in raw):
+                    classes["internal error"] += status == 200
+                    if len(failures) < 5:
+                        failures.append(f"seed {seed} index {index} {path}: {status} {raw[:200]!r}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return classes, failures, time.perf_counter() - started
+
+
+async def time_review(url: str, context: ssl.SSLContext, body: bytes, repeat: int) -> tuple[float, int, str]:
+    """(median seconds, status, outcome) of `repeat` sends of one body on a keep-alive connection."""
+    times = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=1)) as session:
+        for _ in range(repeat):
+            started = time.perf_counter()
+            async with session.post(
+                url + "/mutate", data=body, headers={"Content-Type": "application/json"}
+            ) as r:
+                raw = await r.read()
+            times.append(time.perf_counter() - started)
+    answer = json.loads(raw)
+    response = answer.get("response", {})
+    outcome = (
+        "allowed"
+        if response.get("allowed")
+        else f"denied: {response.get('status', {}).get('message', answer)}"
+    )
+    return statistics.median(times), r.status, outcome[:160]
+
+
+def open_idle(port: int, context: ssl.SSLContext, count: int) -> tuple[list[ssl.SSLSocket], int]:
+    """Open `count` TLS connections that each send one request and then stay idle; (open, refused)."""
+    held: list[ssl.SSLSocket] = []
+    refused = 0
+    for _ in range(count):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            sock = context.wrap_socket(raw, server_hostname="localhost")
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            if not sock.recv(4096):
+                raise ConnectionError("closed")
+            held.append(sock)
+        except (OSError, ssl.SSLError):
+            raw.close()
+            refused += 1
+    return held, refused
+
+
+def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, print
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reviews", type=int, default=100_000)
+    parser.add_argument("--idle", type=int, default=5000, help="idle TLS connections to open")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--paths", default="/mutate", help="comma list of admission paths to send to")
+    parser.add_argument(
+        "--worst-terms", type=int, default=100, help="the worst-case pod's own nodeSelectorTerms"
+    )
+    parser.add_argument("--worst-uuids", type=int, default=64, help="the worst-case pod's use-gpuuuid items")
+    parser.add_argument("--worst-containers", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="5,000 reviews and 1,500 idle connections")
+    parser.add_argument("--webhook-arg", action="append", default=[], help="extra flag for the webhook")
+    args = parser.parse_args()
+    if args.quick:
+        args.reviews, args.idle = 5000, 1500
+    paths = [p for p in args.paths.split(",") if p]
+
+    workdir = Path(tempfile.mkdtemp(prefix="kube-vgpu-hostile-"))
+    ca = issue_ca("bench-ca", 1)
+    leaf = issue_serving(ca, ["localhost"], ["127.0.0.1"], 1)
+    (workdir / "tls.crt").write_bytes(leaf.cert_pem)
+    (workdir / "tls.key").write_bytes(leaf.key_pem)
+    context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    worst = worst_legal_review(args.worst_terms, args.worst_uuids, args.worst_containers)
+
+    with ApiServerStandin() as api:
+        for name in NAMESPACES[1:]:
+            labels = {"quota.kube-vgpu.io/vgpu-number": "1000000"}
+            api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+        for i in range(8):
+            api.put(bench_webhook.node(i))
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        command = [
+            sys.executable, "-m", "cli", "webhook",
+            "--tls-cert-file", str(workdir / "tls.crt"), "--tls-key-file", str(workdir / "tls.key"),
+            "--host", "127.0.0.1", "--port", str(port),
+            "--kubeconfig", str(api.write_kubeconfig(workdir / "kubeconfig")),
+            "--log-level", "warning", *args.webhook_arg,
+        ]  # fmt: skip
+        log = (workdir / "webhook.log").open("wb")
+        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        url = f"https://127.0.0.1:{port}"
+        held: list[ssl.SSLSocket] = []
+        try:
+            asyncio.run(bench_webhook.wait_ready(url, context, proc, 120))
+            rss_before, _ = bench_webhook.rss_mib(proc.pid)
+            classes, failures, seconds = asyncio.run(
+                fuzz(url, context, paths, args.reviews, seed=args.seed, concurrency=args.concurrency)
+            )
+            rss_after, rss_peak = bench_webhook.rss_mib(proc.pid)
+            worst_s, worst_status, worst_outcome = asyncio.run(time_review(url, context, worst, 5))
+            held, refused = open_idle(port, context, args.idle)
+            rss_idle, _ = bench_webhook.rss_mib(proc.pid)
+        finally:
+            for sock in held:
+                sock.close()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=60)
+            log.close()
+    tracebacks = (workdir / "webhook.log").read_text(errors="replace").count("Traceback")
+    print(f"{args.reviews} fuzzed reviews (seed {args.seed}) to {','.join(paths)} in {seconds:.0f} s:")
+    print("  " + ", ".join(f"{k} {v}" for k, v in sorted(classes.items())))
+    for failure in failures:
+        print("  FAILED " + failure)
+    print(f"webhook RSS before {rss_before:.0f} MiB, after {rss_after:.0f} MiB (peak {rss_peak:.0f} MiB)")
+    print(
+        f"worst-case legal pod ({args.worst_terms} terms x {args.worst_uuids} UUIDs, "
+        f"{args.worst_containers} containers, {len(worst) // 1024} KiB): {worst_s * 1000:.1f} ms, "
+        f"HTTP {worst_status}, {worst_outcome}"
+    )
+    print(
+        f"{args.idle} idle TLS connections attempted: {len(held)} held open, {refused} refused; "
+        f"webhook RSS {rss_idle:.0f} MiB"
+    )
+    print(f"tracebacks in the webhook log: {tracebacks}; exit code on SIGTERM {code}")
+    print(f"webhook log: {workdir / 'webhook.log'}")
+    bad = classes["5xx"] + classes["internal error"] + tracebacks
+    return 0 if bad == 0 and code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The shape of the Pod fields admission reads, checked once so no rule meets a wrong type.
+
+The API server always sends well-typed pods; anyone else who can reach the webhook may not. A pod
+whose fields have the wrong JSON types is refused (`allowed: false`, naming the field and what to
+write there) before any rule runs, so the rules can read with `.get()` and never raise on a
+caller's input. Only the fields some rule reads are described; everything else passes unread.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# A namespace name as the API server validates it (an RFC 1123 label).
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class Text:
+    """A JSON string that is Unicode text (no lone surrogates, which `\\udXXX` escapes can carry)."""
+
+    dns_label: bool = False
+    max_chars: int | None = None
+
+
+@dataclass(frozen=True)
+class Flag:
+    """true or false."""
+
+
+@dataclass(frozen=True)
+class Obj:
+    """A JSON object; the named fields have the given shapes; others are unread.
+
+    null stands for absent in text and flag fields; objects and lists must not be null, since the
+    rules write into them (the API server never sends a null there).
+    """
+
+    fields: Mapping[str, Shape]
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A JSON array whose every item has the shape."""
+
+    item: Shape
+
+
+@dataclass(frozen=True)
+class MapOf:
+    """A JSON object from strings to values of the shape (labels, annotations, resource amounts)."""
+
+    value: Shape
+
+
+Shape = Text | Flag | Obj | ListOf | MapOf
+
+TEXT = Text()
+# Quantities are short ("4096", "3k", "1e3"); a long digit string would cost quadratic time to convert.
+QUANTITY = Text(max_chars=64)
+_REQUIREMENT = Obj({"key": TEXT, "operator": TEXT, "values": ListOf(TEXT)})
+_CONTAINER = Obj(
+    {
+        "name": TEXT,
+        "restartPolicy": TEXT,
+        "resources": Obj({"limits": MapOf(QUANTITY), "requests": MapOf(QUANTITY)}),
+        "securityContext": Obj({"privileged": Flag()}),
+        "env": ListOf(Obj({"name": TEXT, "value": TEXT})),
+        "volumeMounts": ListOf(Obj({"name": TEXT, "mountPath": TEXT})),
+    }
+)
+POD = Obj(
+    {
+        "metadata": Obj(
+            {
+                "name": TEXT,
+                "generateName": TEXT,
+                "namespace": Text(dns_label=True),
+                "uid": TEXT,
+                "labels": MapOf(TEXT),
+                "annotations": MapOf(TEXT),
+            }
+        ),
+        "spec": Obj(
+            {
+                "nodeName": TEXT,
+                "schedulerName": TEXT,
+                "containers": ListOf(_CONTAINER),
+                "initContainers": ListOf(_CONTAINER),
+                "volumes": ListOf(Obj({"name": TEXT, "hostPath": Obj({"path": TEXT})})),
+                "affinity": Obj(
+                    {
+                        "nodeAffinity": Obj(
+                            {
+                                "requiredDuringSchedulingIgnoredDuringExecution": Obj(
+                                    {
+                                        "nodeSelectorTerms": ListOf(
+                                            Obj(
+                                                {
+                                                    "matchExpressions": ListOf(_REQUIREMENT),
+                                                    "matchFields": ListOf(_REQUIREMENT),
+                                                }
+                                            )
+                                        )
+                                    }
+                                )
+                            }
+                        )
+                    }
+                ),
+            }
+        ),
+    }
+)
+
+_EXPECTED = {Text: "a string", Flag: "true or false", Obj: "an object", ListOf: "a list", MapOf: "an object"}
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def is_unicode_text(value: str) -> bool:
+    """Whether `value` can be sent on as UTF-8 (JSON escapes can smuggle in lone surrogates)."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def is_namespace_name(value: str) -> bool:
+    """Whether `value` is a name the API server accepts for a namespace."""
+    return _DNS_LABEL.fullmatch(value) is not None
+
+
+def _check(value: Any, shape: Shape, path: str) -> str | None:
+    """The first problem under `path`, or None; recursion is as deep as the shape, not the input."""
+    expected = _EXPECTED[type(shape)]
+    if isinstance(shape, Text):
+        if not isinstance(value, str):
+            return f"{path} must be {expected}, got {_json_type(value)}"
+        if not is_unicode_text(value):
+            return f"{path} holds a lone UTF-16 surrogate, which is not text; write plain UTF-8 text"
+        if shape.dns_label and value and not is_namespace_name(value):
+            return f"{path} is not a namespace name (lower-case letters, digits and '-', at most 63)"
+        if shape.max_chars is not None and len(value) > shape.max_chars:
+            return f"{path} has {len(value)} characters; write a quantity of at most {shape.max_chars}"
+        return None
+    if isinstance(shape, Flag):
+        return None if isinstance(value, bool) else f"{path} must be {expected}, got {_json_type(value)}"
+    if isinstance(shape, ListOf):
+        if not isinstance(value, list):
+            return f"{path} must be {expected}, got {_json_type(value)}"
+        for index, item in enumerate(value):
+            problem = _check(item, shape.item, f"{path}[{index}]")
+            if problem:
+                return problem
+        return None
+    if not isinstance(value, dict):
+        return f"{path} must be {expected}, got {_json_type(value)}"
+    if isinstance(shape, MapOf):
+        for key, item in value.items():
+            if not is_unicode_text(key):
+                return f"{path} has a key holding a lone UTF-16 surrogate; write plain UTF-8 text"
+            problem = _check(item, shape.value, f"{path}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    for key, field_shape in shape.fields.items():
+        if key not in value or (value[key] is None and isinstance(field_shape, Text | Flag)):
+            continue
+        problem = _check(value[key], field_shape, f"{path}.{key}" if path else key)
+        if problem:
+            return problem
+    return None
+
+
+def pod_problem(pod: Mapping[str, Any]) -> str | None:
+    """What is wrong with the shape of a pod's admission-relevant fields, or None when nothing is."""
+    return _check(pod, POD, "")
