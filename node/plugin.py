@@ -24,6 +24,7 @@ from contract.names import MIG
 from kubeapi.client import ApiError, ApiUnavailable, Kube
 from node.allocator import Allocator
 from node.api import NodeApi
+from node.cgroups import CgroupReader, read_proc_cgroup
 from node.deviceplugin import (
     KUBELET_SOCKET,
     DevicePluginService,
@@ -40,6 +41,7 @@ from node.ledger import Ledger
 from node.metrics import Metrics, MetricsServer
 from node.mig_start import reconcile_interval, start_mig
 from node.publisher import NodePublisher
+from node.usage_metrics import UsageSampler
 
 log = logging.getLogger("kube_vgpu.node.plugin")
 
@@ -66,9 +68,14 @@ class PluginSettings:
 class NodePlugin:
     """One node's vGPU plugin; `start()`, then `stop()` (or `run(stop_event)`)."""
 
-    def __init__(self, settings: PluginSettings, nvml: Nvml, kube: Kube) -> None:
+    def __init__(
+        self, settings: PluginSettings, nvml: Nvml, kube: Kube, *, read_cgroup: CgroupReader | None = None
+    ) -> None:
         self.settings = settings
         self._nvml = nvml
+        # A simulated NVML knows its processes' cgroups; a real one's are in /proc (hostPID).
+        simulated: CgroupReader | None = getattr(nvml, "process_cgroup", None)
+        self._read_cgroup: CgroupReader = read_cgroup or simulated or read_proc_cgroup
         self._config = settings.config
         self.api = NodeApi(kube, settings.node_name)
         self._stop = asyncio.Event()
@@ -104,7 +111,8 @@ class NodePlugin:
         )
         inventory = self.inventory = Inventory(gpus, node.device_split_count, s.node_name)
         ledger = Ledger(gpus, node.device_split_count, self._config.resource_names, s.node_name)
-        metrics = self.metrics = Metrics(inventory, ledger)
+        self.usage = UsageSampler(self._nvml, gpus, s.node_name, self._read_cgroup)
+        metrics = self.metrics = Metrics(inventory, ledger, self.usage)
         self._ledger = ledger
         mig = None
         if s.mode == MIG:
@@ -263,6 +271,7 @@ class NodePlugin:
         while True:
             try:
                 pods = await self.api.pods_on_node(node.allocate_timeout_seconds)
+                self.usage.pods_seen(pods)
                 for problem in self._ledger.rebuild(pods):
                     log.warning("event=ledger_skipped node=%s %s", self.settings.node_name, problem)
                 current = {(o.gpu_uuid, o.resource): o for o in self._ledger.overcommits()}
