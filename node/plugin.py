@@ -148,8 +148,13 @@ class NodePlugin:
 
         loop = asyncio.get_running_loop()
 
+        def health_changed(uuid: str, healthy: bool, reason: str) -> None:
+            if inventory.set_health(uuid, healthy, reason):
+                model = inventory.by_uuid[uuid].name
+                self.api.events.gpu_health(uuid, model, healthy, reason, node.recovery_quiet_seconds)
+
         def report(uuid: str, healthy: bool, reason: str) -> None:
-            loop.call_soon_threadsafe(inventory.set_health, uuid, healthy, reason)
+            loop.call_soon_threadsafe(health_changed, uuid, healthy, reason)
 
         tracker = HealthTracker([g.uuid for g in gpus], node.ignored_xids, node.recovery_quiet_seconds)
         self.health = HealthMonitor(
@@ -332,5 +337,6 @@ class NodePlugin:
             await asyncio.to_thread(self.health.stop)
         if self.metrics_server is not None:
             await self.metrics_server.stop()
+        await self.api.events.drain()
         await asyncio.to_thread(self.api.close)
         log.info("event=stopped node=%s", self.settings.node_name)
