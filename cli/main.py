@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "node": ("node.cli", "run the kubelet device plugin on a GPU node"),
     "certs": ("certs.cli", "create, patch or write the webhook's certificates"),
     "demo": ("demo.cli", "run every part locally on simulated GPUs and admit the example pods"),
+    "top": ("cli.top", "show the cluster's GPUs, what is booked on them and each namespace's quota"),
 }
 
 
