@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
-from cli.top_view import cluster_view, render_text
-from contract.config import ConfigError, load_config
+from cli.top_view import ClusterView, cluster_view, render_text
+from contract.config import ConfigError, ResourceNames, load_config
 from kubeapi.client import ApiError, ApiUnavailable, Kube, KubeConfigError, load_api_client
-
-log = logging.getLogger("kube_vgpu.top")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def read_view(kube: Kube, names: ResourceNames) -> ClusterView:
+    """List nodes, pods and namespaces and build the view (blocking); raises ApiError/ApiUnavailable."""
+    nodes = kube.list("node")["items"]
+    pods = kube.list("pod")["items"]
+    namespaces = kube.list("namespace")["items"]
+    return cluster_view(nodes, pods, namespaces, names)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the view: 0, or 1 when the API cannot be read, 2 on bad input."""
     try:
@@ -43,15 +48,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kube-vgpu top: {exc}", file=sys.stderr)
         return 2
     try:
-        nodes = kube.list("node")["items"]
-        pods = kube.list("pod")["items"]
-        namespaces = kube.list("namespace")["items"]
+        view = read_view(kube, config.resource_names)
     except (ApiError, ApiUnavailable) as exc:
         print(f"kube-vgpu top: cannot read the cluster: {exc}", file=sys.stderr)
         return 1
     finally:
         kube.close()
-    view = cluster_view(nodes, pods, namespaces, config.resource_names)
     if args.output == "json":
         sys.stdout.write(json.dumps(view.as_json(), indent=2) + "\n")
     else:

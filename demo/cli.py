@@ -15,6 +15,8 @@ from pathlib import Path
 
 import aiohttp
 
+from cli.top import read_view
+from cli.top_view import render_text
 from contract.config import ConfigError, load_config
 from demo.cluster import DemoError, LocalCluster, demo_config
 from demo.examples import ExampleError, load_namespaces, load_nodes, load_pods
@@ -60,6 +62,8 @@ async def _demo(args: argparse.Namespace) -> int:
                     for line in render(outcome, problems):
                         print(line, flush=True)
             print(f"{len(pods) - failures} of {len(pods)} examples ended as expected.", flush=True)
+            view = await asyncio.to_thread(read_view, cluster.kube(), cluster.config.resource_names)
+            print(f"\n$ kube-vgpu top\n{render_text(view)}", end="", flush=True)
             if not args.once:
                 assert cluster.webhook is not None
                 print("\nMetrics (Ctrl-C to stop):")
