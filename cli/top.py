@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--output",
         default="text",
         choices=["text", "json"],
-        help="output format (default: %(default)s)",
+        help="output format",
     )
     parser.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster credentials)"

@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run over a simulated NVML described by this YAML file (no GPU needed)",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file; default: in-cluster credentials")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="how much to log"
+    )
 
 
 def _load_nvml(args: argparse.Namespace) -> Any:

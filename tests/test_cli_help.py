@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -31,9 +32,8 @@ def test_every_default_is_in_the_help(command: str) -> None:
             if not action.option_strings or default in (None, False, argparse.SUPPRESS) or default == []:
                 continue
             shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
-            assert shown in text or str(default) in text, (
-                f"{sub.prog} {action.option_strings[0]}: {default!r}"
-            )
+            where = f"{sub.prog} {action.option_strings[0]}: {default!r}"
+            assert re.search(rf"default:? {re.escape(shown)}\b", text), where
             checked += 1
     assert checked, f"{command}: no flag with a default found"
 

@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=20.0,
         help="seconds reviews in flight get to finish on SIGTERM",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="how much to log"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
