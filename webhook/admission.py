@@ -30,6 +30,7 @@ from contract.names import (
 )
 from contract.resources import PodRequest, RequestError, iter_containers, parse_pod
 from webhook import affinity
+from webhook.fit import never_fits
 from webhook.gates import ClusterView, QuotaGate
 from webhook.inventory import GpuFilter, Inventory
 from webhook.review import AdmissionRequest, Verdict, make_patch
@@ -201,7 +202,7 @@ class Admission:
         placement = resolve_placement(
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
         )
-        warnings: list[str] = []
+        warnings = never_fits(pod_request, self.view.inventory.nodes.values())
         if placement.matches_nothing:
             message = f"GPU selectors match no GPU in the cluster: {_describe(selectors)}"
             if self.config.webhook.strict_selectors:
