@@ -18,6 +18,7 @@ import aiohttp
 from cli.top import read_view
 from cli.top_view import render_text
 from contract.config import ConfigError, load_config
+from contract.logformat import configure_logging
 from demo.cluster import DemoError, LocalCluster, demo_config
 from demo.examples import ExampleError, load_namespaces, load_nodes, load_pods
 from demo.flow import PodFlow, check
@@ -83,11 +84,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; see the module docstring for exit codes."""
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.ERROR,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(logging.INFO if args.verbose else logging.ERROR)
     try:
         return asyncio.run(_demo(args))
     except (ExampleError, ConfigError) as exc:
