@@ -88,6 +88,7 @@ class NodePlugin:
         self.publisher: NodePublisher | None = None
         self.allocator: Allocator | None = None
         self.metrics: Metrics | None = None
+        self.usage: UsageSampler | None = None
         self.metrics_server: MetricsServer | None = None
         self.health: HealthMonitor | None = None
         self.server: PluginServer | None = None
@@ -111,8 +112,8 @@ class NodePlugin:
         )
         inventory = self.inventory = Inventory(gpus, node.device_split_count, s.node_name)
         ledger = Ledger(gpus, node.device_split_count, self._config.resource_names, s.node_name)
-        self.usage = UsageSampler(self._nvml, gpus, s.node_name, self._read_cgroup)
-        metrics = self.metrics = Metrics(inventory, ledger, self.usage)
+        usage = self.usage = UsageSampler(self._nvml, gpus, s.node_name, self._read_cgroup)
+        metrics = self.metrics = Metrics(inventory, ledger, usage)
         self._ledger = ledger
         mig = None
         if s.mode == MIG:
@@ -276,7 +277,8 @@ class NodePlugin:
         while True:
             try:
                 pods = await self.api.pods_on_node(node.allocate_timeout_seconds)
-                self.usage.pods_seen(pods)
+                if self.usage is not None:
+                    self.usage.pods_seen(pods)
                 for problem in self._ledger.rebuild(pods):
                     log.warning("event=ledger_skipped node=%s %s", self.settings.node_name, problem)
                 current = {(o.gpu_uuid, o.resource): o for o in self._ledger.overcommits()}
@@ -337,6 +339,8 @@ class NodePlugin:
             await asyncio.to_thread(self.health.stop)
         if self.metrics_server is not None:
             await self.metrics_server.stop()
+        if self.usage is not None:
+            await self.usage.drain()
         await self.api.events.drain()
         await asyncio.to_thread(self.api.close)
         log.info("event=stopped node=%s", self.settings.node_name)

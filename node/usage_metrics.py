@@ -7,6 +7,7 @@ The pods are the ones the plugin's ledger loop last listed on this node, so no s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,7 +31,13 @@ class UsageSampler:
     """The latest NVML sample of this node's GPUs and its attribution to containers."""
 
     def __init__(
-        self, nvml: Nvml, gpus: Sequence[GpuInfo], node_name: str, read_cgroup: CgroupReader
+        self,
+        nvml: Nvml,
+        gpus: Sequence[GpuInfo],
+        node_name: str,
+        read_cgroup: CgroupReader,
+        *,
+        refresh_timeout: float = 5.0,
     ) -> None:
         self._nvml = nvml
         self._gpus = tuple(gpus)
@@ -41,6 +48,8 @@ class UsageSampler:
         self._failing: frozenset[str] = frozenset()
         self.sample = UsageSample()
         self.containers: dict[ContainerKey, ContainerFigures] = {}
+        self._refresh_timeout = refresh_timeout
+        self._running: asyncio.Future[None] | None = None
 
     def pods_seen(self, pods: Sequence[Mapping[str, Any]]) -> None:
         """The pods bound to this node as last listed (their container statuses name their IDs)."""
@@ -58,8 +67,34 @@ class UsageSampler:
             self._failing = failing
 
     async def refresh_async(self) -> None:
-        """`refresh` on a worker thread."""
-        await asyncio.to_thread(self.refresh)
+        """`refresh` on a worker thread, waited on for at most `refresh_timeout` seconds.
+
+        Scrapes that arrive while one refresh runs share it, so a hung NVML call holds one thread,
+        not one per scrape; past the timeout the scrape is served the previous sample.
+        """
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(asyncio.to_thread(self.refresh))
+            self._running.add_done_callback(self._refresh_ended)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._running), self._refresh_timeout)
+        except TimeoutError:
+            log.warning(
+                "event=usage_read_slow node=%s timeout=%gs: serving the previous sample",
+                self.node_name,
+                self._refresh_timeout,
+            )
+        except Exception:
+            return
+
+    async def drain(self) -> None:
+        """Wait (at most `refresh_timeout`) for a refresh still running, before NVML shuts down."""
+        if self._running is not None and not self._running.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._running), self._refresh_timeout)
+
+    def _refresh_ended(self, future: asyncio.Future[None]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.error("event=usage_read_failed node=%s error=%r", self.node_name, str(future.exception()))
 
 
 class UsageCollector(Collector):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -322,3 +323,30 @@ async def test_the_running_plugin_serves_usage_from_its_own_pod_list(
     assert f'kube_vgpu_gpu_memory_used_mib{{gpu="{UUID_A}",node="{NODE}"}} 1500.0' in text
     assert 'container_sm_utilization_percent{container="trainer"' in text
     assert text.count("kube_vgpu_container_memory_used_mib{") == 1  # the host process has none
+
+
+async def test_a_hung_nvml_read_holds_one_thread_and_scrapes_get_the_previous_sample(
+    hami: SimulatedNvml,
+) -> None:
+    sampler = UsageSampler(hami, discover(hami), NODE, hami.process_cgroup, refresh_timeout=0.2)
+    await sampler.refresh_async()
+    before = sampler.sample
+    assert before.gpus
+    gate = threading.Event()
+    calls: list[int] = []
+    real = hami.nvmlDeviceGetMemoryInfo
+
+    def hung(handle: object, version: int | None = None) -> Any:
+        calls.append(1)
+        gate.wait(10)
+        return real(handle, version)
+
+    hami.nvmlDeviceGetMemoryInfo = hung  # type: ignore[method-assign]
+    try:
+        await asyncio.gather(*(sampler.refresh_async() for _ in range(5)))
+        assert sampler.sample is before  # served the previous sample, within the bound
+        assert len(calls) == 1  # five scrapes shared one refresh: one thread held, not five
+    finally:
+        gate.set()
+        await sampler.drain()
+    assert sampler.sample is not before  # the shared refresh finished once NVML answered
