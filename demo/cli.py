@@ -23,6 +23,7 @@ from demo.cluster import DemoError, LocalCluster, demo_config
 from demo.examples import ExampleError, load_namespaces, load_nodes, load_pods
 from demo.flow import PodFlow, check
 from demo.report import render
+from demo.workload import start_workloads, usage_report
 
 DEFAULT_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -54,15 +55,21 @@ async def _demo(args: argparse.Namespace) -> int:
             await cluster.up(nodes, namespaces)
             print(f"kube-vgpu demo: {len(nodes)} simulated node(s), {len(pods)} example pod(s)\n", flush=True)
             failures = 0
+            outcomes = []
             async with aiohttp.ClientSession() as session:
                 flow = PodFlow(cluster, session)
                 for example in pods:
                     outcome = await flow.run(example)
+                    outcomes.append(outcome)
                     problems = check(outcome)
                     failures += bool(problems)
                     for line in render(outcome, problems):
                         print(line, flush=True)
             print(f"{len(pods) - failures} of {len(pods)} examples ended as expected.", flush=True)
+            workloads = start_workloads(cluster, outcomes)
+            print("\nUsage read from NVML, each process mapped to its container by its cgroup:", flush=True)
+            within = cluster.config.node.register_interval_seconds + 5.0
+            print("\n".join(await usage_report(cluster, workloads, within)), flush=True)
             view = await asyncio.to_thread(read_view, cluster.kube(), cluster.config.resource_names)
             print(f"\n$ kube-vgpu top\n{render_text(view)}", end="", flush=True)
             if not args.once:

@@ -208,5 +208,9 @@ class LocalCluster:
 
 def demo_config(base: Config, workdir: Path) -> Config:
     """`base` with host paths moved under `workdir`, so the demo writes nothing outside it."""
-    node = dataclasses.replace(base.node, hook_path=str(workdir / "vgpu-hook"), metrics_port=0)
+    # The plugin lists its pods every register interval; a short one lets the usage metrics find
+    # the demo's containers within a second.
+    node = dataclasses.replace(
+        base.node, hook_path=str(workdir / "vgpu-hook"), metrics_port=0, register_interval_seconds=1.0
+    )
     return dataclasses.replace(base, node=node)

@@ -66,3 +66,8 @@ class ProcessApi(SimCore):
                     if process.pid == pid:
                         return process.cgroup
         return None
+
+    def add_process(self, gpu_index: int, process: SimProcess) -> None:
+        """Start one more process on a GPU (not part of pynvml; the demo's workloads use it)."""
+        with self._cond:
+            self._hook_gpu(gpu_index).processes.append(process)
