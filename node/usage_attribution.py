@@ -42,13 +42,18 @@ def container_directory(pods: Iterable[Mapping[str, Any]]) -> dict[CgroupIds, tu
     """
     directory: dict[CgroupIds, tuple[str, str, str]] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
+        meta = pod.get("metadata")
+        if not isinstance(meta, Mapping):
+            continue
         uid, namespace, name = meta.get("uid"), meta.get("namespace"), meta.get("name")
         if not (isinstance(uid, str) and isinstance(namespace, str) and isinstance(name, str)):
             continue
-        status = pod.get("status") or {}
+        status = pod.get("status")
+        if not isinstance(status, Mapping):
+            continue
         for key in _STATUS_LISTS:
-            for entry in status.get(key) or []:
+            entries = status.get(key)
+            for entry in entries if isinstance(entries, list) else []:
                 if not isinstance(entry, Mapping):
                     continue
                 container_id, container = entry.get("containerID"), entry.get("name")

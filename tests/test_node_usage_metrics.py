@@ -350,3 +350,25 @@ async def test_a_hung_nvml_read_holds_one_thread_and_scrapes_get_the_previous_sa
         gate.set()
         await sampler.drain()
     assert sampler.sample is not before  # the shared refresh finished once NVML answered
+
+
+def with_statuses(statuses: Any) -> dict[str, Any]:
+    return {"metadata": PODS[0]["metadata"], "status": {"containerStatuses": statuses}}
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"metadata": None, "status": None},
+        {"metadata": {"uid": 7, "namespace": "x", "name": "y"}},
+        {"metadata": PODS[0]["metadata"], "status": "Running"},
+        with_statuses(["not a mapping", None, 3]),
+        with_statuses(5),
+        with_statuses([{"name": "trainer", "containerID": 5}]),
+        with_statuses([{"name": "trainer", "containerID": CID_A}]),  # no runtime:// prefix
+    ],
+)
+def test_pods_of_odd_shapes_never_break_the_attribution(hami: SimulatedNvml, broken: dict[str, Any]) -> None:
+    # the well-formed team-b pod is still attributed; the odd one is skipped
+    samples = series(scrape(hami, [broken, PODS[1]]), "kube_vgpu_container_memory_used_mib")
+    assert {dict(labels)["pod"] for labels in samples} == {"infer"}
