@@ -157,6 +157,24 @@ def dashboard_queries() -> Iterator[tuple[str, str]]:
             yield f"variable {variable['name']}", inner.group(1)
 
 
+def exported_labels(registry: CollectorRegistry) -> dict[str, set[str] | None]:
+    """Per sample name, the labels it carries; None when the registry cannot say (a labelled
+    family with no series yet)."""
+    labels: dict[str, set[str] | None] = {}
+    for family in registry.collect():
+        declared = set(getattr(family, "_labelnames", ()))
+        names = {family.name, *(s.name for s in family.samples)}
+        if family.type == "counter":
+            names.add(family.name + "_total")
+        if family.type == "histogram":
+            names.update(family.name + suffix for suffix in ("_bucket", "_sum", "_count"))
+        for name in names:
+            seen = {k for s in family.samples if s.name == name for k in s.labels}
+            known = bool(declared) or any(s.name == name for s in family.samples)
+            labels[name] = (declared | seen) if known else None
+    return labels
+
+
 def exported(registry: CollectorRegistry) -> set[str]:
     names: set[str] = set()
     for family in registry.collect():
@@ -170,7 +188,7 @@ def exported(registry: CollectorRegistry) -> set[str]:
 
 
 @pytest.fixture
-def program_metrics(apiserver: ApiServerStandin) -> Iterator[set[str]]:
+def program_metrics(apiserver: ApiServerStandin) -> Iterator[tuple[set[str], dict[str, set[str] | None]]]:
     """Every metric name of the node plugin's and the webhook's registries, as production wires them."""
     nvml = load_simulation({"gpus": [{"model": "NVIDIA A100-SXM4-80GB"}]}, "n1")
     nvml.nvmlInit()
@@ -181,18 +199,22 @@ def program_metrics(apiserver: ApiServerStandin) -> Iterator[set[str]]:
     webhook = WebhookMetrics()
     build_services(ClusterCache(kube, staleness_seconds=30), Config(), webhook)
     try:
-        yield exported(node.registry) | exported(webhook.registry)
+        names = exported(node.registry) | exported(webhook.registry)
+        yield names, exported_labels(node.registry) | exported_labels(webhook.registry)
     finally:
         kube.close()
         nvml.nvmlShutdown()
 
 
-def test_every_dashboard_query_names_metrics_the_program_exports(program_metrics: set[str]) -> None:
+def test_every_dashboard_query_names_metrics_the_program_exports(
+    program_metrics: tuple[set[str], dict[str, set[str] | None]],
+) -> None:
+    exported_names = program_metrics[0]
     seen: set[str] = set()
     for where, expr in dashboard_queries():
         names = metric_names(expr)
         assert names, f"{where}: no metric in {expr!r}"
-        missing = names - program_metrics
+        missing = names - exported_names
         assert not missing, f"{where}: {sorted(missing)} not exported (query {expr!r})"
         seen |= names
     # the usage metrics (SPEC §3) are on the dashboard
@@ -201,3 +223,31 @@ def test_every_dashboard_query_names_metrics_the_program_exports(program_metrics
         "kube_vgpu_container_memory_used_mib",
         "kube_vgpu_quota_limit",
     } <= seen
+
+
+def test_every_label_a_query_filters_or_groups_on_is_one_its_metrics_carry(
+    program_metrics: tuple[set[str], dict[str, set[str] | None]],
+) -> None:
+    program_labels = program_metrics[1]
+    for where, expr in dashboard_queries():
+        names = metric_names(expr)
+        carried: set[str] = set()
+        unknown = False
+        for name in names:
+            labels = program_labels.get(name)
+            unknown |= labels is None
+            carried |= labels or set()
+        # matchers: metric{label=...}
+        for metric, matchers in re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\{([^}]*)\}", expr):
+            labels = program_labels.get(metric)
+            if labels is None:
+                continue
+            keys = {m.split("=")[0].rstrip("!~").strip() for m in matchers.split(",") if m.strip()}
+            assert keys <= labels, f"{where}: {metric} has no label(s) {sorted(keys - labels)}"
+        if unknown:
+            continue
+        for grouping in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+            keys = {k.strip() for k in grouping.split(",") if k.strip()} - {"le"}
+            assert keys <= carried, (
+                f"{where}: grouped by {sorted(keys - carried)}, which {sorted(names)} lack"
+            )
