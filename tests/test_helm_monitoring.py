@@ -10,7 +10,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from helm_render import CHART_DIR, Rendered, render
+from helm_render import CHART_DIR, Rendered, lint, render
 from prometheus_client import CollectorRegistry
 
 from contract.config import Config, ResourceNames
@@ -45,6 +45,11 @@ def rendered() -> Rendered:
 def dashboard_configmap(rendered: Rendered) -> dict[str, Any]:
     (found,) = [cm for cm in rendered.of_kind("ConfigMap") if cm["metadata"]["name"].endswith("-dashboard")]
     return found
+
+
+def test_lint_is_clean_with_everything_on() -> None:
+    report = lint(ALL_ON, kube_version=KUBE)
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == []
 
 
 def test_nothing_of_it_is_rendered_by_default() -> None:
