@@ -18,6 +18,7 @@ from certs.cluster import ensure_secret, patch_ca_bundle, utcnow
 from certs.errors import EXIT_OK, CertsError, UnreachableError, UsageError
 from certs.files import ensure_files
 from certs.plan import DEFAULT_CA_DAYS, DEFAULT_DAYS, RENEW_BEFORE, Action
+from contract.logformat import configure_logging
 from kubeapi.client import Kube, KubeConfigError, load_api_client
 from kubeapi.permissions import Component
 
@@ -203,8 +204,7 @@ def _run_write(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen action; errors are printed as one line on stderr and become the exit code."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(logging.INFO)
     try:
         summary: str = args._certs(args)
     except CertsError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -17,11 +18,39 @@ ENV_PREFIX = "KUBE_VGPU_"
 
 # subcommand -> module providing `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "webhook": ("webhook.cli", "serve the mutating admission webhook over HTTPS"),
+    "webhook": ("webhook.cli", "serve the admission webhook (/mutate and /validate) over HTTPS"),
     "node": ("node.cli", "run the kubelet device plugin on a GPU node"),
     "certs": ("certs.cli", "create, patch or write the webhook's certificates"),
     "demo": ("demo.cli", "run every part locally on simulated GPUs and admit the example pods"),
+    "top": ("cli.top", "show the cluster's GPUs, what is booked on them and each namespace's quota"),
 }
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends every flag's line with its default, unless the help already names it or
+    there is none to name (None, False, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or default in (None, False, argparse.SUPPRESS)
+            or default == []
+            or "%(default)" in text
+            or re.search(r"\bdefault[: ]", text, re.IGNORECASE)
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
+def _use_defaults_formatter(parser: argparse.ArgumentParser) -> None:
+    # Subparsers do not inherit the formatter: set it on every level.
+    parser.formatter_class = DefaultsHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _use_defaults_formatter(sub)
 
 
 class Subcommand(Protocol):
@@ -75,6 +104,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         module: Subcommand = importlib.import_module(module_name)
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)
+    _use_defaults_formatter(parser)
     return parser
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from contract.config_rules import RULES, rule_problem
 from contract.names import HAMI_CORE, MODES, Mode
 
 OtherSchedulerPolicy = Literal["allow", "deny"]
@@ -151,10 +152,22 @@ def _build_section(cls: type[_Section], where: str, raw: Any) -> _Section:
             f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(fields)}"
         )
     values = {
-        fields[key].name: _check_value(f"{where}.{key}", value, str(fields[key].type))
+        fields[key].name: _check_rule(
+            f"{where}.{key}", _check_value(f"{where}.{key}", value, str(fields[key].type))
+        )
         for key, value in raw.items()
     }
     return cls(**values)
+
+
+def _check_rule(where: str, value: Any) -> Any:
+    """Apply the key's bounds from contract/config_rules.py (the chart's schema holds the same)."""
+    section, _, key = where.rpartition(": ")[2].partition(".")
+    rule = RULES.get(section, {}).get(key)
+    problem = None if rule is None else rule_problem(list(value) if isinstance(value, tuple) else value, rule)
+    if problem is not None:
+        raise ConfigError(f"{where}: expected {problem}, got {value!r}")
+    return value
 
 
 def parse_config(text: str, *, source: str = "config") -> Config:

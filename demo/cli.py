@@ -15,11 +15,15 @@ from pathlib import Path
 
 import aiohttp
 
+from cli.top import read_view
+from cli.top_view import render_text
 from contract.config import ConfigError, load_config
+from contract.logformat import configure_logging
 from demo.cluster import DemoError, LocalCluster, demo_config
 from demo.examples import ExampleError, load_namespaces, load_nodes, load_pods
 from demo.flow import PodFlow, check
 from demo.report import render
+from demo.workload import start_workloads, usage_report
 
 DEFAULT_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLES_CONFIG = "config.yaml"
@@ -72,15 +76,23 @@ async def _demo(args: argparse.Namespace) -> int:
             names = ", ".join(cluster.config.resource_names.all())
             print(f"config: {config_file or 'every default'} (resources {names})\n", flush=True)
             failures = 0
+            outcomes = []
             async with aiohttp.ClientSession() as session:
                 flow = PodFlow(cluster, session)
                 for example in pods:
                     outcome = await flow.run(example)
+                    outcomes.append(outcome)
                     problems = check(outcome)
                     failures += bool(problems)
                     for line in render(outcome, problems):
                         print(line, flush=True)
             print(f"{len(pods) - failures} of {len(pods)} examples ended as expected.", flush=True)
+            workloads = start_workloads(cluster, outcomes)
+            print("\nUsage read from NVML, each process mapped to its container by its cgroup:", flush=True)
+            within = cluster.config.node.register_interval_seconds + 5.0
+            print("\n".join(await usage_report(cluster, workloads, within)), flush=True)
+            view = await asyncio.to_thread(read_view, cluster.outside_kube(), cluster.config.resource_names)
+            print(f"\n$ kube-vgpu top\n{render_text(view)}", end="", flush=True)
             if not args.once:
                 assert cluster.webhook is not None
                 print("\nMetrics (Ctrl-C to stop):")
@@ -100,11 +112,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; see the module docstring for exit codes."""
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.ERROR,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(logging.INFO if args.verbose else logging.ERROR)
     try:
         return asyncio.run(_demo(args))
     except (ExampleError, ConfigError) as exc:

@@ -76,8 +76,9 @@ class LocalCluster:
         self._kubes.append(client)
         return client
 
-    def _volcano_kube(self) -> Kube:
-        # The scheduler stand-in is not ours: its client is not held to our components' RBAC.
+    def outside_kube(self) -> Kube:
+        """A client for what is not one of kube-vgpu's components (the scheduler stand-in, a user
+        running `kube-vgpu top`): not held to our components' RBAC."""
         client = Kube(self.apiserver.api_client())
         self._kubes.append(client)
         return client
@@ -114,7 +115,7 @@ class LocalCluster:
         # A blocking client call: off the loop, which serves the API server stand-in.
         self.volcano = await asyncio.to_thread(
             volcano_from_cluster,
-            self._volcano_kube(),
+            self.outside_kube(),
             namespace=self.config.node.device_config_namespace,
             name=self.config.node.device_config_name,
             scheduler_name=self.config.webhook.scheduler_name,
@@ -213,5 +214,9 @@ class LocalCluster:
 
 def demo_config(base: Config, workdir: Path) -> Config:
     """`base` with host paths moved under `workdir`, so the demo writes nothing outside it."""
-    node = dataclasses.replace(base.node, hook_path=str(workdir / "vgpu-hook"), metrics_port=0)
+    # The plugin lists its pods every register interval; a short one lets the usage metrics find
+    # the demo's containers within a second.
+    node = dataclasses.replace(
+        base.node, hook_path=str(workdir / "vgpu-hook"), metrics_port=0, register_interval_seconds=1.0
+    )
     return dataclasses.replace(base, node=node)

@@ -17,6 +17,8 @@ import yaml
 from contract.names import MODES
 
 EXPECT_PREFIX = "demo.kube-vgpu.io/"
+# What an examples folder holds; every error about a missing or malformed file repeats it.
+LAYOUT = "an examples folder holds nodes.yaml, namespaces.yaml and pods/*.yaml (see examples/)"
 Expected = Literal["allocated", "denied"]
 _OUTCOMES: dict[str, Expected] = {"allocated": "allocated", "denied": "denied"}
 
@@ -69,9 +71,13 @@ class ExamplePod:
 
 def _load(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ExampleError(f"{path}: {exc}") from None
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ExampleError(f"{path}: cannot read it ({exc.strerror}); {LAYOUT}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ExampleError(f"{path}: not valid YAML: {exc}") from None
 
 
 def load_nodes(path: Path) -> list[NodeSpec]:
@@ -101,18 +107,30 @@ def load_namespaces(path: Path) -> list[NamespaceSpec]:
     items = doc.get("namespaces") if isinstance(doc, Mapping) else None
     if not isinstance(items, list):
         raise ExampleError(f"{path}: expected a `namespaces:` list")
-    return [
-        NamespaceSpec(str(item["name"]), {str(k): str(v) for k, v in (item.get("labels") or {}).items()})
-        for item in items
-    ]
+    specs: list[NamespaceSpec] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            raise ExampleError(
+                f"{path}: namespaces[{i}]: needs a name, e.g. {{name: team-a, labels: {{...}}}}"
+            )
+        labels = item.get("labels") or {}
+        if not isinstance(labels, Mapping):
+            raise ExampleError(f"{path}: namespaces[{i}].labels: expected a mapping of label to value")
+        specs.append(NamespaceSpec(item["name"], {str(k): str(v) for k, v in labels.items()}))
+    return specs
 
 
 def _expectation(source: str, annotations: Mapping[str, str]) -> Expectation:
     raw = annotations.get(EXPECT_PREFIX + "expect")
     outcome = _OUTCOMES.get(raw or "")
     if outcome is None:
+        found = "is missing" if raw is None else f"is {raw!r}"
         raise ExampleError(
-            f"{source}: annotation {EXPECT_PREFIX}expect must be allocated or denied, got {raw!r}"
+            f"{source}: annotation {EXPECT_PREFIX}expect {found}; it must be allocated or denied. Every "
+            f"example pod says how it must end in metadata.annotations: {EXPECT_PREFIX}expect: "
+            "allocated (it starts; optionally "
+            f"expect-node and expect-env: NAME=prefix,...) or denied (the webhook refuses it; "
+            f"optionally expect-message: a part of the denial)"
         )
     env: list[tuple[str, str]] = []
     for item in filter(None, (annotations.get(EXPECT_PREFIX + "expect-env") or "").split(",")):
@@ -134,11 +152,14 @@ def load_pods(folder: Path) -> list[ExamplePod]:
     for path in sorted(folder.glob("*.yaml")):
         manifest = _load(path)
         if not isinstance(manifest, Mapping) or manifest.get("kind") != "Pod":
-            raise ExampleError(f"{path}: expected a Pod manifest")
+            raise ExampleError(f"{path}: expected a Pod manifest (apiVersion: v1, kind: Pod)")
         meta = manifest.get("metadata") or {}
-        if not meta.get("name") or not meta.get("namespace"):
-            raise ExampleError(f"{path}: metadata.name and metadata.namespace are required")
+        if not isinstance(meta, Mapping) or not meta.get("name") or not meta.get("namespace"):
+            raise ExampleError(
+                f"{path}: metadata.name and metadata.namespace are required (the namespace must be "
+                "one of namespaces.yaml)"
+            )
         pods.append(ExamplePod(path.name, manifest, _expectation(path.name, meta.get("annotations") or {})))
     if not pods:
-        raise ExampleError(f"{folder}: no example pods (*.yaml)")
+        raise ExampleError(f"{folder}: no example pods (*.yaml); {LAYOUT}")
     return pods

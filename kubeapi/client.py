@@ -198,8 +198,8 @@ class Kube:
         self, verb: str, kind: Kind, namespace: str | None, subresource: str = ""
     ) -> Callable[..., Any]:
         cluster, api, suffix = _KINDS[kind]
-        if kind == "pod" and verb == "list" and namespace is None:
-            return self._apis[api].list_pod_for_all_namespaces  # type: ignore[no-any-return]
+        if not cluster and verb == "list" and namespace is None:
+            return getattr(self._apis[api], f"list_{suffix}_for_all_namespaces")  # type: ignore[no-any-return]
         scope = "" if cluster else "namespaced_"
         sub = f"_{subresource}" if subresource else ""
         return getattr(self._apis[api], f"{verb}_{scope}{suffix}{sub}")  # type: ignore[no-any-return]
@@ -328,10 +328,19 @@ class Kube:
             **self._ns(namespace),
         )
 
-    def create(self, kind: Kind, body: Mapping[str, Any], *, namespace: str | None = None) -> dict[str, Any]:
+    def create(
+        self,
+        kind: Kind,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> dict[str, Any]:
         """Create an object and return it as stored."""
         self._require("create", kind)
-        return self._json(self._method("create", kind, namespace), body=body, **self._ns(namespace))
+        return self._json(
+            self._method("create", kind, namespace), body=body, timeout=timeout, **self._ns(namespace)
+        )
 
     def replace(
         self, kind: Kind, name: str, body: Mapping[str, Any], *, namespace: str | None = None

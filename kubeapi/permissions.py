@@ -8,11 +8,11 @@ nothing uses fails too. Adding a call is adding one line below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal
 
-Component = Literal["webhook", "node", "certs-create", "certs-patch"]
-COMPONENTS: Final[tuple[Component, ...]] = ("webhook", "node", "certs-create", "certs-patch")
+Component = Literal["webhook", "node", "certs-create", "certs-patch", "certs-renew"]
+COMPONENTS: Final[tuple[Component, ...]] = ("webhook", "node", "certs-create", "certs-patch", "certs-renew")
 Verb = Literal["get", "list", "watch", "create", "update", "patch"]
 
 
@@ -33,7 +33,7 @@ class ApiCall:
     why: str = ""
 
 
-API_CALLS: Final[tuple[ApiCall, ...]] = (
+_OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     # webhook: the cluster cache (list+watch) and, at start, Volcano's MIG geometry; admission
     # itself calls nothing (SPEC §2.3).
     ApiCall("webhook", "list", "nodes", why="GPU inventory"),
@@ -52,6 +52,7 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("node", "watch", "pods", why="the order of binds: the kubelet admits pods in it"),
     ApiCall("node", "patch", "pods", why="bind phase, devices-to-allocate"),
     ApiCall("node", "get", "configmaps", named="device-config", why="Volcano's MIG geometry"),
+    ApiCall("node", "create", "events", why="refused Allocates (on the pod), GPU health (on the node)"),
     # certificate Jobs.
     ApiCall("certs-create", "get", "secrets", named="tls-secret"),
     ApiCall("certs-create", "create", "secrets", why="names of new objects cannot be limited"),
@@ -88,6 +89,17 @@ API_CALLS: Final[tuple[ApiCall, ...]] = (
         "caBundle",
     ),
 )
+
+
+# The renewal CronJob runs `certs create` then `certs patch` under one service account.
+_RENEWAL_CALLS = tuple(
+    {
+        (c.group, c.resource, c.verb): replace(c, component="certs-renew")
+        for c in _OWN_CALLS
+        if c.component in ("certs-create", "certs-patch")
+    }.values()
+)
+API_CALLS: Final[tuple[ApiCall, ...]] = (*_OWN_CALLS, *_RENEWAL_CALLS)
 
 
 def declared(component: Component, verb: Verb, resource: str, group: str) -> bool:

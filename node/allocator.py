@@ -144,10 +144,12 @@ class Allocator:
                     )
             self._spawn(self._release_lock(self._deadline(timeout)))
             self._metrics.failed("timeout")
+            self._api.events.allocate_refused(attempt.pod, message)
             log.error("event=allocate_failed node=%s pod=%s reason=timeout", self._node, attempt.pod or "-")
             raise AllocateFailed(message, grpc.StatusCode.DEADLINE_EXCEEDED) from None
         except _Refused as exc:
             self._metrics.failed(exc.reason)
+            self._api.events.allocate_refused(attempt.pod, str(exc))
             log.error(
                 "event=allocate_failed node=%s pod=%s reason=%s message=%r",
                 self._node,

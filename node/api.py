@@ -14,11 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kubeapi.client import ApiError, ApiUnavailable, Kube, PatchType, WatchInterrupt
+from node.events import EventRecorder
 from node.selection import PodRef
 
 _T = TypeVar("_T")
 # Never wait less than this on a connect, however little budget is left: it is the floor of a try.
 _MIN_CALL_SECONDS = 0.05
+# An Event is best effort and posted in the background: it may take this long, never more.
+EVENT_BUDGET_SECONDS = 5.0
 
 
 def json_pointer(*parts: str) -> str:
@@ -40,6 +43,7 @@ class NodeApi:
         self._node_selector = f"metadata.name={node_name}"
         self._pod_selector = f"spec.nodeName={node_name}"
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kube-vgpu-api")
+        self.events = EventRecorder(self.create_event, node_name)
 
     async def _run(self, budget: float, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         budget = max(budget, _MIN_CALL_SECONDS)
@@ -118,6 +122,10 @@ class NodeApi:
             patch_type=patch_type,
             subresource=subresource,
         )
+
+    async def create_event(self, event: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        """Create one core v1 Event (see node/events.py)."""
+        return await self._run(EVENT_BUDGET_SECONDS, self.kube.create, "event", event, namespace=namespace)
 
     def watch_node(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
         """A blocking iterator of this node's watch events (run it on a thread of its own)."""

@@ -10,18 +10,17 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 from contract.config import ConfigError, load_config
+from contract.logformat import configure_logging
 from contract.names import HAMI_CORE, MODES
 from kubeapi.client import Kube, KubeConfigError, load_api_client
 from node.gpus import DiscoveryError
 from node.mig_config import MigConfigError
 from node.plugin import NodePlugin, PluginSettings
 
-LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 log = logging.getLogger("kube_vgpu.node")
 
@@ -44,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run over a simulated NVML described by this YAML file (no GPU needed)",
     )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file; default: in-cluster credentials")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="how much to log"
+    )
 
 
 def _load_nvml(args: argparse.Namespace) -> Any:
@@ -71,8 +72,7 @@ async def _serve(plugin: NodePlugin) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM: 0 on a clean stop, 1 when NVML or the GPUs fail, 2 on bad input."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    configure_logging(args.log_level)
     try:
         config = load_config(args.config)
         nvml = _load_nvml(args)

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from node.inventory import Inventory
 from node.ledger import Ledger
+from node.usage_metrics import UsageCollector, UsageSampler
 
 log = logging.getLogger("kube_vgpu.node.metrics")
 
@@ -80,9 +81,12 @@ class _StateCollector(Collector):
 class Metrics:
     """The plugin's registry: live state plus Allocate counters."""
 
-    def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
+    def __init__(self, inventory: Inventory, ledger: Ledger, usage: UsageSampler | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StateCollector(inventory, ledger))
+        self.usage = usage
+        if usage is not None:
+            self.registry.register(UsageCollector(usage))
         self.allocations = Counter(
             "kube_vgpu_allocations", "Allocate calls answered successfully", registry=self.registry
         )
@@ -115,6 +119,8 @@ class MetricsServer:
         self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
+        if self._metrics.usage is not None:
+            await self._metrics.usage.refresh_async()
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def start(self) -> None:

@@ -25,6 +25,7 @@ from kubeapi.client import ApiError, ApiUnavailable, Kube
 from node.allocator import Allocator
 from node.api import NodeApi
 from node.bind_order import BindOrder
+from node.cgroups import CgroupReader, read_proc_cgroup
 from node.deviceplugin import (
     KUBELET_SOCKET,
     DevicePluginService,
@@ -43,6 +44,7 @@ from node.mig_start import reconcile_interval, start_mig
 from node.pod_watch import PodWatch
 from node.publisher import NodePublisher
 from node.selection import is_allocating_here
+from node.usage_metrics import UsageSampler
 
 log = logging.getLogger("kube_vgpu.node.plugin")
 
@@ -69,9 +71,14 @@ class PluginSettings:
 class NodePlugin:
     """One node's vGPU plugin; `start()`, then `stop()` (or `run(stop_event)`)."""
 
-    def __init__(self, settings: PluginSettings, nvml: Nvml, kube: Kube) -> None:
+    def __init__(
+        self, settings: PluginSettings, nvml: Nvml, kube: Kube, *, read_cgroup: CgroupReader | None = None
+    ) -> None:
         self.settings = settings
         self._nvml = nvml
+        # A simulated NVML knows its processes' cgroups; a real one's are in /proc (hostPID).
+        simulated: CgroupReader | None = getattr(nvml, "process_cgroup", None)
+        self._read_cgroup: CgroupReader = read_cgroup or simulated or read_proc_cgroup
         self._config = settings.config
         self.api = NodeApi(kube, settings.node_name)
         self._stop = asyncio.Event()
@@ -86,6 +93,7 @@ class NodePlugin:
         self.publisher: NodePublisher | None = None
         self.allocator: Allocator | None = None
         self.metrics: Metrics | None = None
+        self.usage: UsageSampler | None = None
         self.metrics_server: MetricsServer | None = None
         self.health: HealthMonitor | None = None
         self.server: PluginServer | None = None
@@ -109,7 +117,8 @@ class NodePlugin:
         )
         inventory = self.inventory = Inventory(gpus, node.device_split_count, s.node_name)
         ledger = Ledger(gpus, node.device_split_count, self._config.resource_names, s.node_name)
-        metrics = self.metrics = Metrics(inventory, ledger)
+        usage = self.usage = UsageSampler(self._nvml, gpus, s.node_name, self._read_cgroup)
+        metrics = self.metrics = Metrics(inventory, ledger, usage)
         self._ledger = ledger
         self.pod_watch = PodWatch(
             self.api,
@@ -152,8 +161,13 @@ class NodePlugin:
 
         loop = asyncio.get_running_loop()
 
+        def health_changed(uuid: str, healthy: bool, reason: str) -> None:
+            if inventory.set_health(uuid, healthy, reason):
+                model = inventory.by_uuid[uuid].name
+                self.api.events.gpu_health(uuid, model, healthy, reason, node.recovery_quiet_seconds)
+
         def report(uuid: str, healthy: bool, reason: str) -> None:
-            loop.call_soon_threadsafe(inventory.set_health, uuid, healthy, reason)
+            loop.call_soon_threadsafe(health_changed, uuid, healthy, reason)
 
         tracker = HealthTracker([g.uuid for g in gpus], node.ignored_xids, node.recovery_quiet_seconds)
         self.health = HealthMonitor(
@@ -290,6 +304,8 @@ class NodePlugin:
         while True:
             try:
                 pods = await self.api.pods_on_node(node.allocate_timeout_seconds)
+                if self.usage is not None:
+                    self.usage.pods_seen(pods)
                 for problem in self._ledger.rebuild(pods):
                     log.warning("event=ledger_skipped node=%s %s", self.settings.node_name, problem)
                 current = {(o.gpu_uuid, o.resource): o for o in self._ledger.overcommits()}
@@ -353,5 +369,8 @@ class NodePlugin:
             await asyncio.to_thread(self.health.stop)
         if self.metrics_server is not None:
             await self.metrics_server.stop()
+        if self.usage is not None:
+            await self.usage.drain()
+        await self.api.events.drain()
         await asyncio.to_thread(self.api.close)
         log.info("event=stopped node=%s", self.settings.node_name)

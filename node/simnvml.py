@@ -12,6 +12,7 @@ What the simulation holds and its conventions:
   the file, default UUIDs derive from the node name and index.
 - MIG with the real profile tables (node/simnvml_profiles.py) and NVML's rules
   (node/simnvml_state.py); MIG devices are indexed by GPU instance ID, then compute instance ID.
+- Processes: the file's `processes:` (node/simnvml_processes.py), or `set_processes`.
 - Events: the file's XIDs fire `after` seconds past the first nvmlInit on the injected clock, and
   reach an event set only if the GPU registered for them before they happened; `inject_xid`
   fires one now. `set_lost(i, True)` makes every call on GPU i (and its MIG devices) raise
@@ -34,6 +35,7 @@ from node.simnvml_config import SimulationError, SimulationSpec, parse_simulatio
 from node.simnvml_core import nvml_call
 from node.simnvml_events import Clock, Event, EventSet
 from node.simnvml_mig import MigApi
+from node.simnvml_processes import ProcessApi, processes_of_spec
 from node.simnvml_profiles import compute_profiles
 from node.simnvml_state import SimGpu, SimProcess, nvml_error
 
@@ -62,7 +64,7 @@ def _unsimulated(name: str) -> Callable[..., NoReturn]:
     return call
 
 
-class SimulatedNvml(MigApi):
+class SimulatedNvml(MigApi, ProcessApi):
     """The simulated `pynvml` module of one node (see the module docstring)."""
 
     def __getattr__(self, name: str) -> Any:
@@ -348,6 +350,7 @@ def simulated_nvml(spec: SimulationSpec, *, clock: Clock | None = None) -> Simul
     """A simulated NVML from an already validated spec, with its initial MIG instances."""
     nvml = SimulatedNvml(spec, clock=clock)
     _create_initial_instances(nvml)
+    processes_of_spec(nvml)
     log.info(
         "event=simnvml.loaded node=%s gpus=%d mig_enabled=%d",
         spec.node_name,

@@ -14,6 +14,13 @@ gpus:
 events:                              # optional: seconds after the first nvmlInit
   - {after: 30, gpu: 0, xid: 79}     # gpu = index in the flattened list
   - {after: 31, gpu: 0, lost: true}  # NVML calls on GPU 0 raise GpuIsLost until `lost: false`
+processes:                           # optional: compute processes NVML reports, and their cgroup
+  - gpu: 0                           # index in the flattened list
+    mig: 5                           # optional: on this GPU instance ID (its compute instance 0)
+    pid: 4242
+    usedMemoryMiB: 2048
+    smUtilPercent: 35                # optional: what process utilisation reports for it
+    cgroup: "0::/kubepods.slice/..." # optional: the text /proc/<pid>/cgroup would hold
 ```
 
 Unknown keys and wrong types are refused with a message naming the key and the value.
@@ -40,7 +47,8 @@ WHOLE_GPU = 0xFFFFFFFF
 
 _GPU_KEYS = {"model", "memoryMiB", "count", "migCapable", "migEnabled", "migPending", "migInstances", "uuids"}
 _EVENT_KEYS = {"after", "gpu", "xid", "lost", "gpuInstanceId", "computeInstanceId"}
-_TOP_KEYS = {"gpus", "events", "driverVersion"}
+_PROCESS_KEYS = {"gpu", "mig", "pid", "usedMemoryMiB", "smUtilPercent", "cgroup"}
+_TOP_KEYS = {"gpus", "events", "processes", "driverVersion"}
 
 
 class SimulationError(ValueError):
@@ -74,6 +82,18 @@ class EventSpec:
 
 
 @dataclass(frozen=True)
+class ProcessSpec:
+    """A compute process NVML reports on a GPU (or on one of its MIG GPU instances)."""
+
+    gpu: int
+    mig: int | None
+    pid: int
+    used_memory_mib: int
+    sm_util_percent: int | None
+    cgroup: str
+
+
+@dataclass(frozen=True)
 class SimulationSpec:
     """A validated simulation document for one node."""
 
@@ -81,6 +101,7 @@ class SimulationSpec:
     gpus: tuple[GpuSpec, ...]
     events: tuple[EventSpec, ...]
     driver_version: str = DEFAULT_DRIVER_VERSION
+    processes: tuple[ProcessSpec, ...] = ()
 
 
 def default_gpu_uuid(node_name: str, index: int) -> str:
@@ -225,6 +246,46 @@ def _event(raw: object, where: str, gpu_count: int) -> EventSpec:
     )
 
 
+def _process(raw: object, where: str, gpus: list[GpuSpec]) -> ProcessSpec:
+    entry = _mapping(raw, where, _PROCESS_KEYS)
+    for key in ("gpu", "pid", "usedMemoryMiB"):
+        if key not in entry:
+            raise SimulationError(f"{where}: missing key {key!r}")
+    gpu = entry["gpu"]
+    if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < len(gpus):
+        raise SimulationError(
+            f"{where}.gpu: {gpu!r} is not a GPU index (the file describes {len(gpus)} GPUs)"
+        )
+    mig = _int(entry["mig"], f"{where}.mig", 0) if entry.get("mig") is not None else None
+    if mig is not None and not gpus[gpu].mig_capable:
+        raise SimulationError(f"{where}.mig: GPU {gpu} is not migCapable, so it has no GPU instance {mig}")
+    util = entry.get("smUtilPercent")
+    if util is not None and (isinstance(util, bool) or not isinstance(util, int) or not 0 <= util <= 100):
+        raise SimulationError(f"{where}.smUtilPercent: expected a percent 0..100, got {util!r}")
+    cgroup = entry.get("cgroup", "")
+    if not isinstance(cgroup, str):
+        raise SimulationError(f"{where}.cgroup: expected the text of /proc/<pid>/cgroup, got {cgroup!r}")
+    return ProcessSpec(
+        gpu=gpu,
+        mig=mig,
+        pid=_int(entry["pid"], f"{where}.pid", 1),
+        used_memory_mib=_int(entry["usedMemoryMiB"], f"{where}.usedMemoryMiB", 0),
+        sm_util_percent=util,
+        cgroup=cgroup,
+    )
+
+
+def _processes(raw: object, gpus: list[GpuSpec]) -> tuple[ProcessSpec, ...]:
+    items = _list(_none_as_empty(raw), "processes")
+    processes = tuple(_process(item, f"processes[{i}]", gpus) for i, item in enumerate(items))
+    cgroups: dict[int, str] = {}
+    for i, process in enumerate(processes):
+        # One process, one cgroup: a PID on two GPUs is one process using both.
+        if cgroups.setdefault(process.pid, process.cgroup) != process.cgroup:
+            raise SimulationError(f"processes[{i}].cgroup: PID {process.pid} is listed with two cgroups")
+    return processes
+
+
 def parse_simulation(document: str | Mapping[str, Any], node_name: str) -> SimulationSpec:
     """Validate a simulation document (YAML text or an already-parsed mapping) for `node_name`."""
     node_name = _text(node_name, "node name")
@@ -245,4 +306,10 @@ def parse_simulation(document: str | Mapping[str, Any], node_name: str) -> Simul
         for i, raw in enumerate(_list(_none_as_empty(top.get("events")), "events"))
     )
     driver = _text(top.get("driverVersion", DEFAULT_DRIVER_VERSION), "driverVersion")
-    return SimulationSpec(node_name=node_name, gpus=tuple(gpus), events=events, driver_version=driver)
+    return SimulationSpec(
+        node_name=node_name,
+        gpus=tuple(gpus),
+        events=events,
+        driver_version=driver,
+        processes=_processes(top.get("processes"), gpus),
+    )

@@ -39,6 +39,8 @@ class SimProcess:
     used_bytes: int | None = None
     gpu_instance_id: int = WHOLE_GPU
     compute_instance_id: int = WHOLE_GPU
+    sm_util_percent: int | None = None  # None: no process-utilisation sample for it
+    cgroup: str = ""  # the text /proc/<pid>/cgroup holds on the node
 
 
 @dataclass(eq=False)

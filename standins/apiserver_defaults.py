@@ -13,6 +13,7 @@ from typing import Any
 
 from standins import apiserver_errors as errors
 from standins import quantity
+from standins.apiserver_events import validate_event
 from standins.apiserver_resources import NAMESPACES, PODS, ResourceType
 from standins.apiserver_store import Stored
 
@@ -30,6 +31,8 @@ def validate(rt: ResourceType, obj: dict[str, Any]) -> None:
                 f"json: cannot unmarshal metadata.{field} of {rt.kind} {metadata.get('name')!r}: "
                 f"it must be an object of strings, got {json.dumps(values)}"
             )
+    if rt.kind == "Event" and not rt.group:
+        validate_event(obj)
     if rt is not PODS:
         return
     causes: list[str] = []

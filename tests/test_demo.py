@@ -40,6 +40,16 @@ def test_every_example_ends_as_expected() -> None:
     assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10000m" in result.stdout
     assert 'replace /metadata/annotations/nvidia.com/use-gputype = "[NVIDIA A100-SXM4-80GB]"' in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+    # It ends with `kube-vgpu top`: both simulated nodes, and the quota namespace with its limit.
+    top = result.stdout.split("$ kube-vgpu top\n", 1)[1].splitlines()
+    assert top[0].split()[0] == "NODE" and {"gpu-a100", "gpu-h100-mig"} <= {r.split()[0] for r in top if r}
+    assert any(r.split()[:1] == ["team-small"] and "/16384" in r for r in top)
+    # The usage path runs too: each workload's figures are read back from the plugins' /metrics,
+    # its process mapped to its container through its cgroup (MIG: per MIG device).
+    usage = result.stdout.split("Usage read from NVML", 1)[1].split("$ kube-vgpu top", 1)[0]
+    assert "not reported yet" not in usage
+    assert "team-a/plain-slice/infer" in usage and "SM 24%" in usage
+    assert "team-a/mig-slice/infer" in usage
 
 
 def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:

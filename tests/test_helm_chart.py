@@ -690,6 +690,7 @@ def test_node_daemonsets_one_per_group(rendered: Rendered, case: Case) -> None:
             assert not sc.get("privileged")
             assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
         assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert spec["hostPID"] is True  # usage metrics read host PIDs' /proc/<pid>/cgroup
 
 
 def test_node_defaults_select_gpu_nodes_and_tolerate_the_gpu_taint() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_node_support import NODE, RESOURCE, node_object, short_tempdir, simulation
+from test_node_support import NODE, RESOURCE, free_port, node_object, short_tempdir, simulation
 
 from cli.main import apply_env_defaults
 from contract.names import NODE_REGISTER
@@ -54,7 +54,7 @@ async def test_runs_on_simulated_gpus_and_stops_on_sigterm(
 ) -> None:
     apiserver.put(node_object())
     (tmp_path / "sim.yaml").write_text(yaml.safe_dump(simulation()))
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"node": {"metricsPort": 0}}))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"node": {"metricsPort": free_port()}}))
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     env = {**os.environ, "KUBE_VGPU_NODE_NAME": NODE}
     async with KubeletStandin(kdir) as kubelet:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from grpc import aio
 from test_node_mig_support import A100_40, GPU_0, GPU_1, mig_pod, mig_sim, running_mig_plugin
-from test_node_support import NODE, Harness, eventually, node_object, short_tempdir
+from test_node_support import NODE, Harness, eventually, free_port, node_object, short_tempdir
 
 from contract.models import register_type
 from contract.names import BIND_PHASE, NODE_REGISTER
@@ -180,7 +180,7 @@ def test_a_geometry_configmap_that_does_not_parse_stops_the_node_command(
     sim = tmp_path / "sim.yaml"
     sim.write_text(yaml.safe_dump({"gpus": [{"model": A100_40, "migCapable": True, "migEnabled": True}]}))
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({"node": {"metricsPort": 0}}))
+    config.write_text(yaml.safe_dump({"node": {"metricsPort": free_port()}}))
     argv = [
         f"--node-name={NODE}",
         "--mode=mig",

@@ -23,6 +23,7 @@ from contract.names import (
 )
 from contract.resources import PodRequest, RequestError, iter_containers, parse_pod
 from webhook import affinity
+from webhook.fit import never_fits
 from webhook.gates import ClusterView
 from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
 from webhook.placement import Placement, clip, pending_warning, resolve_placement, rewrite_gputype
@@ -124,7 +125,7 @@ class Admission:
             check_affinity(affinity.own_terms(after, previous), placement.alternatives, limits)
         except LimitExceeded as exc:
             raise Denied(OVER_LIMIT, str(exc)) from None
-        warnings: list[str] = []
+        warnings = never_fits(pod_request, self.view.inventory.nodes.values())
         if placement.matches_nothing:
             message = f"GPU selectors match no GPU in the cluster: {_describe(selectors)}"
             if self.config.webhook.strict_selectors:

@@ -5,16 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 from pathlib import Path
 
 from contract.config import ConfigError, load_config
+from contract.logformat import configure_logging
 from kubeapi.client import KubeConfigError
 from webhook.listener import ConnectionLimits
 from webhook.service import Options, serve
 from webhook.tls import TlsFilesError
-
-LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,12 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=limits.idle_timeout_seconds,
         help="seconds an idle keep-alive connection is kept (above the API server's 90)",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="how much to log"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM; 0 on a clean stop, 2 on bad configuration or credentials."""
-    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    configure_logging(args.log_level)
     log = logging.getLogger("kube_vgpu.webhook")
     try:
         config = load_config(args.config)
