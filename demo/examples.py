@@ -1,8 +1,9 @@
 """The demo's inputs: simulated nodes, namespaces, and example pods with the outcome each expects.
 
 Expectations ride on the pods as `demo.kube-vgpu.io/*` annotations, so each example is one readable
-manifest: `expect` is `allocated` or `denied`; `expect-node`, `expect-message` (a substring of the
-denial) and `expect-env` (comma list of `NAME=prefix`) refine it.
+manifest: `expect` is `allocated`, `denied` or `pending`; `expect-node`, `expect-message` (a
+substring of the denial, or of the scheduler's reason for a pending pod) and `expect-env` (comma list
+of `NAME=prefix`) refine it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from contract.names import MODES
 EXPECT_PREFIX = "demo.kube-vgpu.io/"
 # What an examples folder holds; every error about a missing or malformed file repeats it.
 LAYOUT = "an examples folder holds nodes.yaml, namespaces.yaml and pods/*.yaml (see examples/)"
-Expected = Literal["allocated", "denied"]
-_OUTCOMES: dict[str, Expected] = {"allocated": "allocated", "denied": "denied"}
+Expected = Literal["allocated", "denied", "pending"]
+_OUTCOMES: dict[str, Expected] = {"allocated": "allocated", "denied": "denied", "pending": "pending"}
 
 
 class ExampleError(ValueError):
@@ -126,11 +127,12 @@ def _expectation(source: str, annotations: Mapping[str, str]) -> Expectation:
     if outcome is None:
         found = "is missing" if raw is None else f"is {raw!r}"
         raise ExampleError(
-            f"{source}: annotation {EXPECT_PREFIX}expect {found}; it must be allocated or denied. Every "
-            f"example pod says how it must end in metadata.annotations: {EXPECT_PREFIX}expect: "
-            "allocated (it starts; optionally "
+            f"{source}: annotation {EXPECT_PREFIX}expect {found}; it must be allocated, denied or "
+            f"pending. Every example pod says how it must end in metadata.annotations: "
+            f"{EXPECT_PREFIX}expect: allocated (it starts; optionally "
             f"expect-node and expect-env: NAME=prefix,...) or denied (the webhook refuses it; "
-            f"optionally expect-message: a part of the denial)"
+            f"optionally expect-message: a part of the denial) or pending (admitted, and the scheduler "
+            f"finds no GPU for it; optionally expect-message: a part of its reason)"
         )
     env: list[tuple[str, str]] = []
     for item in filter(None, (annotations.get(EXPECT_PREFIX + "expect-env") or "").split(",")):

@@ -138,6 +138,14 @@ def check(outcome: Outcome) -> list[str]:
         elif expect.message and expect.message not in outcome.message:
             problems.append(f"denial message lacks {expect.message!r}")
         return problems
+    if expect.outcome == "pending":
+        if not outcome.allowed:
+            return [*problems, f"expected a pending pod, the webhook denied: {outcome.message}"]
+        if outcome.node is not None:
+            return [*problems, f"expected a pending pod, it was scheduled to {outcome.node}"]
+        if expect.message and expect.message not in (outcome.waiting or ""):
+            problems.append(f"the scheduler's reason lacks {expect.message!r}: {outcome.waiting}")
+        return problems
     if not outcome.allowed:
         return [*problems, f"expected allocation, the webhook denied: {outcome.message}"]
     if outcome.node is None:

@@ -136,6 +136,29 @@ def _uuid_ok(annotations: Mapping[str, str], uuid: str) -> bool:
     return uuid not in nouse and (use is None or uuid in use)
 
 
+def _misfit(
+    annotations: Mapping[str, str], gpu: GpuLedger, ask: ContainerAsk, memory: int, chosen: list[DeviceRecord]
+) -> str | None:
+    """Which of Volcano's per-GPU fit rules (protocol §3.3) this GPU fails, in words; None when it fits."""
+    if not _uuid_ok(annotations, gpu.uuid):
+        return "excluded by the UUID selectors"
+    if gpu.count <= gpu.used_num:
+        return f"all {gpu.count} vGPU slots used"
+    if gpu.memory_mib - gpu.used_mem < memory:
+        return f"memory: {gpu.memory_mib - gpu.used_mem} MiB free, {memory} MiB asked"
+    if gpu.used_cores + ask.cores > 100:
+        return f"cores: {gpu.used_cores}% used, {ask.cores}% asked"
+    if ask.cores == 100 and gpu.used_num > 0:
+        return "cores: a whole GPU (100%) asked, the GPU is shared"
+    if gpu.used_cores == 100 and ask.cores == 0:
+        return "cores: held whole by another pod"
+    if not _type_ok(annotations, gpu.type):
+        return f"type {gpu.type!r} excluded by the type selectors"
+    if any(r.gpu_uuid == gpu.uuid for r in chosen):
+        return "already given to this container"
+    return None
+
+
 def fit_pod(
     pod: Mapping[str, Any],
     gpus: list[GpuLedger],
@@ -154,6 +177,7 @@ def fit_pod(
         if ask.nums > len(gpus):
             raise NoFit("no enough gpu cards")
         chosen: list[DeviceRecord] = []
+        misfits: list[str] = []
         # binpack: most used memory first, then the lower ID (protocol §7.1)
         for gpu in sorted(gpus, key=lambda g: (-g.used_mem, g.index)):
             if len(chosen) == ask.nums:
@@ -161,23 +185,16 @@ def fit_pod(
             memory = gpu.memory_mib * ask.percent // 100 if ask.percent is not None else ask.memory_mib
             if ask.percent is None and ask.memory_mib == 0:
                 memory = gpu.memory_mib
-            fits = (
-                _uuid_ok(annotations, gpu.uuid)
-                and gpu.count > gpu.used_num
-                and gpu.memory_mib - gpu.used_mem >= memory
-                and gpu.used_cores + ask.cores <= 100
-                and not (ask.cores == 100 and gpu.used_num > 0)
-                and not (gpu.used_cores == 100 and ask.cores == 0)
-                and _type_ok(annotations, gpu.type)
-                and all(r.gpu_uuid != gpu.uuid for r in chosen)
-            )
-            if not fits:
+            why = _misfit(annotations, gpu, ask, memory, chosen)
+            if why is not None:
+                misfits.append(f"{gpu.uuid}: {why}")
                 continue
             device_id = gpu.uuid
             charged = memory
             if node_mode == n.MIG:
                 slot = mig_chooser(gpu.type, gpu.mig_slots, memory) if mig_chooser else None
                 if slot is None:
+                    misfits.append(f"{gpu.uuid}: no free MIG slot of {memory} MiB")
                     continue
                 device_id = f"{gpu.uuid}[{slot[0]}-{slot[1]}]"
                 gpu.mig_slots.append(slot)
@@ -186,6 +203,6 @@ def fit_pod(
             gpu.used_cores += ask.cores
             chosen.append(DeviceRecord(device_id, memory, ask.cores))
         if len(chosen) < ask.nums:
-            raise NoFit(f"container needs {ask.nums} GPU(s), {len(chosen)} fit")
+            raise NoFit(f"container needs {ask.nums} GPU(s), {len(chosen)} fit ({'; '.join(misfits)})")
         plan.append(chosen)
     return plan

@@ -71,7 +71,7 @@ def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
     ("edit", "message"),
     [
         (("nodes.yaml", "mode: hami-core", "mode: turbo"), "nodes[0].mode: expected one of hami-core, mig"),
-        (("pods/01-plain-slice.yaml", "expect: allocated", "expect: maybe"), "must be allocated or denied"),
+        (("pods/01-plain-slice.yaml", "expect: allocated", "expect: maybe"), "must be allocated, denied or"),
     ],
 )
 def test_bad_example_files_are_named_with_exit_2(

@@ -35,7 +35,7 @@ def test_a_pod_without_an_expectation_is_told_what_to_add(tmp_path: Path) -> Non
 
 
 def test_a_pod_with_a_wrong_expectation_gets_the_choices(tmp_path: Path) -> None:
-    with pytest.raises(ExampleError, match="is 'maybe'; it must be allocated or denied"):
+    with pytest.raises(ExampleError, match="is 'maybe'; it must be allocated, denied or pending"):
         load_pods(pods_folder(tmp_path, "{demo.kube-vgpu.io/expect: maybe}"))
 
 
