@@ -1,5 +1,6 @@
 """The order in which the kube-apiserver admits a pod CREATE (facts `apiserver-admission.md` §2).
 
+0. The body is decoded: quantities in canonical form, defaults applied (§1).
 1. Mutating webhooks, each call with a fresh `request.uid`; a `generateName` pod has no name, uid or
    creationTimestamp yet.
 2. The system metadata is filled in: the generated name, `metadata.uid`, `creationTimestamp`.
@@ -26,6 +27,7 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
+from standins.apiserver_defaults import decoded
 from standins.apiserver_ops import timestamp
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the real server's: no vowels, no look-alikes
@@ -117,7 +119,9 @@ class AdmissionChain:
         return response
 
     async def create(self, pod: Mapping[str, Any], *, dry_run: bool = False) -> Admitted:
-        """Mutate, fill the system metadata, validate once: the pod as it would be stored."""
+        """Decode (quantities canonical: `3000` is `3k` from here on), mutate, fill the system metadata,
+        validate once: the pod as it would be stored."""
+        pod = decoded(pod)
         mutated = await self.call("/mutate", admission_review(pod, username=self.username, dry_run=dry_run))
         if not mutated["allowed"]:
             return Admitted(False, dict(pod), _message(mutated), _warnings(mutated), phase="mutate")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import json
 import logging
 import ssl
 import threading
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import yaml
 from aiohttp import web
 
-from standins.apiserver_defaults import bare_object, default
+from standins.apiserver_defaults import decoded
 from standins.apiserver_faults import Faults, RequestRecord
 from standins.apiserver_http import ApiHttp, ServerConfig
 from standins.apiserver_ops import Operations, with_type
@@ -330,10 +329,7 @@ class ApiServerStandin:
         """A create body as mutating admission sees it (facts `apiserver-admission.md` §1-2): decoded,
         quantities in canonical form, defaulted, nothing stored and no system metadata yet (a
         `generateName` pod has no name). Raises the 400 the real server answers for a bad quantity."""
-        rt = lookup_object(obj)
-        decoded = bare_object(rt, json.loads(json.dumps(obj)))
-        default(rt, decoded, creating=True)
-        return with_type(rt, decoded)
+        return decoded(obj)
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """An object by kind (`Pod`, `pods`, ...) and name, or None; namespaced kinds default to `default`."""

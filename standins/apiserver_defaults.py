@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from standins import apiserver_errors as errors
 from standins import quantity
 from standins.apiserver_events import validate_event
-from standins.apiserver_resources import NAMESPACES, PODS, ResourceType
+from standins.apiserver_resources import NAMESPACES, PODS, ResourceType, lookup_object
 from standins.apiserver_store import Stored
 
 
@@ -180,3 +181,13 @@ def check_preconditions(rt: ResourceType, current: Stored, preconditions: Any) -
             f"ResourceVersion in object meta: {current.rv}"
         )
         raise errors.conflict(rt.plural, current.key[1], rt.group, why=why)
+
+
+def decoded(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A create body as mutating admission sees it (facts `apiserver-admission.md` §1-2): decoded,
+    quantities in canonical form, defaulted, nothing stored and no system metadata yet (a
+    `generateName` pod has no name). Raises the 400 the real server answers for a bad quantity."""
+    rt = lookup_object(obj)
+    bare = bare_object(rt, json.loads(json.dumps(obj)))
+    default(rt, bare, creating=True)
+    return {"apiVersion": rt.api_version, "kind": rt.kind, **bare}

@@ -33,6 +33,7 @@ from contract.names import (
 )
 from standins.admission_chain import admission_review, with_system_metadata
 from standins.apiserver import ApiServerStandin
+from standins.apiserver_defaults import decoded
 from webhook.review import decode_patch
 
 SCHEDULER = "system:serviceaccount:volcano-system:volcano-scheduler"
@@ -74,7 +75,9 @@ class Cluster:
         return response
 
     def create(self, obj: Mapping[str, Any], *, dry_run: bool = False, reinvoke: int = 0) -> dict[str, Any]:
-        """Mutate (reinvoked `reinvoke` more times), fill system metadata, validate: the last answer."""
+        """Decode as the API server does (quantities canonical: 10000 is `10k`), mutate (reinvoked
+        `reinvoke` more times), fill system metadata, validate: the last answer."""
+        obj = decoded(obj)
         response = self.call("/mutate", admission_review(obj, username=AUTHOR, dry_run=dry_run))
         if not response["allowed"]:
             return response | {"phase": "mutate"}
