@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc import aio
 from test_contract_quantity import FACTS_TABLE
+from test_node_events import describe_events
 from test_node_support import (
     CORES,
     COUNT,
@@ -18,6 +19,7 @@ from test_node_support import (
     UUID_A,
     Harness,
     container,
+    eventually,
     make_pod,
     node_object,
     running_plugin,
@@ -28,6 +30,7 @@ from contract.config import ResourceNames
 from contract.devices import DeviceRecord
 from contract.names import BIND_PHASE, VGPU_IDS_NEW
 from contract.quantity import INT32_MAX
+from node.events import ALLOCATE_FAILED
 from node.verify import booking_problem
 from standins import quantity as k8s
 from standins.apiserver import ApiServerStandin
@@ -88,7 +91,7 @@ async def test_an_edited_booking_is_refused_naming_both_figures(h: Harness) -> N
         ids=f"{UUID_A},NVIDIA,10000,30:",
         to_allocate=f"{UUID_A},NVIDIA,{CARD},30:",
     )
-    h.api.put(pod)
+    uid = h.api.put(pod)["metadata"]["uid"]
     error = await refused(h)
     details = error.details() or ""
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -96,6 +99,11 @@ async def test_an_edited_booking_is_refused_naming_both_figures(h: Harness) -> N
     annotations = h.annotations("p")
     assert annotations[BIND_PHASE] == "failed"
     assert annotations[VGPU_IDS_NEW] == f"{UUID_A},NVIDIA,10000,30:"  # the permanent record is untouched
+    # ... and the pod's events say so (`kubectl describe pod`), naming both figures.
+    await eventually(lambda: bool(describe_events(h.api, "Pod", "p", "default", uid)))
+    (event,) = describe_events(h.api, "Pod", "p", "default", uid)
+    assert event["type"] == "Warning" and event["reason"] == ALLOCATE_FAILED
+    assert f"booked with {CARD} MiB" in event["message"] and "asks 10000 MiB" in event["message"]
 
 
 async def test_edited_cores_are_refused_and_an_honest_booking_still_allocates(h: Harness) -> None:
