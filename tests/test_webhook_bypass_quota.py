@@ -18,7 +18,7 @@ from test_webhook_bypass_support import (
     running_pod,
     start,
 )
-from test_webhook_support import CORES, container, pod
+from test_webhook_support import CORES, container, gpu_uuid, pod
 
 from contract.config import Config, WebhookConfig
 from contract.names import VGPU_IDS_NEW
@@ -35,7 +35,8 @@ def cluster(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[Cluster]:
 
 def test_quota_ignores_a_booking_that_disagrees_with_the_pods_limits(cluster: Cluster) -> None:
     # A running pod holds 10000 MiB; its booking says 1 MiB (written while admission was bypassed).
-    running = running_pod(cluster, {VGPU_IDS_NEW: "GPU-0000,NVIDIA,1,0:;"})
+    # One entry for its one container, so the check that matters is the MiB, not the entry count.
+    running = running_pod(cluster, {VGPU_IDS_NEW: f"{gpu_uuid('a100', 0)},NVIDIA,1,0:"})
     cluster.store({"pod": running})
     cluster.wait_cached("mem-15000", "train")
     answer = cluster.create(gpu_pod("mem-15000", "second", memory=10000))
@@ -75,6 +76,22 @@ def test_a_mig_pod_is_charged_the_slot_it_will_hold(cluster: Cluster) -> None:
     tiny = gpu_pod("mem-15000", "a", memory=1)
     tiny["metadata"]["annotations"] = {"volcano.sh/vgpu-mode": "mig"}
     assert cluster.create(tiny)["allowed"]
+    second = copy.deepcopy(tiny)
+    second["metadata"]["name"] = "b"
+    assert refused(cluster.create(second), "requested 9984 MiB", "in use 9984 MiB of 15000 MiB")
+
+
+def test_a_booked_mig_pod_still_costs_its_slot(cluster: Cluster) -> None:
+    # Volcano records the MiB asked in a mig booking (protocol §4.2), not the slot's size: once the
+    # first pod is booked it must still cost 9984 MiB, or every 1 MiB pod would fit after booking.
+    tiny = gpu_pod("mem-15000", "a", memory=1)
+    tiny["metadata"]["annotations"] = {"volcano.sh/vgpu-mode": "mig"}
+    admitted = cluster.create(tiny)
+    assert admitted["allowed"]
+    booked = copy.deepcopy(admitted["pod"])
+    booked["metadata"]["annotations"][VGPU_IDS_NEW] = f"{gpu_uuid('h100', 0)}[group1-0],NVIDIA,1,0:"
+    cluster.store({"pod": booked})
+    cluster.wait_cached("mem-15000", "a")
     second = copy.deepcopy(tiny)
     second["metadata"]["name"] = "b"
     assert refused(cluster.create(second), "requested 9984 MiB", "in use 9984 MiB of 15000 MiB")

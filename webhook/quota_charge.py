@@ -106,7 +106,15 @@ def container_charge(
     # No SM limit is the whole GPU's SMs: charging 0 would let a cores quota admit without bound.
     cores = number * (container.cores or WHOLE_GPU_CORES)
     if booked_mib is not None:
-        return Charge(number, booked_mib, cores)
+        if slot is None:
+            return Charge(number, booked_mib, cores)
+        # A mig booking records the MiB asked (protocol §4.2), but the card gives the whole slot:
+        # charge at least the slot, or a 1 MiB ask would cost 1 MiB once booked.
+        try:
+            held = container_charge(container, gpu_mib=gpu_mib, slot=slot).memory_mib
+        except GpuSizeUnknown:
+            held = 0
+        return Charge(number, max(booked_mib, held), cores)
     if container.memory_mib is not None:
         per_vgpu = slot(container.memory_mib) if slot is not None else container.memory_mib
         return Charge(number, number * per_vgpu, cores)
