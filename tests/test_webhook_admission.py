@@ -370,9 +370,21 @@ def test_privileged_vgpu_container_is_denied_unless_configured() -> None:
     verdict, _ = admit(pod(privileged))
     assert not verdict.allowed and verdict.reason == "privileged" and "'main'" in verdict.message
     assert admit(pod(privileged), webhook=WebhookConfig(deny_privileged=False))[0].allowed
-    # A privileged sidecar that asks no vGPU is not this rule's business.
+    # A privileged sidecar in a vGPU pod sees every GPU of the node: refused too.
     sidecar = {"name": "side", "securityContext": {"privileged": True}}
-    assert admit(pod(container(memory=1000), sidecar))[0].allowed
+    verdict, _ = admit(pod(container(memory=1000), sidecar))
+    assert not verdict.allowed and verdict.reason == "privileged" and "'side'" in verdict.message
+    # A pod that asks no vGPU is not this rule's business.
+    assert admit(pod(sidecar))[0].allowed
+
+
+@pytest.mark.parametrize("capability", ["SYS_ADMIN", "CAP_SYS_ADMIN", "sys_admin", "ALL"])
+def test_capabilities_that_undo_the_preload_mount_are_denied_in_any_container(capability: str) -> None:
+    sidecar = {"name": "side", "securityContext": {"capabilities": {"add": ["NET_RAW", capability]}}}
+    verdict, _ = admit(pod(container(memory=1000), sidecar))
+    assert not verdict.allowed and verdict.reason == "privileged" and capability in verdict.message
+    harmless = {"name": "side", "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}}}
+    assert admit(pod(container(memory=1000), harmless))[0].allowed
 
 
 # --- malformed values ---------------------------------------------------------------------------

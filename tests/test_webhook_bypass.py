@@ -224,6 +224,11 @@ def test_harmless_mounts_are_allowed(cluster: Cluster, path: str) -> None:
         "/usr/local/vgpu/vgpu/containers",
         "/tmp/vgpulock",
         "/tmp",
+        "/proc/1/root/usr/local/vgpu",  # the host's root through PID 1
+        "/proc",
+        "/sys/fs/cgroup",
+        "/var/lib/kubelet/device-plugins",  # the plugin's and the kubelet's sockets
+        "/var/lib/kubelet",
     ],
 )
 def test_a_host_path_reaching_the_node_plugins_folders_is_refused(cluster: Cluster, host: str) -> None:

@@ -35,8 +35,14 @@ RESERVED_ENV_PREFIX: Final = "CUDA_DEVICE_MEMORY_LIMIT"
 
 # Paths the node plugin mounts into a hami-core container (node/hamicore.py), besides the hook path.
 PLUGIN_CONTAINER_PATHS: Final[tuple[str, ...]] = ("/etc/ld.so.preload", "/tmp/vgpu", "/tmp/vgpulock")
-# Host folders the node plugin serves from, besides the configured hook path.
-PLUGIN_HOST_PATHS: Final[tuple[str, ...]] = ("/tmp/vgpulock",)
+# Host folders the node plugin serves from, besides the configured hook path; and host folders that
+# reach every file of the node (/proc/1/root/..., /sys) or the kubelet's device plugin sockets.
+PLUGIN_HOST_PATHS: Final[tuple[str, ...]] = (
+    "/tmp/vgpulock",
+    "/var/lib/kubelet/device-plugins",
+    "/proc",
+    "/sys",
+)
 
 
 @dataclass(frozen=True)
@@ -136,8 +142,8 @@ def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escap
         hit = next((f for f in folders if host_overlaps(path, f)), None)
         if hit is not None:
             return Escape(
-                f"volume {volume.get('name', '?')!r}: hostPath {path!r} reaches the node plugin's host "
-                f"folder {hit}, where HAMi-core and every container's limits live",
+                f"volume {volume.get('name', '?')!r}: hostPath {path!r} reaches {hit}, a node plugin's "
+                "host folder or one that reaches it, where HAMi-core and every container's limits live",
                 "use an emptyDir or another volume type instead",
             )
     return None

@@ -66,9 +66,10 @@ _CONTAINER = Obj(
         "name": TEXT,
         "restartPolicy": TEXT,
         "resources": Obj({"limits": MapOf(QUANTITY), "requests": MapOf(QUANTITY)}),
-        "securityContext": Obj({"privileged": Flag()}),
+        "securityContext": Obj({"privileged": Flag(), "capabilities": Obj({"add": ListOf(TEXT)})}),
         "env": ListOf(Obj({"name": TEXT, "value": TEXT})),
         "volumeMounts": ListOf(Obj({"name": TEXT, "mountPath": TEXT})),
+        "volumeDevices": ListOf(Obj({"name": TEXT, "devicePath": TEXT})),
     }
 )
 POD = Obj(
@@ -89,6 +90,7 @@ POD = Obj(
                 "schedulerName": TEXT,
                 "containers": ListOf(_CONTAINER),
                 "initContainers": ListOf(_CONTAINER),
+                "ephemeralContainers": ListOf(_CONTAINER),
                 "volumes": ListOf(Obj({"name": TEXT, "hostPath": Obj({"path": TEXT})})),
                 "affinity": Obj(
                     {

@@ -8,11 +8,11 @@ author's, so none of them can exempt a pod from these rules.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from contract.config import Config
 from contract.names import SCHEDULER_OWNED_ANNOTATIONS
-from contract.resources import PodRequest, iter_containers
+from contract.resources import PodRequest
 from webhook.isolation import find_escape
 
 # Denial reasons (the `reason` label of the denials metric).
@@ -64,18 +64,51 @@ def check_create(pod: Mapping[str, Any], pod_request: PodRequest, config: Config
             "a new pod must not carry them: remove them",
         )
     if config.webhook.deny_privileged:
-        for (container, _), parsed in zip(iter_containers(pod), pod_request.containers, strict=True):
+        # Every container of a vGPU pod: a privileged sidecar shares the pod with the GPU container
+        # and can reach its mounts and every GPU of the node.
+        for container, _ in _all_containers(pod):
+            name = str(container.get("name", "?"))
             security = container.get("securityContext") or {}
-            if parsed.asks_vgpu and security.get("privileged") is True:
+            if not isinstance(security, Mapping):
+                continue
+            if security.get("privileged") is True:
                 raise Denied(
                     PRIVILEGED,
-                    f"container {parsed.container!r}: privileged containers cannot use a vGPU "
-                    "(they see every GPU and escape the memory and core limits); "
-                    "remove securityContext.privileged",
+                    f"container {name!r}: a privileged container in a vGPU pod sees every GPU and can "
+                    "escape the memory and core limits; remove securityContext.privileged",
+                )
+            added = (security.get("capabilities") or {}).get("add") or []
+            risky = sorted({str(c) for c in added if _strong_capability(c)})
+            if risky:
+                raise Denied(
+                    PRIVILEGED,
+                    f"container {name!r}: capabilities {', '.join(risky)} in a vGPU pod can unmount "
+                    "HAMi-core's preload and escape the limits; remove them from "
+                    "securityContext.capabilities.add",
                 )
     escape = find_escape(pod, config)
     if escape is not None:
         raise Denied(ISOLATION_ESCAPE, escape.message())
+
+
+# Capabilities that undo the node plugin's bind mounts (mount/umount) or everything at once.
+_STRONG_CAPABILITIES: Final = frozenset({"SYS_ADMIN", "ALL"})
+
+
+def _strong_capability(value: object) -> bool:
+    name = str(value).upper()
+    return name.removeprefix("CAP_") in _STRONG_CAPABILITIES
+
+
+def _all_containers(pod: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str]]:
+    """Every container of the pod (init, app, ephemeral) with its group."""
+    spec = pod.get("spec") or {}
+    found: list[tuple[Mapping[str, Any], str]] = []
+    for group in ("initContainers", "containers", "ephemeralContainers"):
+        for container in spec.get(group) or []:
+            if isinstance(container, Mapping):
+                found.append((container, group))
+    return found
 
 
 def changed_scheduler_annotations(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
