@@ -45,6 +45,18 @@ SCHEDULER_OWNED_ANNOTATIONS: Final[tuple[str, ...]] = (
     VGPU_TIME,
     BIND_TIME,
 )
+# Annotations that decided, at creation, a pod's node affinity, its GPUs and its quota charge; the
+# webhook keeps them as they were created (changing one would change the charge, not the placement).
+PLACEMENT_ANNOTATIONS: Final[tuple[str, ...]] = (
+    VGPU_MODE,
+    VGPU_MODE_ALIAS,
+    USE_GPUTYPE,
+    NOUSE_GPUTYPE,
+    USE_GPUUUID,
+    USE_GPUUUID_ALIAS,
+    NOUSE_GPUUUID,
+    NOUSE_GPUUUID_ALIAS,
+)
 BIND_PHASE_ALLOCATING: Final = "allocating"
 BIND_PHASE_SUCCESS: Final = "success"
 BIND_PHASE_FAILED: Final = "failed"

@@ -10,6 +10,7 @@ declares the code calls, in both directions.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 from celpy.adapter import json_to_cel
 from helm_render import Rendered, render
 
-from contract.names import SCHEDULER_OWNED_ANNOTATIONS, VGPU_IDS_NEW, VGPU_NODE
+from contract.names import PLACEMENT_ANNOTATIONS, SCHEDULER_OWNED_ANNOTATIONS, VGPU_IDS_NEW, VGPU_NODE
 from contract.resources import iter_containers
 from kubeapi.permissions import API_CALLS, COMPONENTS, Component
 
@@ -103,14 +104,17 @@ def test_no_configuration_lets_a_pod_author_exempt_a_pod(rendered: Rendered) -> 
         assert _sent(hook, "CREATE", hostile, None), kind
 
 
-def test_the_update_condition_names_exactly_the_scheduler_owned_annotations(rendered: Rendered) -> None:
+GUARDED = (*SCHEDULER_OWNED_ANNOTATIONS, *PLACEMENT_ANNOTATIONS)
+
+
+def test_the_update_condition_names_exactly_the_guarded_annotations(rendered: Rendered) -> None:
     validating = _hook(rendered, "ValidatingWebhookConfiguration")
-    text = " ".join(c["expression"] for c in validating["matchConditions"])
-    quoted = {key for key in SCHEDULER_OWNED_ANNOTATIONS if f"'{key}'" in text}
-    assert quoted == set(SCHEDULER_OWNED_ANNOTATIONS)
+    (text,) = [c["expression"] for c in validating["matchConditions"] if "UPDATE" in c["expression"]]
+    quoted = set(re.findall(r"'([a-z0-9.-]+/[a-z0-9.-]+)'", text))
+    assert quoted == set(GUARDED)
 
 
-@pytest.mark.parametrize("key", SCHEDULER_OWNED_ANNOTATIONS)
+@pytest.mark.parametrize("key", GUARDED)
 def test_updates_touching_a_scheduler_annotation_are_sent_and_others_are_not(
     rendered: Rendered, key: str
 ) -> None:

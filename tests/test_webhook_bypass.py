@@ -115,6 +115,28 @@ def test_the_scheduler_and_the_node_plugin_may_write_the_booking(cluster: Cluste
     assert cluster.update(booked, consumed, NODE_PLUGIN)["allowed"]
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("volcano.sh/vgpu-mode", "mig"),  # re-declared: a later replica would size it afresh
+        ("nvidia.com/vgpu-mode", "mig"),
+        ("nvidia.com/use-gputype", "T4"),  # a percentage re-sized against a smaller card
+        ("volcano.sh/vgpu-use-gpuuuid", "GPU-other"),
+        ("nvidia.com/nouse-gpuuuid", "GPU-other"),
+    ],
+)
+def test_an_author_cannot_change_the_annotations_that_set_the_charge(
+    cluster: Cluster, key: str, value: str
+) -> None:
+    # Quota sizes a pod from its mode and selectors; a replica that starts later reads them afresh,
+    # so editing them after admission would re-price the pod.
+    before = running_pod(cluster, {})
+    after = copy.deepcopy(before)
+    after["metadata"]["annotations"][key] = value
+    assert refused(cluster.update(before, after, AUTHOR), key, "fixed when the pod is created")
+    assert cluster.update(before, after, SCHEDULER)["allowed"]  # the configured writers may
+
+
 def test_an_author_relabelling_or_annotating_their_pod_is_allowed(cluster: Cluster) -> None:
     before = running_pod(cluster, {VGPU_IDS_NEW: BOOKING})
     after = copy.deepcopy(before)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from contract.config import Config
-from contract.names import SCHEDULER_OWNED_ANNOTATIONS
+from contract.names import PLACEMENT_ANNOTATIONS, SCHEDULER_OWNED_ANNOTATIONS
 from contract.resources import PodRequest
 from webhook.isolation import find_escape
 
@@ -117,12 +117,28 @@ def changed_scheduler_annotations(old: Mapping[str, Any] | None, new: Mapping[st
     return [key for key in SCHEDULER_OWNED_ANNOTATIONS if before.get(key) != after.get(key)]
 
 
+def changed_placement_annotations(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
+    """The mode and selector annotations an update adds, changes or removes."""
+    before, after = annotations_of(old), annotations_of(new)
+    return [key for key in PLACEMENT_ANNOTATIONS if before.get(key) != after.get(key)]
+
+
 def check_update(
     old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, username: str, config: Config
 ) -> None:
-    """Refuse an update of the scheduler-owned annotations by anyone but the configured writers."""
+    """Refuse an update of the scheduler-owned annotations by anyone but the configured writers, and
+    of the mode and selector annotations, which decided the pod's placement and quota charge."""
+    if username in config.webhook.annotation_writers:
+        return
+    placement = changed_placement_annotations(old, new)
+    if placement:
+        raise Denied(
+            FORGED_ANNOTATION,
+            f"annotation(s) {', '.join(placement)} are fixed when the pod is created: they decided its "
+            "node affinity and its quota charge; delete the pod and create it again to change them",
+        )
     changed = changed_scheduler_annotations(old, new)
-    if not changed or username in config.webhook.annotation_writers:
+    if not changed:
         return
     raise Denied(
         FORGED_ANNOTATION,

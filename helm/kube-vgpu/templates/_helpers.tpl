@@ -129,7 +129,10 @@ added key look unchanged. Every access is guarded: an evaluation error would fai
 request.operation != 'UPDATE' ||
   (has(request.subResource) && request.subResource == 'ephemeralcontainers') ||
   ['volcano.sh/devices-to-allocate', 'volcano.sh/vgpu-ids-new', 'volcano.sh/vgpu-node',
-   'volcano.sh/bind-phase', 'volcano.sh/vgpu-time', 'volcano.sh/bind-time'].exists(k,
+   'volcano.sh/bind-phase', 'volcano.sh/vgpu-time', 'volcano.sh/bind-time',
+   'volcano.sh/vgpu-mode', 'nvidia.com/vgpu-mode', 'nvidia.com/use-gputype', 'nvidia.com/nouse-gputype',
+   'volcano.sh/vgpu-use-gpuuuid', 'nvidia.com/use-gpuuuid', 'volcano.sh/vgpu-nouse-gpuuuid',
+   'nvidia.com/nouse-gpuuuid'].exists(k,
     (has(object.metadata.annotations) && k in object.metadata.annotations) !=
       (has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations) ||
     (has(object.metadata.annotations) && k in object.metadata.annotations &&
