@@ -147,7 +147,7 @@ class WebhookMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.reviews = Counter(
             "kube_vgpu_webhook_reviews",
-            "Admission reviews answered, by outcome (allowed, denied, malformed, too_large, error).",
+            "Admission reviews answered, by outcome (allowed, denied, malformed, too_large, busy, error).",
             ["outcome"],
             registry=self.registry,
         )

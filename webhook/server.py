@@ -20,6 +20,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 
 from webhook.admission import Admission
+from webhook.body_budget import BodyBudget, body_reservation
 from webhook.listener import GuardedConnection
 from webhook.metrics import WebhookMetrics
 from webhook.review import AdmissionRequest, MalformedReview, Verdict, encode_response, parse_review
@@ -109,6 +110,7 @@ class Services:
     metrics: WebhookMetrics
     max_body_bytes: int = MAX_BODY_BYTES
     drain: Drain = field(default_factory=Drain)
+    bodies: BodyBudget = field(default_factory=BodyBudget)
 
 
 SERVICES = web.AppKey("services", Services)
@@ -196,8 +198,21 @@ async def read_review(http: web.Request) -> AdmissionRequest | web.Response:
 
 
 async def mutate(http: web.Request) -> web.Response:
-    """Answer one AdmissionReview."""
+    """Answer one AdmissionReview, within the process-wide budget of bodies held at once."""
     services = http.app[SERVICES]
+    compressed = http.headers.get("Content-Encoding", "identity").lower() != "identity"
+    size = body_reservation(http.content_length, compressed, services.max_body_bytes)
+    with services.bodies.holding(size) as held:
+        if not held:
+            services.metrics.reviews.labels("busy").inc()
+            log.info("event=review_refused_busy remote=%s reserved_bytes=%d", http.remote, size)
+            return await _answer_and_close(
+                http, _error(429, "too many request bodies are being read right now; retry")
+            )
+        return await _review(http, services)
+
+
+async def _review(http: web.Request, services: Services) -> web.Response:
     metrics = services.metrics
     started = time.perf_counter()
     request = await read_review(http)

@@ -1,0 +1,47 @@
+"""A process-wide bound on the request bodies the webhook holds at once (SPEC §2.3).
+
+The connection cap bounds idle connections, but each connection may also hold a body of up to the
+body limit (3 MiB after decompression) until its request deadline: about 90 stalled gzip bodies of
+3 kB each would have held 3 MiB apiece and pushed the webhook past its memory limit. Before a body is
+read, the bytes it may take are reserved here (its Content-Length, or the whole limit when it is
+compressed or chunked); a request that does not fit is answered 429 at once, holding nothing.
+Pure bookkeeping: no I/O, used from the event loop only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+DEFAULT_BUDGET_BYTES: Final = 64 * 1024 * 1024
+
+
+class BodyBudget:
+    """Bytes reserved by the bodies being read or answered right now."""
+
+    def __init__(self, limit_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        if limit_bytes <= 0:
+            raise ValueError(f"the body budget must be positive, got {limit_bytes}")
+        self.limit_bytes = limit_bytes
+        self.held_bytes = 0
+
+    @contextmanager
+    def holding(self, size: int) -> Iterator[bool]:
+        """Reserve `size` bytes for the block; yields False (reserving nothing) when they do not fit."""
+        if self.held_bytes + size > self.limit_bytes:
+            yield False
+            return
+        self.held_bytes += size
+        try:
+            yield True
+        finally:
+            self.held_bytes -= size
+
+
+def body_reservation(content_length: int | None, compressed: bool, limit_bytes: int) -> int:
+    """What a body may take once read: its declared length, or the whole limit when the length
+    says nothing about the size after decompression (or there is none)."""
+    if content_length is None or compressed:
+        return limit_bytes
+    return min(content_length, limit_bytes)
