@@ -27,11 +27,15 @@ RESERVED_ENV: Final[frozenset[str]] = frozenset(
         "GPU_CORE_UTILIZATION_POLICY",
         "NVIDIA_VISIBLE_DEVICES",
         "NVIDIA_DRIVER_CAPABILITIES",
+        # the NVIDIA runtime grants MIG configuration and monitoring through these
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
         "LD_PRELOAD",
     }
 )
-# `CUDA_DEVICE_MEMORY_LIMIT` and every per-device `CUDA_DEVICE_MEMORY_LIMIT_<i>`.
-RESERVED_ENV_PREFIX: Final = "CUDA_DEVICE_MEMORY_LIMIT"
+# `CUDA_DEVICE_MEMORY_LIMIT` and every per-device `CUDA_DEVICE_MEMORY_LIMIT_<i>`; the SM limit likewise,
+# in case a HAMi-core build reads a per-device form.
+RESERVED_ENV_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
 
 # Paths the node plugin mounts into a hami-core container (node/hamicore.py), besides the hook path.
 PLUGIN_CONTAINER_PATHS: Final[tuple[str, ...]] = ("/etc/ld.so.preload", "/tmp/vgpu", "/tmp/vgpulock")
@@ -92,7 +96,7 @@ def _containers(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]
 
 
 def _reserved_env(name: str) -> bool:
-    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX)
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
 
 
 def _env_escape(where: str, container: Mapping[str, Any]) -> Escape | None:
