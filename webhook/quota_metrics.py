@@ -60,7 +60,7 @@ class QuotaMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """One sample per namespace and resource."""
-        ledger = self._gate.ledger
+        gate, ledger = self._gate, self._gate.ledger
         limits = {name: lim for name, lim in self._limits().items() if lim.any}
         used = GaugeMetricFamily(
             "kube_vgpu_quota_used",
@@ -70,7 +70,8 @@ class QuotaMetrics(Collector):
         )
         reserved = GaugeMetricFamily(
             "kube_vgpu_quota_reserved",
-            "Admissions by this replica whose pod the cache has not shown yet, per namespace.",
+            "Admissions (by any replica, in the shared reservations) whose pod the cache has not "
+            "shown yet, per namespace.",
             labels=["namespace", "resource"],
         )
         limit = GaugeMetricFamily(
@@ -79,8 +80,8 @@ class QuotaMetrics(Collector):
             labels=["namespace", "resource"],
         )
         for namespace in sorted(set(ledger.namespaces()) | set(limits)):
-            usage: Charge = ledger.usage(namespace)
-            in_flight: Charge = ledger.reserved(namespace)
+            usage: Charge = gate.usage(namespace)
+            in_flight: Charge = gate.reserved(namespace)
             resource: Resource
             for resource in RESOURCES:
                 used.add_metric([namespace, resource], usage.get(resource))

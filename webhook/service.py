@@ -30,7 +30,10 @@ from webhook.inventory import Inventory
 from webhook.listener import ConnectionLimits, Listener
 from webhook.metrics import WebhookMetrics
 from webhook.quota import NamespaceQuota, mig_slot_sizer, placement_sizer
+from webhook.quota_ledger import QuotaLedger
 from webhook.quota_metrics import QuotaMetrics
+from webhook.quota_shared import SharedBook
+from webhook.quota_shared_store import SharedReservations
 from webhook.server import SERVICES, Readiness, Services, build_app, http_log
 from webhook.tls import CertReloader
 from webhook.validation import Validation
@@ -55,6 +58,8 @@ class Options:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Callers must present a client certificate signed by this CA (None: any caller is served).
     client_ca_file: Path | None = None
+    # Where the shared quota reservations live (the chart passes the pod's own namespace).
+    release_namespace: str = "default"
 
 
 class KnownNamespaceQuota:
@@ -69,7 +74,7 @@ class KnownNamespaceQuota:
         self.gate = gate
         self.known = known
 
-    def admit(
+    async def admit(
         self,
         *,
         namespace: str,
@@ -87,7 +92,7 @@ class KnownNamespaceQuota:
                 f"namespace {namespace!r} is not in the webhook's view of the cluster yet "
                 "(created a moment ago?); retry in a few seconds"
             )
-        return self.gate.admit(
+        return await self.gate.admit(
             namespace=namespace,
             namespace_labels=namespace_labels,
             pod=pod,
@@ -103,8 +108,11 @@ def build_quota(
     config: Config,
     metrics: WebhookMetrics,
     geometry: Callable[[], DeviceConfig] = default_device_config,
+    shared: Callable[[QuotaLedger], SharedBook] | None = None,
 ) -> QuotaGate:
-    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events.
+    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events, decided
+    against the reservations every replica shares (`shared`, given the ledger it reads the cache
+    through; None: this process's ledger alone, as tests of the pure path use).
 
     The one place the quota ledger is wired; return `webhook.gates.AllowAllQuota()` to switch it off.
     """
@@ -117,6 +125,9 @@ def build_quota(
         gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
         slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
     )
+
+    if shared is not None:
+        gate.shared = shared(gate.ledger)
 
     def on_pod(event: CacheEvent) -> None:
         if event.type == "deleted":
@@ -183,11 +194,12 @@ def build_services(
     config: Config,
     metrics: WebhookMetrics,
     geometry: Callable[[], DeviceConfig] = default_device_config,
+    shared: Callable[[QuotaLedger], SharedBook] | None = None,
 ) -> Services:
     """The handlers' dependencies, wired to a live cache."""
     metrics.track_cache(cache)
     admission = Admission(config, cache)
-    quota = build_quota(cache, config, metrics, geometry)
+    quota = build_quota(cache, config, metrics, geometry, shared)
     validation = Validation(config, CacheValidationView(cache), quota)
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
@@ -219,7 +231,18 @@ class WebhookServer:
         self.metrics = WebhookMetrics()
         # Volcano's MIG geometry, read at start: what a `mig` pod's slot costs against quota.
         self.geometry: DeviceConfig = default_device_config()
-        self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry))
+        self.reservations: SharedReservations | None = None
+
+        def shared(ledger: QuotaLedger) -> SharedBook:
+            self.reservations = SharedReservations(
+                self.kube,
+                options.release_namespace,
+                lifetime_seconds=config.webhook.cache_staleness_seconds,
+                cache_state=ledger.cache_state,
+            )
+            return self.reservations
+
+        self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry, shared))
         self._runner = web.AppRunner(
             self.app,
             access_log=None,
@@ -287,6 +310,8 @@ class WebhookServer:
                 log.warning("event=webhook_connections_aborted count=%d", len(listener.connections))
                 listener.abort_all()
         await self._runner.cleanup()
+        if self.reservations is not None:
+            await self.reservations.close()
         if self._reload_task is not None:
             self._reload_task.cancel()
             await asyncio.gather(self._reload_task, return_exceptions=True)

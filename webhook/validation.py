@@ -46,7 +46,7 @@ class Validation:
     view: ValidationView
     quota: QuotaGate
 
-    def review(self, request: AdmissionRequest) -> Verdict:
+    async def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
         pod = request.object
         debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
@@ -68,11 +68,11 @@ class Validation:
             if request.is_pod_update:
                 check_update(request.old_object, pod, request.username, self.config)
                 return Verdict(allowed=True)
-            return self._create(request, pod, namespace, namespace_labels)
+            return await self._create(request, pod, namespace, namespace_labels)
         except Denied as denial:
             return Verdict(allowed=False, message=str(denial), reason=denial.reason)
 
-    def _create(
+    async def _create(
         self,
         request: AdmissionRequest,
         pod: Mapping[str, Any],
@@ -94,7 +94,7 @@ class Validation:
         # would let a delete-and-recreate trade a small pod for a large one.
         taken = isinstance(name, str) and bool(name) and self.view.pod_exists(namespace, name)
         warnings = self._charge_warnings(pod_request, namespace, namespace_labels)
-        refusal = self._quota(request, pod_request, namespace, namespace_labels, reserve=not taken)
+        refusal = await self._quota(request, pod_request, namespace, namespace_labels, reserve=not taken)
         if refusal is not None:
             raise Denied(QUOTA, refusal)
         return Verdict(allowed=True, warnings=tuple(warnings))
@@ -110,7 +110,7 @@ class Validation:
         if escape is not None:
             raise Denied(ISOLATION_ESCAPE, escape.message())
 
-    def _quota(
+    async def _quota(
         self,
         request: AdmissionRequest,
         pod_request: PodRequest,
@@ -146,7 +146,7 @@ class Validation:
         placement = resolve_placement(
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
         )
-        return self.quota.admit(
+        return await self.quota.admit(
             namespace=namespace,
             namespace_labels=namespace_labels or {},
             pod=pod,
