@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from webhook.quota_charge import Charge, Limits
+from webhook.quota_charge import ZERO, Charge, Limits
 from webhook.quota_shared import (
     MAX_ENTRIES,
     NAMESPACE_LABEL,
@@ -32,7 +32,7 @@ LIMITS = Limits(memory_mib=4 * 1024)
 
 
 def cache(
-    pods: Charge = Charge(),
+    pods: Charge = ZERO,
     shown: Mapping[str, float] | None = None,
     gone: frozenset[str] = frozenset(),
     terminal: frozenset[str] = frozenset(),
@@ -42,7 +42,7 @@ def cache(
         pods=pods,
         accounts_for=lambda uid: uid in shown or uid in gone or uid in terminal,
         released=lambda uid: uid in gone or uid in terminal,
-        shown_for=lambda uid: shown.get(uid),
+        shown_for=shown.get,
     )
 
 
