@@ -130,6 +130,8 @@ class NamespaceQuota:
             return self._deny(
                 namespace, "invalid-label", invalid_label_message(namespace, limits.invalid), name
             )
+        if self.shared is not None and not limits.any:
+            return None  # nothing to enforce: no API call, no cost for namespaces without quota
         gpu_mib = largest_gpu_mib
         if gpu_mib is None and pod_needs_gpu_size(request):
             if limits.memory_mib is not None:
