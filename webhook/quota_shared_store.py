@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +38,12 @@ log = logging.getLogger("kube_vgpu.webhook.quota")
 
 # Within the API server's default webhook timeout (5 s), with room for the rest of the review.
 BUDGET_SECONDS = 3.5
-MAX_CONFLICTS = 16
+# Conflicts one batch may meet before it is refused; the budget above bounds the time anyway.
+MAX_CONFLICTS = 64
+# After a conflict, wait a random time up to this (doubling per conflict, capped), so that writers
+# that keep meeting stop retrying in lockstep and the one that just won does not always win again.
+BACKOFF_SECONDS = 0.002
+BACKOFF_CAP_SECONDS = 0.05
 CALL_TIMEOUT = (1.0, 2.5)  # (connect, read) seconds per API call
 
 
@@ -81,6 +87,7 @@ class SharedReservations:
         self.max_conflicts = max_conflicts
         self.wall = wall_clock
         self.stats = SharedStats()
+        self._rng = random.Random()
         # The last version of each namespace's object this replica read or wrote: the next write
         # is tried against it first, so an uncontended replica writes without reading.
         self._latest: dict[str, dict[str, Any] | None] = {}
@@ -188,6 +195,9 @@ class SharedReservations:
                 self.stats.conflicts += 1
                 if conflicts > self.max_conflicts:
                     raise Unrecorded(f"{conflicts} write conflicts in a row on {name}") from None
+                await asyncio.sleep(
+                    self._rng.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_SECONDS * 2**conflicts))
+                )
                 current, fresh = await self._read(name), True
                 continue
             self.stats.writes += 1
