@@ -109,7 +109,7 @@ async def test_a_hung_api_refuses_within_the_budget(apiserver: ApiServerStandin,
     finally:
         apiserver.set_hang(False)
         await r.close()
-    assert r.stats.failures == 1
+    assert r.stats.writes == 0
 
 
 async def test_a_refused_write_refuses_the_review(apiserver: ApiServerStandin, clients: list[Kube]) -> None:
@@ -150,6 +150,39 @@ async def test_an_object_that_is_not_ours_fails_closed(
     r = replica(clients[0])
     try:
         with pytest.raises(Unrecorded, match="unreadable"):
+            await r.decide(NAMESPACE, ask("p", 5))
+    finally:
+        await r.close()
+
+
+async def test_a_review_waits_no_longer_than_the_budget_even_behind_a_write(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    r = replica(clients[0], 0.3)
+    apiserver.set_hang(True, [f"/api/v1/namespaces/{RELEASE}/configmaps"])
+    try:
+        first = asyncio.ensure_future(r.decide(NAMESPACE, ask("first", 5)))
+        await asyncio.sleep(0)  # the first write is under way; the second queues behind it
+        with pytest.raises(Unrecorded):
+            await r.decide(NAMESPACE, ask("second", 5))
+        with pytest.raises(Unrecorded):
+            await first
+    finally:
+        apiserver.set_hang(False)
+        await r.close()
+    # The one that gave up waiting is left out of later writes.
+    assert "second" not in stored(apiserver)
+
+
+async def test_a_bug_in_a_write_refuses_the_reviews_instead_of_leaving_them_waiting(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    def broken(namespace: str) -> CacheState:
+        raise ZeroDivisionError
+
+    r = SharedReservations(clients[0], RELEASE, lifetime_seconds=120.0, cache_state=broken)
+    try:
+        with pytest.raises(Unrecorded, match="internal error: ZeroDivisionError"):
             await r.decide(NAMESPACE, ask("p", 5))
     finally:
         await r.close()

@@ -63,6 +63,7 @@ class SharedStats:
 class _Waiting:
     ask: Ask
     answer: asyncio.Future[Answer] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    abandoned: bool = False  # its review gave up waiting: a batch not yet started leaves it out
 
 
 class SharedReservations:
@@ -103,7 +104,15 @@ class SharedReservations:
         self._queues.setdefault(namespace, []).append(waiting)
         if namespace not in self._writers:
             self._writers[namespace] = asyncio.create_task(self._drain(namespace), name=f"quota-{namespace}")
-        return await waiting.answer
+        try:
+            # Bounded from arrival, queueing behind a write in flight included.
+            async with asyncio.timeout(self.budget):
+                return await asyncio.shield(waiting.answer)
+        except TimeoutError:
+            waiting.abandoned = True
+            if waiting.answer.done():
+                return waiting.answer.result()  # decided just in time (raises what it was refused with)
+            raise Unrecorded(f"the API server did not answer within {self.budget:.1f} s") from None
 
     def in_flight(self, namespace: str) -> Charge:
         """The shared reservations the cache does not account for yet, in the last version seen."""
@@ -120,15 +129,20 @@ class SharedReservations:
         await asyncio.gather(*self._writers.values(), return_exceptions=True)
 
     async def _drain(self, namespace: str) -> None:
+        batch: list[_Waiting] = []
         try:
             while self._queues.get(namespace):
-                batch = self._queues.pop(namespace)
+                batch = [w for w in self._queues.pop(namespace) if not w.abandoned]
+                if not batch:
+                    continue
                 self.stats.batches += 1
                 self.stats.asks += len(batch)
                 try:
                     async with asyncio.timeout(self.budget):
                         answers = await self._settle(namespace, [w.ask for w in batch])
-                except (TimeoutError, Unrecorded, KubeError, SharedStateError) as exc:
+                except Exception as exc:
+                    if not isinstance(exc, TimeoutError | Unrecorded | KubeError | SharedStateError):
+                        log.error("event=quota_shared_failed namespace=%s error=%r", namespace, repr(exc))
                     self.stats.failures += 1
                     self._latest.pop(namespace, None)  # an unknown outcome: read before the next write
                     error = Unrecorded(_reason(exc, self.budget))
@@ -139,7 +153,7 @@ class SharedReservations:
                         str(error),
                     )
                     for w in batch:
-                        if not w.answer.done():
+                        if not w.answer.done() and not w.abandoned:
                             w.answer.set_exception(error)
                     continue
                 for w, answer in zip(batch, answers, strict=True):
@@ -147,8 +161,8 @@ class SharedReservations:
                         w.answer.set_result(answer)
         finally:
             self._writers.pop(namespace, None)
-            for w in self._queues.pop(namespace, []):
-                if not w.answer.done():
+            for w in [*batch, *self._queues.pop(namespace, [])]:
+                if not w.answer.done() and not w.abandoned:
                     w.answer.set_exception(Unrecorded("the webhook is shutting down"))
 
     async def _settle(self, namespace: str, asks: list[Ask]) -> list[Answer]:
@@ -216,4 +230,6 @@ def _reason(exc: BaseException, budget: float) -> str:
         return f"the API server did not answer within {budget:.1f} s"
     if isinstance(exc, SharedStateError):
         return f"the shared reservations object is unreadable: {exc}"
-    return str(exc)
+    if isinstance(exc, KubeError | Unrecorded):
+        return str(exc)
+    return f"internal error: {type(exc).__name__}"
