@@ -103,6 +103,8 @@ class NamespaceQuota:
     def forget_namespace(self, namespace: str) -> None:
         """The namespace was deleted: keep nothing for it (memory is bounded by the namespaces that exist)."""
         self.ledger.forget(namespace)
+        if self.shared is not None:
+            self.shared.forget(namespace)
         self.last_limits.pop(namespace, None)
         if self.denials is not None:
             self.denials.forget(namespace)

@@ -211,3 +211,11 @@ class SharedBook(Protocol):
     def in_flight(self, namespace: str) -> Charge:
         """The shared reservations the cache does not account for yet, as this replica last saw them."""
         ...
+
+    def namespaces(self) -> list[str]:
+        """The namespaces this replica remembers a version of the shared object for."""
+        ...
+
+    def forget(self, namespace: str) -> None:
+        """The namespace was deleted: remember nothing for it."""
+        ...

@@ -122,6 +122,15 @@ class SharedReservations:
             return Charge()
         return in_flight(entries, self.cache_state(namespace), self.wall(), self.lifetime)
 
+    def namespaces(self) -> list[str]:
+        """The namespaces this replica remembers a version of the shared object for."""
+        return list(self._latest)
+
+    def forget(self, namespace: str) -> None:
+        """The namespace was deleted: drop the version remembered (a write in flight re-adds nothing
+        once it is done; the next decision, if any, reads afresh)."""
+        self._latest.pop(namespace, None)
+
     async def close(self) -> None:
         """Stop the writers (reviews still waiting are refused)."""
         for task in list(self._writers.values()):

@@ -140,7 +140,8 @@ def build_quota(
             gate.ledger.resync(cache.objects("pod").values())
         elif kind == "namespace":
             listed = set(cache.objects("namespace"))
-            for name in set(gate.ledger.namespaces()) | set(gate.last_limits):
+            held = set(gate.shared.namespaces()) if gate.shared is not None else set()
+            for name in set(gate.ledger.namespaces()) | set(gate.last_limits) | held:
                 if name not in listed:
                     gate.forget_namespace(name)
 
