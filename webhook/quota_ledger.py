@@ -15,7 +15,10 @@ What counts, per namespace:
   admitted, the larger of that and its charge at admission), and again only when
   its `volcano.sh/vgpu-ids-new` booking changes: pod resources are immutable, so nothing else can
   change it, and freezing it keeps usage from drifting as the GPU inventory changes.
-* **Reservations.** Every pod this process admitted (not dryRun) that the cache has not shown yet.
+* **Reservations** (only when no shared book is wired: tests and the pure benchmark; a running
+  webhook keeps them in the API, shared by every replica, `webhook.quota_shared`, and asks the
+  ledger for `cache_state` instead). Every pod this process admitted (not dryRun) that the cache
+  has not shown yet.
   A reservation that no pod claims within `pending_seconds` (a later admission plugin refused the
   pod, or the create failed) stops counting. The service sets it to the cache's staleness bound:
   a reservation cannot lapse while the cache still counts as fresh, and a stale cache refuses

@@ -1,4 +1,7 @@
-"""The validating decision for one pod CREATE or UPDATE (SPEC §2.2): pure, no I/O, a verdict out.
+"""The validating decision for one pod CREATE or UPDATE (SPEC §2.2): no I/O of its own, a verdict out.
+
+Awaitable only because the quota step it calls last may record a reservation through the API
+(`webhook.quota_shared`); every rule here is plain computation on the request.
 
 The API server calls this phase exactly once per write, after every mutation, with the final object:
 name, uid and creationTimestamp filled in (facts `apiserver-admission.md` §2). So quota is decided
