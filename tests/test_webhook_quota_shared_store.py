@@ -186,3 +186,17 @@ async def test_a_bug_in_a_write_refuses_the_reviews_instead_of_leaving_them_wait
             await r.decide(NAMESPACE, ask("p", 5))
     finally:
         await r.close()
+
+
+async def test_an_object_deleted_behind_the_replicas_back_is_created_again(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    r = replica(clients[0])
+    try:
+        assert (await r.decide(NAMESPACE, ask("before", 5))).fits
+        apiserver.delete("configmap", object_name(NAMESPACE), RELEASE)
+        assert (await r.decide(NAMESPACE, ask("after", 5))).fits
+    finally:
+        await r.close()
+    # What was deleted is gone for good (an operator's choice); what came after is booked.
+    assert set(stored(apiserver)) == {"after"}

@@ -211,7 +211,8 @@ class SharedReservations:
                         timeout=CALL_TIMEOUT,
                     )
             except ApiError as exc:
-                if exc.status != 409:
+                # 404 on a PUT: someone deleted the object since it was read; read (none) and create.
+                if exc.status != 409 and not (exc.status == 404 and current is not None):
                     raise
                 # Conflict (PUT with a stale resourceVersion) or AlreadyExists (a create raced).
                 conflicts += 1
