@@ -9,12 +9,14 @@ does not answer, refuses the pod in /validate with a message saying why, while /
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_webhook_support import A100, ThreadedWebhook, container, gpu_node, write_tls
 
 from contract.names import QUOTA_MEMORY_LABEL
@@ -80,6 +82,22 @@ async def test_an_uncontended_replica_writes_once_per_admission(
     assert [r.method for r in apiserver.requests(path_prefix=RESERVATIONS)] == ["GET"]
     stored = apiserver.get("configmap", object_name(QUOTA_NS), "default")
     assert len(decode_entries(stored, QUOTA_NS)) == 4
+    # The same traffic, as the webhook counts it on /metrics.
+    context = ssl.create_default_context(cadata=chain.ca_pem.decode())
+    async with chain.session.get(f"{chain.base_url}/metrics", ssl=context) as response:
+        text = await response.text()
+    counters = {
+        s.name: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if "quota_shared" in s.name
+    }
+    assert counters == {
+        "kube_vgpu_quota_shared_writes_total": 4.0,
+        "kube_vgpu_quota_shared_conflicts_total": 0.0,
+        "kube_vgpu_quota_shared_reads_total": 2.0,
+        "kube_vgpu_quota_shared_failures_total": 0.0,
+    }
 
 
 async def test_a_refused_write_refuses_the_pod_in_validation_only(

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from webhook.quota import NamespaceQuota
@@ -92,3 +92,25 @@ class QuotaMetrics(Collector):
         yield used
         yield reserved
         yield limit
+
+
+class SharedBookMetrics(Collector):
+    """`kube_vgpu_quota_shared_*_total`: the API traffic of the shared reservations (read at scrape)."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, int]], registry: CollectorRegistry) -> None:
+        self._stats = stats
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        """One counter per kind of call or outcome."""
+        stats = self._stats()
+        helps = {
+            "writes": "Shared quota reservation objects written (PUT or POST accepted).",
+            "conflicts": "Writes refused with 409 (another replica wrote first); each re-read and retried.",
+            "reads": "Shared quota reservation objects read (GET).",
+            "failures": "Batches of reviews refused because their reservations could not be recorded.",
+        }
+        for key, text in helps.items():
+            family = CounterMetricFamily(f"kube_vgpu_quota_shared_{key}", text)
+            family.add_metric([], stats.get(key, 0))
+            yield family

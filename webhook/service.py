@@ -7,6 +7,7 @@ in flight, closes keep-alive connections and stops the cache's watch threads.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import time
@@ -31,7 +32,7 @@ from webhook.listener import ConnectionLimits, Listener
 from webhook.metrics import WebhookMetrics
 from webhook.quota import NamespaceQuota, mig_slot_sizer, placement_sizer
 from webhook.quota_ledger import QuotaLedger
-from webhook.quota_metrics import QuotaMetrics
+from webhook.quota_metrics import QuotaMetrics, SharedBookMetrics
 from webhook.quota_shared import SharedBook
 from webhook.quota_shared_store import SharedReservations
 from webhook.server import SERVICES, Readiness, Services, build_app, http_log
@@ -235,13 +236,15 @@ class WebhookServer:
         self.reservations: SharedReservations | None = None
 
         def shared(ledger: QuotaLedger) -> SharedBook:
-            self.reservations = SharedReservations(
+            book = SharedReservations(
                 self.kube,
                 options.release_namespace,
                 lifetime_seconds=config.webhook.cache_staleness_seconds,
                 cache_state=ledger.cache_state,
             )
-            return self.reservations
+            SharedBookMetrics(lambda: dataclasses.asdict(book.stats), self.metrics.registry)
+            self.reservations = book
+            return book
 
         self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry, shared))
         self._runner = web.AppRunner(
