@@ -197,11 +197,25 @@ def parse_args() -> argparse.Namespace:
         default="mutate",
         help="which admission phase to send the reviews to (quota is decided in validate)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        nargs="+",
+        help="with --quota: quota decisions under contention across N webhook replicas (runs "
+        "bench/quota_replicas.py with --reviews creates at --concurrency)",
+    )
     return parser.parse_args()
 
 
 def main() -> int:
     args = parse_args()
+    if args.replicas:
+        import quota_replicas  # bench/ is on sys.path when run as a script
+
+        counts = [str(n) for n in args.replicas]
+        return quota_replicas.main(
+            ["--replicas", *counts, "--pods", str(args.reviews), "--concurrency", str(args.concurrency)]
+        )
 
     workdir = Path(tempfile.mkdtemp(prefix="kube-vgpu-bench-"))
     ca = issue_ca("bench-ca", 1)

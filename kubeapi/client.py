@@ -295,11 +295,20 @@ class Kube:
         finally:
             response.release_conn()
 
-    def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
+    def get(
+        self,
+        kind: Kind,
+        name: str,
+        *,
+        namespace: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         self._require("get", kind)
         try:
-            return self._json(self._method("read", kind, namespace), name, **self._ns(namespace))
+            return self._json(
+                self._method("read", kind, namespace), name, timeout=timeout, **self._ns(namespace)
+            )
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -343,12 +352,22 @@ class Kube:
         )
 
     def replace(
-        self, kind: Kind, name: str, body: Mapping[str, Any], *, namespace: str | None = None
+        self,
+        kind: Kind,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
     ) -> builtins.dict[str, Any]:
         """Replace an object (optimistic concurrency on `metadata.resourceVersion`)."""
         self._require("update", kind)
         return self._json(
-            self._method("replace", kind, namespace), name=name, body=body, **self._ns(namespace)
+            self._method("replace", kind, namespace),
+            name=name,
+            body=body,
+            timeout=timeout,
+            **self._ns(namespace),
         )
 
     def create_binding(self, pod: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:

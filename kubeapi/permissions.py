@@ -34,8 +34,8 @@ class ApiCall:
 
 
 _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
-    # webhook: the cluster cache (list+watch) and, at start, Volcano's MIG geometry; admission
-    # itself calls nothing (SPEC §2.3).
+    # webhook: the cluster cache (list+watch) and, at start, Volcano's MIG geometry; mutation calls
+    # nothing, validation only records quota reservations (SPEC §2.3).
     ApiCall("webhook", "list", "nodes", why="GPU inventory"),
     ApiCall("webhook", "watch", "nodes", why="GPU inventory"),
     ApiCall("webhook", "list", "namespaces", why="quota labels, opt-out"),
@@ -43,6 +43,12 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("webhook", "list", "pods", why="quota usage"),
     ApiCall("webhook", "watch", "pods", why="quota usage"),
     ApiCall("webhook", "get", "configmaps", named="device-config", why="MIG slot sizes for quota"),
+    # ...and, in the release namespace only, the shared quota reservations (one ConfigMap per quota
+    # namespace, `webhook.quota_shared`): names are per namespace, so they cannot be listed in the
+    # Role, and `create` cannot be limited by name at all.
+    ApiCall("webhook", "get", "configmaps", why="shared quota reservations (release namespace)"),
+    ApiCall("webhook", "create", "configmaps", why="shared quota reservations (release namespace)"),
+    ApiCall("webhook", "update", "configmaps", why="shared quota reservations (release namespace)"),
     # node plugin: its node's registration, labels and capacity; the pods bound to it.
     ApiCall("node", "list", "nodes", why="read its own node (field selector)"),
     ApiCall("node", "watch", "nodes", why="capacity zeroed by the kubelet"),

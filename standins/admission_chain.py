@@ -121,21 +121,7 @@ class AdmissionChain:
     async def create(self, pod: Mapping[str, Any], *, dry_run: bool = False) -> Admitted:
         """Decode (quantities canonical: `3000` is `3k` from here on), mutate, fill the system metadata,
         validate once: the pod as it would be stored."""
-        pod = decoded(pod)
-        mutated = await self.call("/mutate", admission_review(pod, username=self.username, dry_run=dry_run))
-        if not mutated["allowed"]:
-            return Admitted(False, dict(pod), _message(mutated), _warnings(mutated), phase="mutate")
-        patch: list[dict[str, Any]] = (
-            json.loads(base64.b64decode(mutated["patch"])) if mutated.get("patch") else []
-        )
-        final = with_system_metadata(jsonpatch.apply_patch(copy.deepcopy(dict(pod)), patch))
-        validated = await self.call(
-            "/validate", admission_review(final, username=self.username, dry_run=dry_run)
-        )
-        warnings = _warnings(mutated) + _warnings(validated)
-        if not validated["allowed"]:
-            return Admitted(False, final, _message(validated), warnings, patch, phase="validate")
-        return Admitted(True, final, "", warnings, patch)
+        return await create_across(self, self, pod, dry_run=dry_run)
 
     async def update(self, old: Mapping[str, Any], new: Mapping[str, Any], *, username: str) -> Admitted:
         """An UPDATE (or PATCH) of a pod by `username`: validating webhooks only (mutation is CREATE-only)."""
@@ -145,6 +131,27 @@ class AdmissionChain:
         if not validated["allowed"]:
             return Admitted(False, dict(new), _message(validated), _warnings(validated), phase="validate")
         return Admitted(True, dict(new), "", _warnings(validated))
+
+
+async def create_across(
+    mutating: AdmissionChain, validating: AdmissionChain, pod: Mapping[str, Any], *, dry_run: bool = False
+) -> Admitted:
+    """A CREATE whose two phases reach different webhook replicas, as the API server's calls through
+    a Service may: mutate on one, fill the system metadata, validate once on the other."""
+    user = mutating.username
+    pod = decoded(pod)  # the API server decodes before any webhook: quantities are canonical
+    mutated = await mutating.call("/mutate", admission_review(pod, username=user, dry_run=dry_run))
+    if not mutated["allowed"]:
+        return Admitted(False, dict(pod), _message(mutated), _warnings(mutated), phase="mutate")
+    patch: list[dict[str, Any]] = (
+        json.loads(base64.b64decode(mutated["patch"])) if mutated.get("patch") else []
+    )
+    final = with_system_metadata(jsonpatch.apply_patch(copy.deepcopy(dict(pod)), patch))
+    validated = await validating.call("/validate", admission_review(final, username=user, dry_run=dry_run))
+    warnings = _warnings(mutated) + _warnings(validated)
+    if not validated["allowed"]:
+        return Admitted(False, final, _message(validated), warnings, patch, phase="validate")
+    return Admitted(True, final, "", warnings, patch)
 
 
 def _message(response: Mapping[str, Any]) -> str:

@@ -347,16 +347,21 @@ def test_namespace_state_is_forgotten_with_the_namespace(
     assert not post(conn, second, VALIDATE)[1]["response"]["allowed"]  # over quota: a denial series
     quota = webhook.server.app[SERVICES].validation.quota
     assert isinstance(quota, KnownNamespaceQuota) and isinstance(quota.gate, NamespaceQuota)
-    ledger = quota.gate.ledger
+    ledger, shared = quota.gate.ledger, quota.gate.shared
+    assert shared is not None
+
+    def held() -> set[str]:
+        return set(ledger.namespaces()) | set(shared.namespaces())
+
     _, text = get(conn, "/metrics")
     assert 'namespace="team-a"' in text.decode()
-    assert "team-a" in webhook.read(ledger.namespaces)
+    assert "team-a" in webhook.read(held)
 
     apiserver.delete("Namespace", "team-a")
     _wait(lambda: webhook.read(lambda: cache.namespace_labels("team-a")) is None, "the deletion")
     _, text = get(conn, "/metrics")
     assert 'namespace="team-a"' not in text.decode()
-    assert "team-a" not in webhook.read(ledger.namespaces)
+    assert "team-a" not in webhook.read(held)
 
 
 def test_a_review_for_a_namespace_that_does_not_exist_reserves_nothing(webhook: ThreadedWebhook) -> None:

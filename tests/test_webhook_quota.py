@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from test_webhook_quota_support import MEM_80G, NAMES, admit, in_cache, make_gate, make_pod
 from test_webhook_support import A100, H100, gpu_node
@@ -129,14 +131,16 @@ def test_init_containers_are_charged_as_kubernetes_counts_them() -> None:
 def test_the_gate_is_the_quota_step_the_admission_pipeline_calls() -> None:
     step: gates.QuotaGate = make_gate()  # mypy checks the Protocol; the call checks the keywords
     p = make_pod(1024, name="a")
-    assert step.admit(
-        namespace="team-a",
-        namespace_labels={QUOTA_NUMBER_LABEL: "0"},
-        pod=p,
-        request=parse_pod(p, NAMES),
-        largest_gpu_mib=None,
-        pod_uid="r",
-        dry_run=False,
+    assert asyncio.run(
+        step.admit(
+            namespace="team-a",
+            namespace_labels={QUOTA_NUMBER_LABEL: "0"},
+            pod=p,
+            request=parse_pod(p, NAMES),
+            largest_gpu_mib=None,
+            pod_uid="r",
+            dry_run=False,
+        )
     )
 
 

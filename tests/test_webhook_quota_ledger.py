@@ -187,7 +187,7 @@ async def _review(gate: NamespaceQuota, index: int, labels: Mapping[str, str], r
     for _ in range(rng.randrange(4)):
         await asyncio.sleep(0)  # parsing, the cache lookup, other reviews interleaving
     p = make_pod(1024, cores=10, generate_name="burst-")
-    verdict = gate.admit(
+    verdict = await gate.admit(
         namespace="team-a",
         namespace_labels=labels,
         pod=p,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,14 +26,16 @@ def gpu_pod(name: str, memory: int, *, uid: str | None = None, namespace: str = 
 
 
 def admit(gate: NamespaceQuota, pod: Mapping[str, Any], labels: Mapping[str, str], review: str) -> str | None:
-    return gate.admit(
-        namespace=pod["metadata"]["namespace"],
-        namespace_labels=labels,
-        pod=pod,
-        request=parse_pod(pod, NAMES),
-        largest_gpu_mib=81920,
-        pod_uid=review,
-        dry_run=False,
+    return asyncio.run(
+        gate.admit(
+            namespace=pod["metadata"]["namespace"],
+            namespace_labels=labels,
+            pod=pod,
+            request=parse_pod(pod, NAMES),
+            largest_gpu_mib=81920,
+            pod_uid=review,
+            dry_run=False,
+        )
     )
 
 

@@ -5,6 +5,7 @@ It holds no tests; it is named like a test module so it lives among the quota's 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,14 +106,16 @@ def admit(
     review: str | None = None,
 ) -> str | None:
     """One review of `p` through the gate, as the admission pipeline calls it."""
-    return gate.admit(
-        namespace=p["metadata"]["namespace"],
-        namespace_labels=labels,
-        pod=p,
-        request=parse_pod(p, NAMES),
-        largest_gpu_mib=gpu,
-        pod_uid=review or f"review-{next(_uids)}",
-        dry_run=dry_run,
+    return asyncio.run(
+        gate.admit(
+            namespace=p["metadata"]["namespace"],
+            namespace_labels=labels,
+            pod=p,
+            request=parse_pod(p, NAMES),
+            largest_gpu_mib=gpu,
+            pod_uid=review or f"review-{next(_uids)}",
+            dry_run=dry_run,
+        )
     )
 
 

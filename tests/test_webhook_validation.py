@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,7 @@ class RecordingQuota:
     answer: str | None = None
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    def admit(
+    async def admit(
         self,
         *,
         namespace: str,
@@ -65,7 +66,7 @@ def validate(
     doc["request"]["oldObject"] = old
     doc["request"]["userInfo"] = {"username": username}
     validation = Validation(config or Config(), view, quota or RecordingQuota())
-    return validation.review(parse_review(json.dumps(doc).encode()))
+    return asyncio.run(validation.review(parse_review(json.dumps(doc).encode())))
 
 
 def final(obj: dict[str, Any], uid: str = "uid-1") -> dict[str, Any]:

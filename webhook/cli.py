@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="PEM CA bundle; callers must present a client certificate it signed (default: any caller)",
     )
+    parser.add_argument(
+        "--release-namespace",
+        default="default",
+        help="namespace of the shared quota reservations (the chart passes the webhook pod's own)",
+    )
     limits = ConnectionLimits()
     parser.add_argument(
         "--max-connections",
@@ -85,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 idle_timeout_seconds=args.idle_timeout,
             ),
             client_ca_file=Path(args.client_ca_file) if args.client_ca_file else None,
+            release_namespace=args.release_namespace,
         )
         return asyncio.run(serve(options, config))
     except (ConfigError, KubeConfigError, TlsFilesError, OSError, ValueError) as exc:

@@ -39,9 +39,13 @@ class ValidationView(ClusterView, Protocol):
 
 
 class QuotaGate(Protocol):
-    """The quota step, called once per vGPU pod after every other rule passed."""
+    """The quota step, called once per vGPU pod after every other rule passed.
 
-    def admit(
+    Awaitable: with several replicas the decision is recorded through the API
+    (`webhook.quota_shared`); the pipeline calling it stays free of I/O.
+    """
+
+    async def admit(
         self,
         *,
         namespace: str,
@@ -65,7 +69,7 @@ class QuotaGate(Protocol):
 class AllowAllQuota:
     """The quota step when no ledger is wired: every pod fits."""
 
-    def admit(
+    async def admit(
         self,
         *,
         namespace: str,

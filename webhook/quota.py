@@ -3,9 +3,11 @@
 `NamespaceQuota.admit` is the one call the validating phase makes after every other rule has
 passed, once per pod, with the final object (its uid keys the reservation). It reads the limits
 from the namespace labels handed in with each review (so a relabel takes effect on the next
-review, no restart), sizes the pod (`webhook.quota_charge`) and
-asks the ledger (`webhook.quota_ledger`) to check and book it in one synchronous step. The
-cluster cache keeps the ledger current through `NamespaceQuota.ledger`'s pod callbacks.
+review, no restart), sizes the pod (`webhook.quota_charge`) and decides it: with a shared book
+(every running webhook), against the cache's pods plus the reservations every replica shares
+through the API (`webhook.quota_shared`); without one (tests, the pure benchmark), against the
+ledger's own in-process reservations, in one synchronous step. The cluster cache keeps the ledger
+current through `NamespaceQuota.ledger`'s pod callbacks.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from webhook.quota_charge import (
     unsized_message,
 )
 from webhook.quota_ledger import GpuSizer, QuotaLedger, SlotSizer, Verdict, pod_metadata
+from webhook.quota_shared import Ask, SharedBook, Unrecorded
 from webhook.selectors import SelectorError, parse_selectors
 
 __all__ = ["Charge", "DenialCounter", "NamespaceQuota", "QuotaLedger", "Verdict", "placement_sizer"]
@@ -79,18 +82,34 @@ class NamespaceQuota:
             wall_clock=wall_clock,
         )
         self.denials: DenialCounter | None = None
+        # The reservations shared by every replica; None: this process's own ledger decides alone.
+        self.shared: SharedBook | None = None
         # The last labels each namespace's reviews carried; the metrics module reports limits from it
         # when it is not given the cache's namespaces.
         self.last_limits: dict[str, Limits] = {}
 
+    def reserved(self, namespace: str) -> Charge:
+        """Admissions not in the cache yet: every replica's (shared), else this process's own."""
+        if self.shared is not None:
+            return self.shared.in_flight(namespace)
+        return self.ledger.reserved(namespace)
+
+    def usage(self, namespace: str) -> Charge:
+        """The cache's pods plus `reserved`, as the next review would see them."""
+        if self.shared is not None:
+            return self.ledger.usage(namespace) + self.shared.in_flight(namespace)
+        return self.ledger.usage(namespace)
+
     def forget_namespace(self, namespace: str) -> None:
         """The namespace was deleted: keep nothing for it (memory is bounded by the namespaces that exist)."""
         self.ledger.forget(namespace)
+        if self.shared is not None:
+            self.shared.forget(namespace)
         self.last_limits.pop(namespace, None)
         if self.denials is not None:
             self.denials.forget(namespace)
 
-    def admit(
+    async def admit(
         self,
         *,
         namespace: str,
@@ -113,6 +132,8 @@ class NamespaceQuota:
             return self._deny(
                 namespace, "invalid-label", invalid_label_message(namespace, limits.invalid), name
             )
+        if self.shared is not None and not limits.any:
+            return None  # nothing to enforce: no API call, no cost for namespaces without quota
         gpu_mib = largest_gpu_mib
         if gpu_mib is None and pod_needs_gpu_size(request):
             if limits.memory_mib is not None:
@@ -121,16 +142,25 @@ class NamespaceQuota:
         charge = pod_charge(
             request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(pod), slot=self.ledger.slot_size(pod)
         )
-        verdict = self.ledger.try_reserve(
-            namespace,
-            charge,
-            limits,
-            key=pod_uid,
-            name=name,
-            generate_name=generate_name,
-            dry_run=dry_run,
-        )
         shown = name or f"{generate_name or ''}*"
+        if self.shared is not None:
+            try:
+                answer = await self.shared.decide(namespace, Ask(pod_uid, charge, limits, not dry_run))
+            except Unrecorded as exc:  # never admitted unbooked
+                return self._deny(namespace, "unrecorded", unrecorded_message(namespace, exc), shown)
+            if answer.full:
+                return self._deny(namespace, "unrecorded", full_message(namespace), shown)
+            verdict = Verdict(answer.over, answer.usage)
+        else:
+            verdict = self.ledger.try_reserve(
+                namespace,
+                charge,
+                limits,
+                key=pod_uid,
+                name=name,
+                generate_name=generate_name,
+                dry_run=dry_run,
+            )
         if verdict.fits:
             log.debug(
                 "event=quota_admitted namespace=%s pod=%s uid=%s number=%d memory_mib=%d cores=%d dry_run=%s",
@@ -153,6 +183,23 @@ class NamespaceQuota:
         if self.denials is not None:
             self.denials.denied(namespace, reason)
         return message
+
+
+def unrecorded_message(namespace: str, exc: BaseException) -> str:
+    """The denial when the shared reservation could not be written (API slow, down, or contended)."""
+    return (
+        f"namespace {namespace}: GPU quota cannot be checked right now: the webhook could not record "
+        f"the pod's reservation with the API server ({exc}); it refuses rather than risk exceeding "
+        "the quota; retry in a few seconds"
+    )
+
+
+def full_message(namespace: str) -> str:
+    """The denial when the namespace has the most admissions in flight one shared object holds."""
+    return (
+        f"namespace {namespace}: too many GPU pods are being admitted at once (the shared quota "
+        "reservations are full); retry in a few seconds"
+    )
 
 
 def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, default_mode: Mode) -> GpuSizer:

@@ -15,7 +15,10 @@ What counts, per namespace:
   admitted, the larger of that and its charge at admission), and again only when
   its `volcano.sh/vgpu-ids-new` booking changes: pod resources are immutable, so nothing else can
   change it, and freezing it keeps usage from drifting as the GPU inventory changes.
-* **Reservations.** Every pod this process admitted (not dryRun) that the cache has not shown yet.
+* **Reservations** (only when no shared book is wired: tests and the pure benchmark; a running
+  webhook keeps them in the API, shared by every replica, `webhook.quota_shared`, and asks the
+  ledger for `cache_state` instead). Every pod this process admitted (not dryRun) that the cache
+  has not shown yet.
   A reservation that no pod claims within `pending_seconds` (a later admission plugin refused the
   pod, or the create failed) stops counting. The service sets it to the cache's staleness bound:
   a reservation cannot lapse while the cache still counts as fresh, and a stale cache refuses
@@ -54,6 +57,7 @@ from webhook.quota_charge import (
     pod_needs_gpu_size,
     restartable_init_flags,
 )
+from webhook.quota_shared import CacheState
 
 log = logging.getLogger("kube_vgpu.webhook.quota")
 
@@ -82,6 +86,7 @@ class _Pod:
     booking: str | None  # the vgpu-ids-new value the charge was computed from
     counted: bool
     deadline: float | None = None  # wall-clock time a terminating pod stops counting
+    seen_at: float = 0.0  # when the ledger first saw the pod, on its monotonic clock
 
 
 @dataclass
@@ -155,6 +160,9 @@ class QuotaLedger:
         self._clock = clock
         self._wall = wall_clock
         self._namespaces: dict[str, _Namespace] = {}
+        # Pods the cache saw deleted, by uid (oldest first), kept for two reservation lifetimes so
+        # that a shared reservation of a deleted pod is never counted (`cache_state`).
+        self._gone: dict[str, float] = {}
 
     # -- the review side -------------------------------------------------------------------------
 
@@ -230,6 +238,7 @@ class QuotaLedger:
         if entry is None:
             return
         ns = self._namespace(namespace)
+        entry.seen_at = previous.seen_at if previous is not None else self._clock()
         if previous is None:
             claimed = self._claim(ns, meta, entry.charge)
             if claimed is not None and entry.booking is None:
@@ -255,6 +264,7 @@ class QuotaLedger:
             return
         self._uncount(ns, uid)
         del ns.pods[uid]
+        self._gone[uid] = self._clock()
         self._forget_if_empty(ns)
 
     def resync(self, pods: Iterable[Mapping[str, Any]]) -> None:
@@ -271,7 +281,40 @@ class QuotaLedger:
             for uid in [u for u in ns.pods if u not in present]:
                 self._uncount(ns, uid)
                 del ns.pods[uid]
+                self._gone[uid] = self._clock()
             self._forget_if_empty(ns)
+
+    def cache_state(self, namespace: str) -> CacheState:
+        """What the cache says about `namespace` for a decision against shared reservations."""
+        now = self._clock()
+        while self._gone:
+            uid, at = next(iter(self._gone.items()))
+            if now - at < 2 * self._pending:
+                break
+            del self._gone[uid]
+        ns = self._namespaces.get(namespace)
+        if ns is not None:
+            self._expire(ns)
+        pods = ns.pods if ns is not None else {}
+        gone = self._gone
+
+        def accounts_for(uid: str) -> bool:
+            return uid in pods or uid in gone
+
+        def released(uid: str) -> bool:
+            pod = pods.get(uid)
+            return uid in gone or (pod is not None and not pod.counted)
+
+        def shown_for(uid: str) -> float | None:
+            pod = pods.get(uid)
+            return None if pod is None else now - pod.seen_at
+
+        return CacheState(
+            pods=ns.pods_total if ns is not None else ZERO,
+            accounts_for=accounts_for,
+            released=released,
+            shown_for=shown_for,
+        )
 
     # -- internals -------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from webhook.quota import NamespaceQuota
@@ -60,7 +60,7 @@ class QuotaMetrics(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """One sample per namespace and resource."""
-        ledger = self._gate.ledger
+        gate, ledger = self._gate, self._gate.ledger
         limits = {name: lim for name, lim in self._limits().items() if lim.any}
         used = GaugeMetricFamily(
             "kube_vgpu_quota_used",
@@ -70,7 +70,8 @@ class QuotaMetrics(Collector):
         )
         reserved = GaugeMetricFamily(
             "kube_vgpu_quota_reserved",
-            "Admissions by this replica whose pod the cache has not shown yet, per namespace.",
+            "Admissions (by any replica, in the shared reservations) whose pod the cache has not "
+            "shown yet, per namespace.",
             labels=["namespace", "resource"],
         )
         limit = GaugeMetricFamily(
@@ -79,8 +80,8 @@ class QuotaMetrics(Collector):
             labels=["namespace", "resource"],
         )
         for namespace in sorted(set(ledger.namespaces()) | set(limits)):
-            usage: Charge = ledger.usage(namespace)
-            in_flight: Charge = ledger.reserved(namespace)
+            usage: Charge = gate.usage(namespace)
+            in_flight: Charge = gate.reserved(namespace)
             resource: Resource
             for resource in RESOURCES:
                 used.add_metric([namespace, resource], usage.get(resource))
@@ -91,3 +92,25 @@ class QuotaMetrics(Collector):
         yield used
         yield reserved
         yield limit
+
+
+class SharedBookMetrics(Collector):
+    """`kube_vgpu_quota_shared_*_total`: the API traffic of the shared reservations (read at scrape)."""
+
+    def __init__(self, stats: Callable[[], Mapping[str, int]], registry: CollectorRegistry) -> None:
+        self._stats = stats
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        """One counter per kind of call or outcome."""
+        stats = self._stats()
+        helps = {
+            "writes": "Shared quota reservation objects written (PUT or POST accepted).",
+            "conflicts": "Writes refused with 409 (another replica wrote first); each re-read and retried.",
+            "reads": "Shared quota reservation objects read (GET).",
+            "failures": "Batches of reviews refused because their reservations could not be recorded.",
+        }
+        for key, text in helps.items():
+            family = CounterMetricFamily(f"kube_vgpu_quota_shared_{key}", text)
+            family.add_metric([], stats.get(key, 0))
+            yield family

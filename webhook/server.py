@@ -250,8 +250,10 @@ async def _decide(services: Services, request: AdmissionRequest, *, validating: 
             async with asyncio.timeout(SYNC_WAIT_SECONDS):
                 await readiness.wait_synced()
     try:
-        phase = services.validation if validating else services.admission
-        verdict = phase.review(request)
+        if validating:
+            verdict = await services.validation.review(request)  # quota may record through the API
+        else:
+            verdict = services.admission.review(request)
     except Exception as exc:  # a bug must answer a review, not drop the connection
         log.error("event=review_failed uid=%s error=%r", request.uid, f"{type(exc).__name__}: {exc}")
         return Verdict(

@@ -7,6 +7,7 @@ in flight, closes keep-alive connections and stops the cache's watch threads.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import time
@@ -30,7 +31,10 @@ from webhook.inventory import Inventory
 from webhook.listener import ConnectionLimits, Listener
 from webhook.metrics import WebhookMetrics
 from webhook.quota import NamespaceQuota, mig_slot_sizer, placement_sizer
-from webhook.quota_metrics import QuotaMetrics
+from webhook.quota_ledger import QuotaLedger
+from webhook.quota_metrics import QuotaMetrics, SharedBookMetrics
+from webhook.quota_shared import SharedBook
+from webhook.quota_shared_store import SharedReservations
 from webhook.server import SERVICES, Readiness, Services, build_app, http_log
 from webhook.tls import CertReloader
 from webhook.validation import Validation
@@ -55,6 +59,8 @@ class Options:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     # Callers must present a client certificate signed by this CA (None: any caller is served).
     client_ca_file: Path | None = None
+    # Where the shared quota reservations live (the chart passes the pod's own namespace).
+    release_namespace: str = "default"
 
 
 class KnownNamespaceQuota:
@@ -69,7 +75,7 @@ class KnownNamespaceQuota:
         self.gate = gate
         self.known = known
 
-    def admit(
+    async def admit(
         self,
         *,
         namespace: str,
@@ -87,7 +93,7 @@ class KnownNamespaceQuota:
                 f"namespace {namespace!r} is not in the webhook's view of the cluster yet "
                 "(created a moment ago?); retry in a few seconds"
             )
-        return self.gate.admit(
+        return await self.gate.admit(
             namespace=namespace,
             namespace_labels=namespace_labels,
             pod=pod,
@@ -103,8 +109,11 @@ def build_quota(
     config: Config,
     metrics: WebhookMetrics,
     geometry: Callable[[], DeviceConfig] = default_device_config,
+    shared: Callable[[QuotaLedger], SharedBook] | None = None,
 ) -> QuotaGate:
-    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events.
+    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events, decided
+    against the reservations every replica shares (`shared`, given the ledger it reads the cache
+    through; None: this process's ledger alone, as tests of the pure path use).
 
     The one place the quota ledger is wired; return `webhook.gates.AllowAllQuota()` to switch it off.
     """
@@ -118,6 +127,9 @@ def build_quota(
         slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
     )
 
+    if shared is not None:
+        gate.shared = shared(gate.ledger)
+
     def on_pod(event: CacheEvent) -> None:
         if event.type == "deleted":
             gate.ledger.pod_gone(event.obj)
@@ -129,7 +141,8 @@ def build_quota(
             gate.ledger.resync(cache.objects("pod").values())
         elif kind == "namespace":
             listed = set(cache.objects("namespace"))
-            for name in set(gate.ledger.namespaces()) | set(gate.last_limits):
+            held = set(gate.shared.namespaces()) if gate.shared is not None else set()
+            for name in set(gate.ledger.namespaces()) | set(gate.last_limits) | held:
                 if name not in listed:
                     gate.forget_namespace(name)
 
@@ -183,11 +196,12 @@ def build_services(
     config: Config,
     metrics: WebhookMetrics,
     geometry: Callable[[], DeviceConfig] = default_device_config,
+    shared: Callable[[QuotaLedger], SharedBook] | None = None,
 ) -> Services:
     """The handlers' dependencies, wired to a live cache."""
     metrics.track_cache(cache)
     admission = Admission(config, cache)
-    quota = build_quota(cache, config, metrics, geometry)
+    quota = build_quota(cache, config, metrics, geometry, shared)
     validation = Validation(config, CacheValidationView(cache), quota)
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
@@ -219,7 +233,20 @@ class WebhookServer:
         self.metrics = WebhookMetrics()
         # Volcano's MIG geometry, read at start: what a `mig` pod's slot costs against quota.
         self.geometry: DeviceConfig = default_device_config()
-        self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry))
+        self.reservations: SharedReservations | None = None
+
+        def shared(ledger: QuotaLedger) -> SharedBook:
+            book = SharedReservations(
+                self.kube,
+                options.release_namespace,
+                lifetime_seconds=config.webhook.cache_staleness_seconds,
+                cache_state=ledger.cache_state,
+            )
+            SharedBookMetrics(lambda: dataclasses.asdict(book.stats), self.metrics.registry)
+            self.reservations = book
+            return book
+
+        self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry, shared))
         self._runner = web.AppRunner(
             self.app,
             access_log=None,
@@ -287,6 +314,8 @@ class WebhookServer:
                 log.warning("event=webhook_connections_aborted count=%d", len(listener.connections))
                 listener.abort_all()
         await self._runner.cleanup()
+        if self.reservations is not None:
+            await self.reservations.close()
         if self._reload_task is not None:
             self._reload_task.cancel()
             await asyncio.gather(self._reload_task, return_exceptions=True)

@@ -1,4 +1,7 @@
-"""The validating decision for one pod CREATE or UPDATE (SPEC §2.2): pure, no I/O, a verdict out.
+"""The validating decision for one pod CREATE or UPDATE (SPEC §2.2): no I/O of its own, a verdict out.
+
+Awaitable only because the quota step it calls last may record a reservation through the API
+(`webhook.quota_shared`); every rule here is plain computation on the request.
 
 The API server calls this phase exactly once per write, after every mutation, with the final object:
 name, uid and creationTimestamp filled in (facts `apiserver-admission.md` §2). So quota is decided
@@ -46,7 +49,7 @@ class Validation:
     view: ValidationView
     quota: QuotaGate
 
-    def review(self, request: AdmissionRequest) -> Verdict:
+    async def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
         pod = request.object
         debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
@@ -68,11 +71,11 @@ class Validation:
             if request.is_pod_update:
                 check_update(request.old_object, pod, request.username, self.config)
                 return Verdict(allowed=True)
-            return self._create(request, pod, namespace, namespace_labels)
+            return await self._create(request, pod, namespace, namespace_labels)
         except Denied as denial:
             return Verdict(allowed=False, message=str(denial), reason=denial.reason)
 
-    def _create(
+    async def _create(
         self,
         request: AdmissionRequest,
         pod: Mapping[str, Any],
@@ -94,7 +97,7 @@ class Validation:
         # would let a delete-and-recreate trade a small pod for a large one.
         taken = isinstance(name, str) and bool(name) and self.view.pod_exists(namespace, name)
         warnings = self._charge_warnings(pod_request, namespace, namespace_labels)
-        refusal = self._quota(request, pod_request, namespace, namespace_labels, reserve=not taken)
+        refusal = await self._quota(request, pod_request, namespace, namespace_labels, reserve=not taken)
         if refusal is not None:
             raise Denied(QUOTA, refusal)
         return Verdict(allowed=True, warnings=tuple(warnings))
@@ -110,7 +113,7 @@ class Validation:
         if escape is not None:
             raise Denied(ISOLATION_ESCAPE, escape.message())
 
-    def _quota(
+    async def _quota(
         self,
         request: AdmissionRequest,
         pod_request: PodRequest,
@@ -146,7 +149,7 @@ class Validation:
         placement = resolve_placement(
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
         )
-        return self.quota.admit(
+        return await self.quota.admit(
             namespace=namespace,
             namespace_labels=namespace_labels or {},
             pod=pod,
