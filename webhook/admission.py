@@ -134,7 +134,7 @@ class Admission:
             check_affinity(affinity.own_terms(pod, previous), placement.alternatives, limits)
         except LimitExceeded as exc:
             raise Denied(OVER_LIMIT, str(exc)) from None
-        warnings = never_fits(pod_request, self.view.inventory.nodes.values())
+        warnings = never_fits(pod_request, self.view.inventory.memory_shapes())
         if placement.matches_nothing:
             message = f"GPU selectors match no GPU in the cluster: {_describe(selectors)}"
             if self.config.webhook.strict_selectors:
