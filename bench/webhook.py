@@ -9,7 +9,8 @@ at concurrency 8 and 1, for `/mutate` and `/validate` (the floor only has `/muta
 same body). Printed: reviews/s, p50 and p99 of both, their ratios, and the webhook's RSS.
 
     .venv/bin/python bench/webhook.py --floor-build-script ../shared/perf/build.sh
-    .venv/bin/python bench/webhook.py --loadgen BIN/loadgen --floor-cmd "BIN/gowebhook -addr {addr} -cert {cert} -key {key}"
+    .venv/bin/python bench/webhook.py --loadgen BIN/loadgen \
+        --floor-cmd "BIN/gowebhook -addr {addr} -cert {cert} -key {key}"
 
 `--profile FILE` records a sampling profile of the webhook during an extra `/mutate` run
 (py-spy when installed, else cProfile over the whole webhook process).
@@ -100,12 +101,11 @@ def vgpu_pod(index: int, *, namespace: str, annotations: dict[str, str] | None =
 
 
 def inference_pod() -> dict[str, Any]:
-    """A model server as a Deployment creates it: two containers, probes, env, mounts, tolerations (~2.9 KB)."""
+    """A model server as a Deployment creates it: probes, env, mounts, tolerations (a 3.0 KB review)."""
     labels = {
         "app.kubernetes.io/name": "llm-server",
         "app.kubernetes.io/instance": "llama-8b",
         "app.kubernetes.io/component": "inference",
-        "app.kubernetes.io/part-of": "chat",
         "pod-template-hash": "7d9c5b6f4",
         "team": "ml-platform",
     }
@@ -115,8 +115,8 @@ def inference_pod() -> dict[str, Any]:
         {"name": "GPU_MEMORY_UTILIZATION", "value": "0.90"},
         {"name": "HF_HOME", "value": "/models/cache"},
         {"name": "PORT", "value": "8000"},
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
+    evict_after = {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
     probe = {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 10, "failureThreshold": 3}
     server = {
         "name": "server",
@@ -136,26 +136,9 @@ def inference_pod() -> dict[str, Any]:
         "volumeMounts": [
             {"name": "models", "mountPath": "/models", "readOnly": True},
             {"name": "shm", "mountPath": "/dev/shm"},
-            {
-                "name": "kube-api-access-x7k2p",
-                "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
-                "readOnly": True,
-            },
         ],
         "readinessProbe": probe,
         "livenessProbe": {**probe, "initialDelaySeconds": 120},
-        "terminationMessagePath": "/dev/termination-log",
-        "terminationMessagePolicy": "File",
-        "imagePullPolicy": "IfNotPresent",
-    }
-    exporter = {
-        "name": "metrics",
-        "image": "registry.example.com/ml/gpu-metrics-exporter:1.4.2",
-        "ports": [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}],
-        "resources": {
-            "limits": {"cpu": "200m", "memory": "128Mi"},
-            "requests": {"cpu": "50m", "memory": "64Mi"},
-        },
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
         "imagePullPolicy": "IfNotPresent",
@@ -185,26 +168,21 @@ def inference_pod() -> dict[str, Any]:
             ],
         },
         "spec": {
-            "containers": [server, exporter],
+            "containers": [server],
             "volumes": [
                 {"name": "models", "persistentVolumeClaim": {"claimName": "model-cache", "readOnly": True}},
                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
-                {"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
-                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-                ]}},
             ],
             "restartPolicy": "Always",
             "terminationGracePeriodSeconds": 60,
             "dnsPolicy": "ClusterFirst",
             "serviceAccountName": "llm-server",
             "priority": 0,
-            "enableServiceLinks": True,
             "preemptionPolicy": "PreemptLowerPriority",
             "tolerations": [
                 {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/not-ready", **evict_after},
+                {"key": "node.kubernetes.io/unreachable", **evict_after},
             ],
         },
     }  # fmt: skip
@@ -265,12 +243,13 @@ async def wait_ready(
 
 async def mutate_once(url: str, context: ssl.SSLContext, body: bytes) -> dict[str, Any]:
     """The webhook's answer to one review (to build the validating phase's body from its patch)."""
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
-        async with session.post(
-            url + "/mutate", data=body, headers={"Content-Type": "application/json"}
-        ) as resp:
-            answer: dict[str, Any] = await resp.json()
-            return answer
+    headers = {"Content-Type": "application/json"}
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session,
+        session.post(url + "/mutate", data=body, headers=headers) as resp,
+    ):
+        answer: dict[str, Any] = await resp.json()
+        return answer
 
 
 def wait_floor(url: str, context: ssl.SSLContext, proc: subprocess.Popen[bytes], limit_s: float) -> None:
@@ -281,9 +260,11 @@ def wait_floor(url: str, context: ssl.SSLContext, proc: subprocess.Popen[bytes],
         if proc.poll() is not None:
             raise SystemExit(f"the floor server exited with {proc.returncode}")
         try:
-            with socket.create_connection((host, int(port)), timeout=1) as raw:
-                with context.wrap_socket(raw, server_hostname="localhost"):
-                    return
+            with (
+                socket.create_connection((host, int(port)), timeout=1) as raw,
+                context.wrap_socket(raw, server_hostname="localhost"),
+            ):
+                return
         except OSError:
             time.sleep(0.05)
     raise SystemExit("the floor server did not start in time")
@@ -364,7 +345,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--quota",
         action="store_true",
-        help="label every namespace, the review's too, with (generous) GPU quotas (the ledger runs in /validate)",
+        help="give every namespace, the review's too, generous GPU quotas (the ledger runs in /validate)",
     )
     parser.add_argument("--profile", help="write a profile of the webhook under a /mutate run to this file")
     args = parser.parse_args()
@@ -449,6 +430,71 @@ def profile_run(
     recorder.wait(timeout=60)
 
 
+def write_bodies(url: str, context: ssl.SSLContext, workdir: Path) -> dict[str, Path]:
+    """The review of each phase in a file: the pod as created, and as the validating phase sees it."""
+    review = review_of(inference_pod())
+    bodies = {"mutate": workdir / "mutate.json", "validate": workdir / "validate.json"}
+    bodies["mutate"].write_bytes(json.dumps(review).encode())
+    answer = asyncio.run(mutate_once(url, context, bodies["mutate"].read_bytes()))
+    mutated = jsonpatch.apply_patch(review["request"]["object"], decode_patch(answer))
+    review["request"]["object"] = validate_object(mutated)
+    bodies["validate"].write_bytes(json.dumps(review).encode())
+    sizes = {phase: body.stat().st_size for phase, body in bodies.items()}
+    print(f"review bodies: /mutate {sizes['mutate']} B, /validate {sizes['validate']} B")
+    return bodies
+
+
+def start_floor(
+    args: argparse.Namespace, floor_cmd: str, workdir: Path, context: ssl.SSLContext
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The floor server on the servers' core with the same certificate; (process, URL)."""
+    port = free_port()
+    command = floor_cmd.format(addr=f"127.0.0.1:{port}", cert=workdir / "tls.crt", key=workdir / "tls.key")
+    floor = subprocess.Popen(pinned(args.server_cpu, shlex.split(command)), stdout=subprocess.DEVNULL)
+    url = f"https://127.0.0.1:{port}"
+    wait_floor(url, context, floor, 60)
+    return floor, url
+
+
+Results = dict[tuple[str, int], tuple[Run | None, Run]]
+
+
+def measure(
+    args: argparse.Namespace, floor_url: str | None, url: str, bodies: dict[str, Path], ca: Path
+) -> Results:
+    """Each phase at each concurrency: `rounds` runs of the floor and of kube-vgpu, alternately."""
+    results: Results = {}
+    for concurrency in [int(c) for c in args.concurrency.split(",")]:
+        for phase in args.phases.split(","):
+            floor_runs, our_runs = [], []
+            for _ in range(args.rounds):  # A B A B: drift on the shared machine hits both alike
+                if floor_url:
+                    floor_runs.append(load(args, floor_url + "/mutate", bodies[phase], ca, concurrency))
+                our_runs.append(load(args, f"{url}/{phase}", bodies[phase], ca, concurrency))
+            floor = median_run(floor_runs) if floor_runs else None
+            results[(phase, concurrency)] = (floor, median_run(our_runs))
+            print(f"  measured /{phase} at concurrency {concurrency}", flush=True)
+    return results
+
+
+def report(args: argparse.Namespace, results: Results) -> int:
+    """Print the table; the number of failed requests."""
+    print()
+    print(
+        f"rounds {args.rounds} (median of each), server CPU {args.server_cpu or 'any'}, "
+        f"load generator CPU {args.load_cpu or 'any'}, cpu count {os.cpu_count()}"
+    )
+    print(
+        "| run | floor rps / p50 / p99 ms | kube-vgpu rps | p50 ms | p99 ms | rps vs floor | p99 vs floor |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    errors = 0
+    for (phase, concurrency), (floor_run, ours) in results.items():
+        print(ratio_row(f"/{phase}, concurrency {concurrency}", floor_run, ours))
+        errors += ours.errors + (floor_run.errors if floor_run else 0)
+    return errors
+
+
 def main() -> int:
     args = parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kube-vgpu-bench-"))
@@ -466,69 +512,25 @@ def main() -> int:
     (workdir / "tls.key").write_bytes(leaf.key_pem)
     context = ssl.create_default_context(cadata=ca.cert_pem.decode())
     use_spy = bool(args.profile) and shutil.which("py-spy", path=str(Path(sys.executable).parent)) is not None
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    phases = args.phases.split(",")
 
     with ApiServerStandin() as api:
         started = time.perf_counter()
         fill(api, args)
-        print(
-            f"stand-in API server filled: {args.nodes} nodes, {args.pods} pods in {time.perf_counter() - started:.1f} s"
-        )
+        filled_s = time.perf_counter() - started
+        print(f"stand-in API server filled: {args.nodes} nodes, {args.pods} pods in {filled_s:.1f} s")
         port = free_port()
         url = f"https://127.0.0.1:{port}"
         proc = start_webhook(args, api, workdir, port, None if use_spy else args.profile)
         floor: subprocess.Popen[bytes] | None = None
-        results: dict[tuple[str, int], tuple[Run | None, Run]] = {}
         try:
             sync_s = asyncio.run(wait_ready(url, context, proc, 600))
             rss_synced, _ = rss_mib(proc.pid)
-            print(
-                f"cache synced (list of {args.nodes} nodes + {args.pods} pods) in {sync_s:.1f} s; RSS {rss_synced:.0f} MiB"
-            )
-            review = review_of(inference_pod())
-            bodies = {"mutate": workdir / "mutate.json", "validate": workdir / "validate.json"}
-            bodies["mutate"].write_bytes(json.dumps(review).encode())
-            answer = asyncio.run(mutate_once(url, context, bodies["mutate"].read_bytes()))
-            mutated = jsonpatch.apply_patch(review["request"]["object"], decode_patch(answer))
-            review["request"]["object"] = validate_object(mutated)
-            bodies["validate"].write_bytes(json.dumps(review).encode())
-            print(
-                f"review bodies: /mutate {bodies['mutate'].stat().st_size} B, /validate {bodies['validate'].stat().st_size} B"
-            )
-            floor_url = ""
-            if floor_cmd:
-                floor_port = free_port()
-                floor_url = f"https://127.0.0.1:{floor_port}"
-                command = floor_cmd.format(
-                    addr=f"127.0.0.1:{floor_port}", cert=workdir / "tls.crt", key=workdir / "tls.key"
-                )
-                floor = subprocess.Popen(
-                    pinned(args.server_cpu, shlex.split(command)), stdout=subprocess.DEVNULL
-                )
-                wait_floor(floor_url, context, floor, 60)
-            for concurrency in concurrencies:
-                for phase in phases:
-                    floor_runs, our_runs = [], []
-                    for _ in range(args.rounds):  # A B A B: drift on the shared machine hits both alike
-                        if floor_cmd:
-                            floor_runs.append(
-                                load(
-                                    args,
-                                    floor_url + "/mutate",
-                                    bodies[phase],
-                                    workdir / "ca.crt",
-                                    concurrency,
-                                )
-                            )
-                        our_runs.append(
-                            load(args, f"{url}/{phase}", bodies[phase], workdir / "ca.crt", concurrency)
-                        )
-                    results[(phase, concurrency)] = (
-                        median_run(floor_runs) if floor_runs else None,
-                        median_run(our_runs),
-                    )
-                    print(f"  measured /{phase} at concurrency {concurrency}", flush=True)
+            listed = f"{args.nodes} nodes + {args.pods} pods"
+            print(f"cache synced (list of {listed}) in {sync_s:.1f} s; RSS {rss_synced:.0f} MiB")
+            bodies = write_bodies(url, context, workdir)
+            floor, floor_url = start_floor(args, floor_cmd, workdir, context) if floor_cmd else (None, None)
+            ca_file = workdir / "ca.crt"
+            results = measure(args, floor_url, url, bodies, ca_file)
             if args.profile and use_spy:
                 profile_run(args, proc, url + "/mutate", bodies["mutate"], workdir / "ca.crt")
             rss_now, rss_peak = rss_mib(proc.pid)
@@ -537,22 +539,10 @@ def main() -> int:
                 stop(floor)
             code = stop(proc)
 
+    errors = report(args, results)
     print()
-    print(
-        f"rounds {args.rounds} (median of each), server CPU {args.server_cpu or 'any'}, load generator CPU {args.load_cpu or 'any'}, cpu count {os.cpu_count()}"
-    )
-    print(
-        "| run | floor rps / p50 / p99 ms | kube-vgpu rps | p50 ms | p99 ms | rps vs floor | p99 vs floor |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    errors = 0
-    for (phase, concurrency), (floor_run, ours) in results.items():
-        print(ratio_row(f"/{phase}, concurrency {concurrency}", floor_run, ours))
-        errors += ours.errors + (floor_run.errors if floor_run else 0)
-    print()
-    print(
-        f"webhook RSS: {rss_synced:.0f} MiB synced, {rss_now:.0f} MiB after load (peak {rss_peak:.0f} MiB); exit code on SIGTERM {code}"
-    )
+    after = f"{rss_now:.0f} MiB after load (peak {rss_peak:.0f} MiB)"
+    print(f"webhook RSS: {rss_synced:.0f} MiB synced, {after}; exit code on SIGTERM {code}")
     print(f"errors {errors}; webhook log: {workdir / 'webhook.log'}")
     if args.profile:
         print(f"profile: {args.profile} ({'py-spy speedscope' if use_spy else 'cProfile'})")

@@ -36,8 +36,10 @@ _STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]++")
 _DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 # 17 digits in a row: a number orjson might round (it turns integers past 64 bits into floats), or
-# digits in a string; either way the body takes the exact path.
-_LONG_DIGITS = re.compile(rb"[0-9]{17}")
+# digits in a string; either way the body takes the exact path. Found by mapping every digit to "0"
+# and searching, two C passes (a regular expression costs several times more on a 3 KB body).
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGITS = b"0" * 17
 
 
 class MalformedReview(ValueError):
@@ -162,7 +164,8 @@ def decode_json(body: bytes) -> Any:
     non-JSON constants; orjson also refuses lone surrogates, which the exact path passes on for the
     pod's shape check to deny.
     """
-    if body.count(b"[") + body.count(b"{") <= MAX_NESTING and not _LONG_DIGITS.search(body):
+    few_brackets = body.count(b"[") + body.count(b"{") <= MAX_NESTING
+    if few_brackets and _LONG_DIGITS not in body.translate(_DIGITS_TO_ZERO):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
