@@ -142,4 +142,8 @@ def test_builder_writes_nothing_the_pod_already_holds() -> None:
     patch.remove({}, ("x", "b"))
     assert patch.operations == []
     patch.set({"a": "1"}, ("x", "a~/"), "2")
-    assert patch.operations == [{"op": "add", "path": "/x/a~0~1", "value": "2"}]
+    patch.set({"a": "1"}, ("x", "a"), "2")
+    assert patch.operations == [
+        {"op": "add", "path": "/x/a~0~1", "value": "2"},
+        {"op": "replace", "path": "/x/a", "value": "2"},
+    ]

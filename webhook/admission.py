@@ -63,6 +63,23 @@ def _indexed_containers(pod: Mapping[str, Any]) -> Iterator[tuple[tuple[str | in
                 yield ("spec", key, index), container
 
 
+def _set_annotations(pod: Mapping[str, Any], annotations: Mapping[str, str], patch: PatchBuilder) -> None:
+    """Make the pod's annotations `annotations`, one key at a time (a reader sees what changed)."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, Mapping):
+        patch.set(pod, ("metadata",), {"annotations": annotations})
+        return
+    current = metadata.get("annotations")
+    if not isinstance(current, Mapping):
+        patch.set(metadata, ("metadata", "annotations"), annotations)
+        return
+    for key in current:
+        if key not in annotations:
+            patch.remove(current, ("metadata", "annotations", key))
+    for key, value in annotations.items():
+        patch.set(current, ("metadata", "annotations", key), value)
+
+
 def _describe(sel: Selectors) -> str:
     parts = []
     for name, items in (
@@ -154,10 +171,7 @@ class Admission:
             new_annotations[AFFINITY_MARKER] = affinity.encode_marker(added)
         else:
             new_annotations.pop(AFFINITY_MARKER, None)
-        if "metadata" in pod:
-            patch.set(pod["metadata"], ("metadata", "annotations"), new_annotations)
-        else:
-            patch.set(pod, ("metadata",), {"annotations": new_annotations})
+        _set_annotations(pod, new_annotations, patch)
 
         return Verdict(allowed=True, patch=patch.operations, warnings=tuple(warnings))
 

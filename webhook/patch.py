@@ -28,10 +28,12 @@ class PatchBuilder:
     def set(self, parent: Mapping[str, Any], path: tuple[str | int, ...], value: Any) -> None:
         """Make the member `path[-1]` of the object `parent` (found at `path[:-1]`) equal `value`.
 
-        Nothing is written when it already is; `add` replaces a member that exists (RFC 6902 §4.1).
+        Nothing is written when it already is; a member that exists is replaced, others added.
         """
-        if parent.get(str(path[-1]), _MISSING) != value:
-            self.operations.append({"op": "add", "path": pointer(*path), "value": value})
+        current = parent.get(str(path[-1]), _MISSING)
+        if current != value:
+            op = "add" if current is _MISSING else "replace"
+            self.operations.append({"op": op, "path": pointer(*path), "value": value})
 
     def remove(self, parent: Mapping[str, Any], path: tuple[str | int, ...]) -> None:
         """Take the member `path[-1]` off the object `parent` (found at `path[:-1]`) if it is there."""
