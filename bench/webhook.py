@@ -32,9 +32,8 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import jsonpatch
@@ -270,8 +269,7 @@ def wait_floor(url: str, context: ssl.SSLContext, proc: subprocess.Popen[bytes],
     raise SystemExit("the floor server did not start in time")
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """One load generator run: its JSON line."""
 
     rps: float
