@@ -1,11 +1,19 @@
-"""Benchmark the admission webhook: reviews over HTTPS keep-alive against a large cluster cache.
+"""Benchmark the admission webhook against the Go floor: the same review, certificate and core, alternately.
 
 The stand-in API server (in this process) holds N GPU nodes and M vGPU pods; `kube-vgpu webhook`
-runs as a separate process and fills its cache through the real client's list+watch. A pool of
-keep-alive HTTPS connections then sends reviews at a fixed concurrency. Printed: cache sync time,
-p50/p99 latency, reviews per second, and the webhook process's RSS.
+runs as a separate process pinned to one core (`taskset`) and fills its cache through the real
+client's list+watch. The floor (`../shared/perf/gowebhook.go`, or any `--floor-cmd`) runs pinned to
+the same core with the same certificate. The Go load generator (`loadgen.go`, pinned to another
+core) sends one realistic inference-pod review over TLS keep-alive to each server in turn (A B A B),
+at concurrency 8 and 1, for `/mutate` and `/validate` (the floor only has `/mutate`; it gets the
+same body). Printed: reviews/s, p50 and p99 of both, their ratios, and the webhook's RSS.
 
-    .venv/bin/python bench/webhook.py --nodes 5000 --pods 50000 --concurrency 32 --reviews 20000
+    .venv/bin/python bench/webhook.py --floor-build-script ../shared/perf/build.sh
+    .venv/bin/python bench/webhook.py --loadgen BIN/loadgen \
+        --floor-cmd "BIN/gowebhook -addr {addr} -cert {cert} -key {key}"
+
+`--profile FILE` records a sampling profile of the webhook during an extra `/mutate` run
+(py-spy when installed, else cProfile over the whole webhook process).
 """
 
 from __future__ import annotations
@@ -14,19 +22,21 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import ssl
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
+import jsonpatch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -37,6 +47,7 @@ from contract.names import HOSTNAME_LABEL, MODE_LABEL, MODEL_LABEL_PREFIX, NODE_
 from contract.register import GpuRecord, encode_register  # noqa: E402
 from standins.apiserver import ApiServerStandin  # noqa: E402
 from standins.quantity import canonical as canonical_quantity  # noqa: E402
+from webhook.review import decode_patch  # noqa: E402
 
 # (model, MiB, mode, GPUs per node): a mixed fleet, so selectors and mode resolution have work to do.
 FLEET = [
@@ -46,6 +57,8 @@ FLEET = [
     ("NVIDIA L4", 23034, "hami-core", 2),
 ]
 NAMESPACES = 50
+# The namespace of the benchmark's review: no quota labels, so /validate runs safety but no ledger.
+REVIEW_NAMESPACE = "inference"
 
 
 def node(index: int) -> dict[str, Any]:
@@ -86,44 +99,118 @@ def vgpu_pod(index: int, *, namespace: str, annotations: dict[str, str] | None =
     }
 
 
-def review_bodies(count: int, *, validate: bool = False) -> list[bytes]:
-    """A mix of what users send: plain memory, type selectors, UUID selectors, explicit mode.
-
-    For the validating phase each pod carries the uid the API server fills in before it (quota
-    reservations are keyed by it)."""
-    uuid0 = f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, 'gpu-node-00001/0')}"
-    variants = [
-        {},
-        {"nvidia.com/use-gputype": "A100"},
-        {"nvidia.com/use-gputype": "A10,L4"},
-        {"nvidia.com/nouse-gputype": "H100"},
-        {"nvidia.com/use-gpuuuid": uuid0},
-        {"volcano.sh/vgpu-mode": "mig"},
+def inference_pod() -> dict[str, Any]:
+    """A model server as a Deployment creates it: probes, env, mounts, tolerations (a 3.0 KB review)."""
+    labels = {
+        "app.kubernetes.io/name": "llm-server",
+        "app.kubernetes.io/instance": "llama-8b",
+        "app.kubernetes.io/component": "inference",
+        "pod-template-hash": "7d9c5b6f4",
+        "team": "ml-platform",
+    }
+    env = [
+        {"name": "MODEL_ID", "value": "meta-llama/Llama-3.1-8B-Instruct"},
+        {"name": "MAX_MODEL_LEN", "value": "8192"},
+        {"name": "GPU_MEMORY_UTILIZATION", "value": "0.90"},
+        {"name": "HF_HOME", "value": "/models/cache"},
+        {"name": "PORT", "value": "8000"},
     ]
-    bodies = []
-    for i in range(count):
-        obj = vgpu_pod(i, namespace=f"team-{i % NAMESPACES}", annotations=variants[i % len(variants)])
-        obj["spec"].pop("schedulerName")
-        obj.pop("status")
-        if validate:
-            obj["metadata"]["name"] = f"new-{i:06d}"
-            obj["metadata"]["uid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"bench/{i}"))
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": f"bench-{i}",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "operation": "CREATE",
-                "namespace": obj["metadata"]["namespace"],
-                "name": obj["metadata"]["name"],
-                "object": obj,
-                "dryRun": False,
+    evict_after = {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+    probe = {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 10, "failureThreshold": 3}
+    server = {
+        "name": "server",
+        "image": "registry.example.com/ml/vllm-openai:v0.6.3",
+        "args": ["--model", "$(MODEL_ID)", "--max-model-len", "$(MAX_MODEL_LEN)", "--port", "$(PORT)"],
+        "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+        "env": env,
+        "resources": {
+            "limits": {
+                "cpu": "8",
+                "memory": "32Gi",
+                "volcano.sh/vgpu-number": "1",
+                "volcano.sh/vgpu-memory": "20000",
             },
-        }
-        bodies.append(json.dumps(review).encode())
-    return bodies
+            "requests": {"cpu": "4", "memory": "24Gi"},
+        },
+        "volumeMounts": [
+            {"name": "models", "mountPath": "/models", "readOnly": True},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "initialDelaySeconds": 120},
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "imagePullPolicy": "IfNotPresent",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "llama-8b-7d9c5b6f4-q2xkz",
+            "generateName": "llama-8b-7d9c5b6f4-",
+            "namespace": REVIEW_NAMESPACE,
+            "labels": labels,
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": "9400",
+                "kubectl.kubernetes.io/default-container": "server",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "llama-8b-7d9c5b6f4",
+                    "uid": "0f7d3c1e-5a7b-4c2d-9e8f-1a2b3c4d5e6f",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [server],
+            "volumes": [
+                {"name": "models", "persistentVolumeClaim": {"claimName": "model-cache", "readOnly": True}},
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
+            ],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 60,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "llm-server",
+            "priority": 0,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/not-ready", **evict_after},
+                {"key": "node.kubernetes.io/unreachable", **evict_after},
+            ],
+        },
+    }  # fmt: skip
+
+
+def review_of(obj: dict[str, Any]) -> dict[str, Any]:
+    """The AdmissionReview the API server sends for the CREATE of `obj`."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "bench",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE",
+            "namespace": obj["metadata"]["namespace"],
+            "name": obj["metadata"]["name"],
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": obj,
+            "dryRun": False,
+        },
+    }
+
+
+def validate_object(mutated: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the validating phase sees it: mutated, then given a uid and creation time."""
+    metadata = {**mutated["metadata"], "uid": "6b1f0e2c-3d4a-4b5c-8d9e-0a1b2c3d4e5f"}
+    return {**mutated, "metadata": {**metadata, "creationTimestamp": "2026-01-01T00:00:00Z"}}
 
 
 def rss_mib(pid: int) -> tuple[float, float]:
@@ -153,131 +240,343 @@ async def wait_ready(
     raise SystemExit("the webhook did not become ready in time")
 
 
-async def drive(
-    url: str, context: ssl.SSLContext, bodies: list[bytes], concurrency: int, path: str = "/mutate"
-) -> tuple[list[float], float, int]:
-    """Send every body with `concurrency` workers on keep-alive connections; (latencies, seconds, errors)."""
-    latencies: list[float] = []
-    errors = 0
-    queue = iter(bodies)
-    connector = aiohttp.TCPConnector(ssl=context, limit=concurrency)
+async def mutate_once(url: str, context: ssl.SSLContext, body: bytes) -> dict[str, Any]:
+    """The webhook's answer to one review (to build the validating phase's body from its patch)."""
     headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session,
+        session.post(url + "/mutate", data=body, headers=headers) as resp,
+    ):
+        answer: dict[str, Any] = await resp.json()
+        return answer
 
-        async def worker() -> None:
-            nonlocal errors
-            for body in queue:
-                started = time.perf_counter()
-                async with session.post(url + path, data=body, headers=headers) as response:
-                    answer = await response.json()
-                latencies.append(time.perf_counter() - started)
-                if response.status != 200 or not answer["response"]["allowed"]:
-                    errors += 1
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return latencies, time.perf_counter() - started, errors
+def wait_floor(url: str, context: ssl.SSLContext, proc: subprocess.Popen[bytes], limit_s: float) -> None:
+    """Until the floor server accepts TLS connections."""
+    host, port = url.removeprefix("https://").split(":")
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the floor server exited with {proc.returncode}")
+        try:
+            with (
+                socket.create_connection((host, int(port)), timeout=1) as raw,
+                context.wrap_socket(raw, server_hostname="localhost"),
+            ):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("the floor server did not start in time")
+
+
+class Run(NamedTuple):
+    """One load generator run: its JSON line."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def pinned(cpu: str | None, command: list[str]) -> list[str]:
+    """`command` run on the given CPUs (`taskset -c`), or as is when no CPU is given."""
+    return ["taskset", "-c", cpu, *command] if cpu else command
+
+
+def load(args: argparse.Namespace, url: str, body: Path, ca: Path, concurrency: int) -> Run:
+    n = args.reviews if concurrency > 1 else args.reviews_single
+    command = [
+        args.loadgen, "-url", url, "-ca", str(ca), "-body", str(body),
+        "-n", str(n), "-c", str(concurrency), "-warmup", str(args.warmup),
+    ]  # fmt: skip
+    out = subprocess.run(pinned(args.load_cpu, command), check=True, capture_output=True, text=True).stdout
+    line = json.loads(out.strip().splitlines()[-1])
+    return Run(line["rps"], line["p50_ms"], line["p99_ms"], line["errors"])
+
+
+def median_run(runs: list[Run]) -> Run:
+    """The run of median throughput (its latencies with it), errors summed."""
+    middle = sorted(runs, key=lambda r: r.rps)[(len(runs) - 1) // 2]
+    return Run(middle.rps, middle.p50_ms, middle.p99_ms, sum(r.errors for r in runs))
+
+
+def build_tools(script: str, outdir: Path) -> tuple[str, str]:
+    """(gowebhook, loadgen) built by the floor's build script into `outdir`."""
+    subprocess.run(["bash", script, str(outdir)], check=True, stdout=subprocess.DEVNULL)
+    return str(outdir / "gowebhook"), str(outdir / "loadgen")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=50000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--reviews", type=int, default=20000)
-    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--concurrency", default="8,1", help="comma-separated concurrencies to measure")
+    parser.add_argument("--phases", default="mutate,validate", help="comma-separated phases to measure")
+    parser.add_argument(
+        "--reviews", type=int, default=20000, help="measured reviews per run at concurrency > 1"
+    )
+    parser.add_argument(
+        "--reviews-single", type=int, default=5000, help="measured reviews per run at concurrency 1"
+    )
+    parser.add_argument("--warmup", type=int, default=1000, help="unmeasured reviews before each run")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="A B pairs per measurement (the median is printed)"
+    )
+    parser.add_argument(
+        "--server-cpu", default="0", help="CPU list for both servers (taskset -c); '' for none"
+    )
+    parser.add_argument("--load-cpu", default="1", help="CPU list for the load generator; '' for none")
+    parser.add_argument("--floor-build-script", help="the floor's build.sh: builds gowebhook and loadgen")
+    parser.add_argument("--loadgen", help="the Go load generator binary (else built by --floor-build-script)")
+    parser.add_argument(
+        "--floor-cmd",
+        help="command starting the floor server; {addr}, {cert}, {key} are filled in "
+        "(default: the built gowebhook); 'none' measures kube-vgpu alone",
+    )
     parser.add_argument(
         "--quota",
         action="store_true",
-        help="label every namespace with (generous) GPU quotas (the ledger runs in the validate phase)",
+        help="give every namespace, the review's too, generous GPU quotas (the ledger runs in /validate)",
     )
-    parser.add_argument(
-        "--phase",
-        choices=["mutate", "validate"],
-        default="mutate",
-        help="which admission phase to send the reviews to (quota is decided in validate)",
-    )
+    parser.add_argument("--profile", help="write a profile of the webhook under a /mutate run to this file")
     parser.add_argument(
         "--replicas",
         type=int,
         nargs="+",
         help="with --quota: quota decisions under contention across N webhook replicas (runs "
-        "bench/quota_replicas.py with --reviews creates at --concurrency)",
+        "bench/quota_replicas.py with --reviews creates at the first --concurrency)",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.replicas:
+        if not args.quota:
+            parser.error("--replicas measures quota decisions: give --quota too")
+        return args
+    if not args.loadgen and not args.floor_build_script:
+        parser.error("give --loadgen (and --floor-cmd) or --floor-build-script")
+    return args
+
+
+def start_webhook(
+    args: argparse.Namespace, api: ApiServerStandin, workdir: Path, port: int, profile: str | None
+) -> subprocess.Popen[bytes]:
+    python = [sys.executable]
+    if profile:
+        python += ["-m", "cProfile", "-o", profile]
+    command = [
+        *python, "-m", "cli", "webhook",
+        "--tls-cert-file", str(workdir / "tls.crt"), "--tls-key-file", str(workdir / "tls.key"),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--kubeconfig", str(api.write_kubeconfig(workdir / "kubeconfig")),
+        "--log-level", "info",
+    ]  # fmt: skip
+    log = (workdir / "webhook.log").open("ab")
+    return subprocess.Popen(pinned(args.server_cpu, command), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def fill(api: ApiServerStandin, args: argparse.Namespace) -> None:
+    quota = {"quota.kube-vgpu.io/vgpu-number": "1000000", "quota.kube-vgpu.io/vgpu-memory": "1000000000"}
+    labels = quota if args.quota else {}
+    for name in [f"team-{n}" for n in range(NAMESPACES)] + [REVIEW_NAMESPACE]:
+        api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+    for i in range(args.nodes):
+        api.put(node(i))
+    for i in range(args.pods):
+        api.put(vgpu_pod(i, namespace=f"team-{i % NAMESPACES}"))
+
+
+def ratio_row(label: str, floor: Run | None, ours: Run) -> str:
+    if floor is None:
+        return f"| {label} | - | {ours.rps:,.0f} | {ours.p50_ms:.2f} | {ours.p99_ms:.2f} | - | - |"
+    return (
+        f"| {label} | {floor.rps:,.0f} / {floor.p50_ms:.2f} / {floor.p99_ms:.2f} "
+        f"| {ours.rps:,.0f} | {ours.p50_ms:.2f} | {ours.p99_ms:.2f} "
+        f"| {ours.rps / floor.rps:.0%} | {ours.p99_ms / floor.p99_ms:.1f}x |"
+    )
+
+
+def profile_run(
+    args: argparse.Namespace, proc: subprocess.Popen[bytes], url: str, body: Path, ca: Path
+) -> None:
+    """A /mutate run under py-spy (when installed) writing `args.profile`."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return  # the webhook runs under cProfile instead, written on exit
+    recorder = subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(proc.pid),
+            "--output",
+            args.profile,
+            "--format",
+            "speedscope",
+            "--rate",
+            "200",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1)
+    load(args, url, body, ca, 8)
+    recorder.send_signal(signal.SIGINT)
+    recorder.wait(timeout=60)
+
+
+def write_bodies(url: str, context: ssl.SSLContext, workdir: Path) -> dict[str, Path]:
+    """The review of each phase in a file: the pod as created, and as the validating phase sees it."""
+    review = review_of(inference_pod())
+    bodies = {"mutate": workdir / "mutate.json", "validate": workdir / "validate.json"}
+    bodies["mutate"].write_bytes(json.dumps(review).encode())
+    answer = asyncio.run(mutate_once(url, context, bodies["mutate"].read_bytes()))
+    mutated = jsonpatch.apply_patch(review["request"]["object"], decode_patch(answer))
+    review["request"]["object"] = validate_object(mutated)
+    bodies["validate"].write_bytes(json.dumps(review).encode())
+    sizes = {phase: body.stat().st_size for phase, body in bodies.items()}
+    print(f"review bodies: /mutate {sizes['mutate']} B, /validate {sizes['validate']} B")
+    return bodies
+
+
+def start_floor(
+    args: argparse.Namespace, floor_cmd: str, workdir: Path, context: ssl.SSLContext
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The floor server on the servers' core with the same certificate; (process, URL)."""
+    port = free_port()
+    command = floor_cmd.format(addr=f"127.0.0.1:{port}", cert=workdir / "tls.crt", key=workdir / "tls.key")
+    floor = subprocess.Popen(pinned(args.server_cpu, shlex.split(command)), stdout=subprocess.DEVNULL)
+    url = f"https://127.0.0.1:{port}"
+    wait_floor(url, context, floor, 60)
+    return floor, url
+
+
+Results = dict[tuple[str, int], tuple[Run | None, Run]]
+
+
+def measure(
+    args: argparse.Namespace, floor_url: str | None, url: str, bodies: dict[str, Path], ca: Path
+) -> Results:
+    """Each phase at each concurrency: `rounds` runs of the floor and of kube-vgpu, alternately."""
+    results: Results = {}
+    for concurrency in [int(c) for c in args.concurrency.split(",")]:
+        for phase in args.phases.split(","):
+            floor_runs, our_runs = [], []
+            for _ in range(args.rounds):  # A B A B: drift on the shared machine hits both alike
+                if floor_url:
+                    floor_runs.append(load(args, floor_url + "/mutate", bodies[phase], ca, concurrency))
+                our_runs.append(load(args, f"{url}/{phase}", bodies[phase], ca, concurrency))
+            floor = median_run(floor_runs) if floor_runs else None
+            results[(phase, concurrency)] = (floor, median_run(our_runs))
+            print(f"  measured /{phase} at concurrency {concurrency}", flush=True)
+    return results
+
+
+def report(args: argparse.Namespace, results: Results) -> int:
+    """Print the table; the number of failed requests."""
+    print()
+    print(
+        f"rounds {args.rounds} (median of each), server CPU {args.server_cpu or 'any'}, "
+        f"load generator CPU {args.load_cpu or 'any'}, cpu count {os.cpu_count()}"
+    )
+    print(
+        "| run | floor rps / p50 / p99 ms | kube-vgpu rps | p50 ms | p99 ms | rps vs floor | p99 vs floor |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    errors = 0
+    for (phase, concurrency), (floor_run, ours) in results.items():
+        print(ratio_row(f"/{phase}, concurrency {concurrency}", floor_run, ours))
+        errors += ours.errors + (floor_run.errors if floor_run else 0)
+    return errors
+
+
+def replicas_main(args: argparse.Namespace) -> int:
+    """`--quota --replicas N...`: the contended quota benchmark of bench/quota_replicas.py."""
+    import quota_replicas  # bench/ is on sys.path when run as a script
+
+    counts = [str(n) for n in args.replicas]
+    return int(
+        quota_replicas.main(
+            [
+                "--replicas",
+                *counts,
+                "--pods",
+                str(args.reviews),
+                "--concurrency",
+                args.concurrency.split(",")[0],
+            ]
+        )
+    )
 
 
 def main() -> int:
     args = parse_args()
     if args.replicas:
-        import quota_replicas  # bench/ is on sys.path when run as a script
-
-        counts = [str(n) for n in args.replicas]
-        return quota_replicas.main(
-            ["--replicas", *counts, "--pods", str(args.reviews), "--concurrency", str(args.concurrency)]
-        )
+        return replicas_main(args)
 
     workdir = Path(tempfile.mkdtemp(prefix="kube-vgpu-bench-"))
+    floor_cmd = args.floor_cmd
+    if args.floor_build_script:
+        gowebhook, built_loadgen = build_tools(args.floor_build_script, workdir / "bin")
+        args.loadgen = args.loadgen or built_loadgen
+        floor_cmd = floor_cmd or f"{shlex.quote(gowebhook)} -addr {{addr}} -cert {{cert}} -key {{key}}"
+    if floor_cmd == "none":
+        floor_cmd = None
     ca = issue_ca("bench-ca", 1)
     leaf = issue_serving(ca, ["localhost"], ["127.0.0.1"], 1)
+    (workdir / "ca.crt").write_bytes(ca.cert_pem)
     (workdir / "tls.crt").write_bytes(leaf.cert_pem)
     (workdir / "tls.key").write_bytes(leaf.key_pem)
     context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    use_spy = bool(args.profile) and shutil.which("py-spy", path=str(Path(sys.executable).parent)) is not None
 
     with ApiServerStandin() as api:
         started = time.perf_counter()
-        quota = {"quota.kube-vgpu.io/vgpu-number": "1000000", "quota.kube-vgpu.io/vgpu-memory": "1000000000"}
-        for n in range(NAMESPACES):
-            labels = quota if args.quota else {}
-            api.put(
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"team-{n}", "labels": labels}}
-            )
-        for i in range(args.nodes):
-            api.put(node(i))
-        for i in range(args.pods):
-            api.put(vgpu_pod(i, namespace=f"team-{i % NAMESPACES}"))
+        fill(api, args)
         filled_s = time.perf_counter() - started
         print(f"stand-in API server filled: {args.nodes} nodes, {args.pods} pods in {filled_s:.1f} s")
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        command = [
-            sys.executable, "-m", "cli", "webhook",
-            "--tls-cert-file", str(workdir / "tls.crt"), "--tls-key-file", str(workdir / "tls.key"),
-            "--host", "127.0.0.1", "--port", str(port),
-            "--kubeconfig", str(api.write_kubeconfig(workdir / "kubeconfig")),
-            "--log-level", "warning",
-        ]  # fmt: skip
-        log = (workdir / "webhook.log").open("wb")
-        proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        port = free_port()
         url = f"https://127.0.0.1:{port}"
+        proc = start_webhook(args, api, workdir, port, None if use_spy else args.profile)
+        floor: subprocess.Popen[bytes] | None = None
         try:
             sync_s = asyncio.run(wait_ready(url, context, proc, 600))
             rss_synced, _ = rss_mib(proc.pid)
-            path = "/" + args.phase
-            bodies = review_bodies(args.reviews + args.warmup, validate=args.phase == "validate")
-            asyncio.run(drive(url, context, bodies[: args.warmup], args.concurrency, path))
-            latencies, seconds, errors = asyncio.run(
-                drive(url, context, bodies[args.warmup :], args.concurrency, path)
-            )
+            listed = f"{args.nodes} nodes + {args.pods} pods"
+            print(f"cache synced (list of {listed}) in {sync_s:.1f} s; RSS {rss_synced:.0f} MiB")
+            bodies = write_bodies(url, context, workdir)
+            floor, floor_url = start_floor(args, floor_cmd, workdir, context) if floor_cmd else (None, None)
+            ca_file = workdir / "ca.crt"
+            results = measure(args, floor_url, url, bodies, ca_file)
+            if args.profile and use_spy:
+                profile_run(args, proc, url + "/mutate", bodies["mutate"], workdir / "ca.crt")
             rss_now, rss_peak = rss_mib(proc.pid)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=60)
-            log.close()
-    latencies.sort()
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    listed = f"{args.nodes} nodes + {args.pods} pods"
-    print(f"cache synced (list of {listed}) in {sync_s:.1f} s; RSS {rss_synced:.0f} MiB")
-    print(
-        f"{len(latencies)} {args.phase} reviews, concurrency {args.concurrency}, "
-        f"quota {'on' if args.quota else 'off'}: "
-        f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, {len(latencies) / seconds:.0f} reviews/s, {errors} errors"
-    )
-    print(f"webhook RSS after load {rss_now:.0f} MiB (peak {rss_peak:.0f} MiB); exit code on SIGTERM {code}")
-    print(f"cpu count {os.cpu_count()}; webhook log: {workdir / 'webhook.log'}")
+            if floor is not None:
+                stop(floor)
+            code = stop(proc)
+
+    errors = report(args, results)
+    print()
+    after = f"{rss_now:.0f} MiB after load (peak {rss_peak:.0f} MiB)"
+    print(f"webhook RSS: {rss_synced:.0f} MiB synced, {after}; exit code on SIGTERM {code}")
+    print(f"errors {errors}; webhook log: {workdir / 'webhook.log'}")
+    if args.profile:
+        print(f"profile: {args.profile} ({'py-spy speedscope' if use_spy else 'cProfile'})")
     return 0 if errors == 0 and code == 0 else 1
 
 

@@ -32,7 +32,8 @@ def known(nodes: Sequence[Mapping[str, Any]] = NODES) -> list[NodeGpus]:
 
 
 def warnings_for(*containers: dict[str, Any], nodes: Sequence[Mapping[str, Any]] = NODES) -> list[str]:
-    return never_fits(parse_pod(pod(*containers), ResourceNames()), known(nodes))
+    shapes = [[g.memory_mib for g in n.gpus] for n in known(nodes)]
+    return never_fits(parse_pod(pod(*containers), ResourceNames()), shapes)
 
 
 @pytest.mark.parametrize(
@@ -83,3 +84,14 @@ def test_the_warning_reaches_the_admission_review() -> None:
     verdict = admission.review(parse_review(json.dumps(request).encode()))
     assert verdict.allowed  # a warning, not a denial: a bigger node may join
     assert any("'train' asks for 8 vGPUs" in w for w in verdict.warnings)
+
+
+def test_inventory_keeps_one_memory_shape_per_kind_of_node() -> None:
+    inv = Inventory()
+    for index in range(3):
+        inv.upsert(gpu_node(f"wide-{index}", "hami-core", [(L4, 23034)] * 4))
+    inv.upsert(gpu_node("big", "hami-core", [(A100, 40960), (A100, 81920)]))
+    assert sorted(inv.memory_shapes()) == [(23034,) * 4, (81920, 40960)]
+    for index in range(3):
+        inv.remove(f"wide-{index}")
+    assert list(inv.memory_shapes()) == [(81920, 40960)]

@@ -1,8 +1,9 @@
 """The mutating decision for one pod CREATE (SPEC §2.1): pure, no I/O, the pod before in and a verdict out.
 
-The pod is copied, every rule edits the copy, and the JSONPatch is the diff of the two documents,
-so a rule that changes nothing adds nothing to the patch and a second admission of the output is
-an empty patch. The order of the rules is the SPEC's: malformed values and safety first (a denial
+The pod is only read: each rule writes the JSONPatch operation for the field it sets
+(`webhook.patch`), and writes nothing when the pod already holds that value, so a second admission
+of the output is an empty patch; property tests keep the patch equal in effect to the diff of the
+pod before and after. The order of the rules is the SPEC's: malformed values and safety first (a denial
 names what to fix), then defaults, scheduler, mode and selectors. Quota is not here: this phase may
 be called twice for one pod and sees no name or uid for a `generateName` pod, so quota is decided
 once, on the final object, by the validating phase (`webhook.validation`).
@@ -10,8 +11,7 @@ once, on the final object, by the validating phase (`webhook.validation`).
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,13 +21,14 @@ from contract.names import (
     OPT_OUT_VALUE,
     VGPU_MODE,
 )
-from contract.resources import PodRequest, RequestError, iter_containers, parse_pod
+from contract.resources import PodRequest, RequestError, parse_pod
 from webhook import affinity
 from webhook.fit import never_fits
 from webhook.gates import ClusterView
 from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
+from webhook.patch import PatchBuilder
 from webhook.placement import Placement, clip, pending_warning, resolve_placement, rewrite_gputype
-from webhook.review import AdmissionRequest, Verdict, make_patch
+from webhook.review import AdmissionRequest, Verdict
 from webhook.safety import (
     INVALID_ANNOTATION,
     MALFORMED_OBJECT,
@@ -51,6 +52,32 @@ DEFAULT_SCHEDULER = "default-scheduler"
 OVER_LIMIT = "over-limit"
 
 __all__ = ["Admission", "Denied", "Placement", "resolve_placement"]
+
+
+def _indexed_containers(pod: Mapping[str, Any]) -> Iterator[tuple[tuple[str | int, ...], Mapping[str, Any]]]:
+    """(path, container) for the containers `iter_containers` yields, in its order."""
+    spec = pod.get("spec") or {}
+    for key in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(key) or []):
+            if isinstance(container, Mapping):
+                yield ("spec", key, index), container
+
+
+def _set_annotations(pod: Mapping[str, Any], annotations: Mapping[str, str], patch: PatchBuilder) -> None:
+    """Make the pod's annotations `annotations`, one key at a time (a reader sees what changed)."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, Mapping):
+        patch.set(pod, ("metadata",), {"annotations": annotations})
+        return
+    current = metadata.get("annotations")
+    if not isinstance(current, Mapping):
+        patch.set(metadata, ("metadata", "annotations"), annotations)
+        return
+    for key in current:
+        if key not in annotations:
+            patch.remove(current, ("metadata", "annotations", key))
+    for key, value in annotations.items():
+        patch.set(current, ("metadata", "annotations", key), value)
 
 
 def _describe(sel: Selectors) -> str:
@@ -113,19 +140,18 @@ class Admission:
         except LimitExceeded as exc:
             raise Denied(OVER_LIMIT, str(exc)) from None
 
-        after: dict[str, Any] = copy.deepcopy(dict(pod))
-        self._default_number(after, pod_request)
-        self._default_cores(after, pod_request)
-        self._set_scheduler(after)
+        patch = PatchBuilder()
+        self._default_resources(pod, pod_request, patch)
+        self._set_scheduler(pod, patch)
         placement = resolve_placement(
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
         )
         previous = affinity.decode_marker(annotations.get(AFFINITY_MARKER))
         try:
-            check_affinity(affinity.own_terms(after, previous), placement.alternatives, limits)
+            check_affinity(affinity.own_terms(pod, previous), placement.alternatives, limits)
         except LimitExceeded as exc:
             raise Denied(OVER_LIMIT, str(exc)) from None
-        warnings = never_fits(pod_request, self.view.inventory.nodes.values())
+        warnings = never_fits(pod_request, self.view.inventory.memory_shapes())
         if placement.matches_nothing:
             message = f"GPU selectors match no GPU in the cluster: {_describe(selectors)}"
             if self.config.webhook.strict_selectors:
@@ -134,57 +160,63 @@ class Admission:
         new_annotations = dict(canonical)
         new_annotations[VGPU_MODE] = placement.mode
         warnings += rewrite_gputype(new_annotations, selectors, placement, self.view.inventory)
-        affinity.apply_required(after, placement.alternatives, previous)
+        spec: Mapping[str, Any] = pod["spec"]  # a vGPU pod has containers, so it has a spec
+        new_affinity = affinity.required_after(pod, placement.alternatives, previous)
+        if new_affinity is None:
+            patch.remove(spec, ("spec", "affinity"))
+        else:
+            patch.set(spec, ("spec", "affinity"), new_affinity)
         added = [r for alt in placement.alternatives for r in alt]
         if added:
             new_annotations[AFFINITY_MARKER] = affinity.encode_marker(added)
         else:
             new_annotations.pop(AFFINITY_MARKER, None)
-        after.setdefault("metadata", {})["annotations"] = new_annotations
+        _set_annotations(pod, new_annotations, patch)
 
-        return Verdict(allowed=True, patch=make_patch(pod, after), warnings=tuple(warnings))
+        return Verdict(allowed=True, patch=patch.operations, warnings=tuple(warnings))
 
-    def _default_number(self, pod: dict[str, Any], pod_request: PodRequest) -> None:
-        """SPEC §2.1 step 0: a container asking only memory/percentage/cores gets `vgpu-number: 1`."""
-        count = self.config.resource_names.count
-        for (container, _), parsed in zip(iter_containers(pod), pod_request.containers, strict=True):
-            if not parsed.asks_vgpu or parsed.number is not None:
-                continue
-            assert isinstance(container, dict)  # the copy is made of plain dicts
-            resources = container.setdefault("resources", {})
-            for part in ("limits", "requests"):
-                amounts = resources.get(part)
-                if not isinstance(amounts, dict):
-                    amounts = resources[part] = {}
-                amounts[count] = "1"
+    def _default_resources(
+        self, pod: Mapping[str, Any], pod_request: PodRequest, patch: PatchBuilder
+    ) -> None:
+        """Defaults for a vGPU container's limits and requests (SPEC §2.1 step 0 and §2.2 step 1).
 
-    def _default_cores(self, pod: dict[str, Any], pod_request: PodRequest) -> None:
-        """SPEC §2.2 step 1: with `defaultCores` set, a vGPU container stating no cores gets that limit.
-
-        Without it HAMi-core runs the container with no SM limit, and quota charges it a whole GPU.
+        Step 0: a container asking only memory/percentage/cores gets `vgpu-number: 1`. Step 1: with
+        `defaultCores` set, one stating no cores gets that limit; without it HAMi-core runs the
+        container with no SM limit, and quota charges it a whole GPU.
         """
+        names = self.config.resource_names
         cores = self.config.webhook.default_cores
-        if cores == 0:
-            return
-        name = self.config.resource_names.cores
-        for (container, _), parsed in zip(iter_containers(pod), pod_request.containers, strict=True):
-            if not parsed.asks_vgpu or parsed.cores is not None:
+        for (path, container), parsed in zip(_indexed_containers(pod), pod_request.containers, strict=True):
+            if not parsed.asks_vgpu:
                 continue
-            assert isinstance(container, dict)  # the copy is made of plain dicts
-            resources = container.setdefault("resources", {})
+            defaults = {}
+            if parsed.number is None:
+                defaults[names.count] = "1"
+            if cores != 0 and parsed.cores is None:
+                defaults[names.cores] = str(cores)
+            if not defaults:
+                continue
+            resources = container.get("resources")
+            if not isinstance(resources, Mapping):
+                patch.set(
+                    container, (*path, "resources"), {"limits": dict(defaults), "requests": dict(defaults)}
+                )
+                continue
             for part in ("limits", "requests"):
                 amounts = resources.get(part)
-                if not isinstance(amounts, dict):
-                    amounts = resources[part] = {}
-                amounts[name] = str(cores)
+                if not isinstance(amounts, Mapping):
+                    patch.set(resources, (*path, "resources", part), dict(defaults))
+                    continue
+                for name, value in defaults.items():
+                    patch.set(amounts, (*path, "resources", part, name), value)
 
-    def _set_scheduler(self, pod: dict[str, Any]) -> None:
+    def _set_scheduler(self, pod: Mapping[str, Any], patch: PatchBuilder) -> None:
         """SPEC §2.1 step 1."""
-        spec = pod.setdefault("spec", {})
+        spec: Mapping[str, Any] = pod["spec"]
         ours = self.config.webhook.scheduler_name
         current = spec.get("schedulerName") or ""
         if current in ("", DEFAULT_SCHEDULER):
-            spec["schedulerName"] = ours
+            patch.set(spec, ("spec", "schedulerName"), ours)
         elif current != ours and self.config.webhook.other_schedulers == "deny":
             raise Denied(
                 OTHER_SCHEDULER,

@@ -208,11 +208,14 @@ def own_terms(pod: Mapping[str, Any], previous: Sequence[Requirement]) -> list[T
     return _strip([t for t in existing if isinstance(t, dict)], previous)
 
 
-def apply_required(
-    pod: dict[str, Any], alternatives: Sequence[Sequence[Requirement]], previous: Sequence[Requirement]
-) -> None:
-    """Rewrite `pod`'s required node affinity in place: take `previous` off, AND `alternatives` in."""
-    spec = pod.setdefault("spec", {})
+def required_after(
+    pod: Mapping[str, Any], alternatives: Sequence[Sequence[Requirement]], previous: Sequence[Requirement]
+) -> Any:
+    """`spec.affinity` once `previous` is taken off the required node affinity and `alternatives` ANDed in.
+
+    None stands for no affinity at all; the pod is not changed.
+    """
+    spec = pod.get("spec") or {}
     affinity, node_affinity, required = _required(pod)
     terms = combine(own_terms(pod, previous), alternatives)
     if terms is None:
@@ -228,15 +231,24 @@ def apply_required(
                 if node_affinity
                 else {k: v for k, v in affinity.items() if k != "nodeAffinity"}
             )
-            if affinity:
-                spec["affinity"] = affinity
-            else:
-                spec.pop("affinity", None)
-        return
-    spec["affinity"] = {
+            return affinity or None
+        return spec.get("affinity")
+    return {
         **affinity,
         "nodeAffinity": {
             **node_affinity,
             "requiredDuringSchedulingIgnoredDuringExecution": {**required, "nodeSelectorTerms": terms},
         },
     }
+
+
+def apply_required(
+    pod: dict[str, Any], alternatives: Sequence[Sequence[Requirement]], previous: Sequence[Requirement]
+) -> None:
+    """Rewrite `pod`'s required node affinity in place (`required_after`, written back)."""
+    after = required_after(pod, alternatives, previous)
+    spec = pod.setdefault("spec", {})
+    if after is None:
+        spec.pop("affinity", None)
+    else:
+        spec["affinity"] = after

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from contract.config import ConfigError, load_config
 from contract.logformat import configure_logging
@@ -70,6 +72,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    """Run the server on uvloop where it is installed (its TLS and transports cost a review about a
+    third less than asyncio's; see the README's benchmark), else on asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM; 0 on a clean stop, 2 on bad configuration or credentials."""
     configure_logging(args.log_level)
@@ -92,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
             client_ca_file=Path(args.client_ca_file) if args.client_ca_file else None,
             release_namespace=args.release_namespace,
         )
-        return asyncio.run(serve(options, config))
+        return _run(serve(options, config))
     except (ConfigError, KubeConfigError, TlsFilesError, OSError, ValueError) as exc:
         log.error("event=webhook_failed error=%r", str(exc))
         return 2

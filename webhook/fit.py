@@ -9,19 +9,22 @@ later. With no GPU node known at all nothing is said here (the selector check co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from contract.resources import PodRequest
-from webhook.inventory import NodeGpus
 
 
-def never_fits(request: PodRequest, nodes: Iterable[NodeGpus]) -> list[str]:
-    """One warning per container that no GPU node of the cluster could hold, saying what would fit."""
-    known = [n for n in nodes if n.gpus]
+def never_fits(request: PodRequest, shapes: Iterable[Sequence[int | None]]) -> list[str]:
+    """One warning per container that no GPU node of the cluster could hold, saying what would fit.
+
+    `shapes` are the nodes' GPU memories (MiB per GPU, None when not known); nodes of the same shape
+    answer alike, so `Inventory.memory_shapes()` gives each once and the check does not grow with the fleet.
+    """
+    known = [shape for shape in shapes if shape]
     if not known:
         return []
-    most_gpus = max(len(n.gpus) for n in known)
-    sizes = [g.memory_mib for n in known for g in n.gpus if g.memory_mib is not None]
+    most_gpus = max(len(shape) for shape in known)
+    sizes = [mib for shape in known for mib in shape if mib is not None]
     largest = max(sizes, default=None)
     warnings: list[str] = []
     for container in request.containers:
@@ -40,7 +43,7 @@ def never_fits(request: PodRequest, nodes: Iterable[NodeGpus]) -> list[str]:
                 f"{largest} MiB: it can never be scheduled; ask for at most {largest}"
             )
         elif memory is not None and not any(
-            sum(1 for g in n.gpus if (g.memory_mib or 0) >= memory) >= count for n in known
+            sum(1 for mib in shape if (mib or 0) >= memory) >= count for shape in known
         ):
             warnings.append(
                 f"{name} asks for {count} vGPUs of {memory} MiB, but no node has {count} GPUs "

@@ -9,7 +9,7 @@ cost of a review does not grow with the number of nodes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,10 @@ def _drop_zeros(counter: Counter[Any]) -> int:
     return len(counter)
 
 
+def _shape(facts: NodeGpus) -> tuple[int | None, ...]:
+    return tuple(sorted((g.memory_mib for g in facts.gpus), key=lambda mib: mib or 0, reverse=True))
+
+
 class Inventory:
     """Every GPU node of the cluster, with indexes for the questions admission asks."""
 
@@ -133,6 +137,7 @@ class Inventory:
         self._types: Counter[str] = Counter()
         self._model_types: dict[str, Counter[str]] = {}
         self._memories: dict[_Key, Counter[int | None]] = {}
+        self._shapes: Counter[tuple[int | None, ...]] = Counter()
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -159,6 +164,7 @@ class Inventory:
         if facts is None:
             return
         self._model_nodes.subtract(facts.models)
+        self._shapes[_shape(facts)] -= 1
         for gpu in facts.gpus:
             if self._uuids.get(gpu.uuid) == gpu:
                 del self._uuids[gpu.uuid]
@@ -170,6 +176,7 @@ class Inventory:
         # Drop zero counts and empty groups so membership tests and scans see only what exists.
         _drop_zeros(self._model_nodes)
         _drop_zeros(self._types)
+        _drop_zeros(self._shapes)
         for model in list(self._model_types):
             if not _drop_zeros(self._model_types[model]):
                 del self._model_types[model]
@@ -184,6 +191,7 @@ class Inventory:
     def _add(self, facts: NodeGpus) -> None:
         self._nodes[facts.name] = facts
         self._model_nodes.update(facts.models)
+        self._shapes[_shape(facts)] += 1
         for gpu in facts.gpus:
             self._uuids[gpu.uuid] = gpu
             if gpu.type is not None:
@@ -191,6 +199,10 @@ class Inventory:
                 if gpu.model is not None:
                     self._model_types.setdefault(gpu.model, Counter())[gpu.type] += 1
             self._memories.setdefault((gpu.model, facts.mode), Counter())[gpu.memory_mib] += 1
+
+    def memory_shapes(self) -> Collection[tuple[int | None, ...]]:
+        """The distinct GPU memory lists of the nodes (MiB per GPU, largest first): a few for a fleet."""
+        return self._shapes.keys()
 
     def models(self) -> frozenset[str]:
         """Every GPU model (label-name form) some node carries a model label for."""

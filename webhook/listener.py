@@ -18,6 +18,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 log = logging.getLogger("kube_vgpu.webhook.listener")
 
@@ -108,8 +109,8 @@ class GuardedConnection(asyncio.Protocol):
         self._disarm()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport; uvloop's implement asyncio.Transport's methods without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:

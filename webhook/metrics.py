@@ -151,6 +151,9 @@ class WebhookMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        # The two outcomes of every review, bound once (a labelled lookup per review costs a lock).
+        self.allowed = self.reviews.labels("allowed")
+        self.denied = self.reviews.labels("denied")
         self.latency = Histogram(
             "kube_vgpu_webhook_review_duration_seconds",
             "Time from a review's headers to its answer (reading and parsing the body included).",

@@ -23,7 +23,14 @@ from webhook.admission import Admission
 from webhook.body_budget import BodyBudget, body_reservation
 from webhook.listener import GuardedConnection
 from webhook.metrics import WebhookMetrics
-from webhook.review import AdmissionRequest, MalformedReview, Verdict, encode_response, parse_review
+from webhook.review import (
+    AdmissionRequest,
+    MalformedReview,
+    Verdict,
+    encode_json,
+    encode_response,
+    parse_review,
+)
 from webhook.validation import Validation
 
 log = logging.getLogger("kube_vgpu.webhook.server")
@@ -116,8 +123,12 @@ class Services:
 SERVICES = web.AppKey("services", Services)
 
 
+def _json(document: object, status: int = 200) -> web.Response:
+    return web.Response(body=encode_json(document), status=status, content_type="application/json")
+
+
 def _error(status: int, reason: str) -> web.Response:
-    return web.json_response({"error": reason}, status=status)
+    return _json({"error": reason}, status)
 
 
 async def _answer_and_close(http: web.Request, response: web.Response) -> web.Response:
@@ -222,11 +233,16 @@ async def _review(http: web.Request, services: Services) -> web.Response:
     verdict = await _decide(services, request, validating=validating)
     response = encode_response(request.uid, verdict)
     metrics.latency.observe(time.perf_counter() - started)
-    metrics.reviews.labels("allowed" if verdict.allowed else "denied").inc()
-    if not verdict.allowed:
+    if verdict.allowed:
+        metrics.allowed.inc()
+    else:
+        metrics.denied.inc()
         metrics.denials.labels(verdict.reason or "unknown").inc()
-    if request.is_pod_create or (validating and request.is_pod_update):
-        log.info(
+    # An ordinary admission is in the metrics; its line is DEBUG. A denial is worth a line at INFO.
+    level = logging.DEBUG if verdict.allowed else logging.INFO
+    if (request.is_pod_create or (validating and request.is_pod_update)) and log.isEnabledFor(level):
+        log.log(
+            level,
             "event=review phase=%s operation=%s uid=%s namespace=%s pod=%s allowed=%s reason=%s "
             "patch_ops=%d warnings=%d%s",
             "validate" if validating else "mutate",
@@ -240,7 +256,7 @@ async def _review(http: web.Request, services: Services) -> web.Response:
             len(verdict.warnings),
             "" if verdict.allowed else f" message={verdict.message!r}",
         )
-    return web.json_response(response)
+    return _json(response)
 
 
 async def _decide(services: Services, request: AdmissionRequest, *, validating: bool) -> Verdict:
@@ -273,14 +289,14 @@ async def _decide(services: Services, request: AdmissionRequest, *, validating: 
 
 async def healthz(http: web.Request) -> web.Response:
     """Liveness: the process serves HTTP."""
-    return web.json_response({"ok": True})
+    return _json({"ok": True})
 
 
 async def readyz(http: web.Request) -> web.Response:
     """Readiness: the cluster cache has synced and heard from the API recently."""
     readiness = http.app[SERVICES].readiness
     ready = readiness.ready()
-    return web.json_response({"ready": ready, "synced": readiness.synced()}, status=200 if ready else 503)
+    return _json({"ready": ready, "synced": readiness.synced()}, 200 if ready else 503)
 
 
 async def metrics(http: web.Request) -> web.Response:
