@@ -87,7 +87,8 @@ def host_overlaps(host: str, folder: str) -> bool:
     return covers(host, folder) or covers(folder, host)
 
 
-def _containers(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+def every_container(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(`group[name]`, container) for every init, app and ephemeral container of a pod."""
     spec = pod.get("spec") or {}
     for key in ("initContainers", "containers", "ephemeralContainers"):
         for container in spec.get(key) or []:
@@ -157,7 +158,7 @@ def find_escape(pod: Mapping[str, Any], config: Config) -> Escape | None:
     """The first way the pod would escape its vGPU limits, or None."""
     hook = config.node.hook_path
     protected = (hook, *PLUGIN_CONTAINER_PATHS)
-    for where, container in _containers(pod):
+    for where, container in every_container(pod):
         escape = _env_escape(where, container) or _mount_escape(where, container, protected)
         if escape is not None:
             return escape

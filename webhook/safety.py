@@ -7,13 +7,13 @@ author's, so none of them can exempt a pod from these rules.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from contract.config import Config
 from contract.names import PLACEMENT_ANNOTATIONS, SCHEDULER_OWNED_ANNOTATIONS
 from contract.resources import PodRequest
-from webhook.isolation import find_escape
+from webhook.isolation import every_container, find_escape
 
 # Denial reasons (the `reason` label of the denials metric).
 # A pod whose shape is not a Pod's (only a caller other than the API server sends one).
@@ -66,18 +66,19 @@ def check_create(pod: Mapping[str, Any], pod_request: PodRequest, config: Config
     if config.webhook.deny_privileged:
         # Every container of a vGPU pod: a privileged sidecar shares the pod with the GPU container
         # and can reach its mounts and every GPU of the node.
-        for container, _ in _all_containers(pod):
+        for _, container in every_container(pod):
             name = str(container.get("name", "?"))
             security = container.get("securityContext") or {}
             if not isinstance(security, Mapping):
                 continue
+            capabilities = security.get("capabilities") or {}
             if security.get("privileged") is True:
                 raise Denied(
                     PRIVILEGED,
                     f"container {name!r}: a privileged container in a vGPU pod sees every GPU and can "
                     "escape the memory and core limits; remove securityContext.privileged",
                 )
-            added = (security.get("capabilities") or {}).get("add") or []
+            added = (capabilities.get("add") or []) if isinstance(capabilities, Mapping) else []
             risky = sorted({str(c) for c in added if _strong_capability(c)})
             if risky:
                 raise Denied(
@@ -100,27 +101,12 @@ def _strong_capability(value: object) -> bool:
     return name.removeprefix("CAP_") in _STRONG_CAPABILITIES
 
 
-def _all_containers(pod: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], str]]:
-    """Every container of the pod (init, app, ephemeral) with its group."""
-    spec = pod.get("spec") or {}
-    found: list[tuple[Mapping[str, Any], str]] = []
-    for group in ("initContainers", "containers", "ephemeralContainers"):
-        for container in spec.get(group) or []:
-            if isinstance(container, Mapping):
-                found.append((container, group))
-    return found
-
-
-def changed_scheduler_annotations(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
-    """The scheduler-owned annotations an update adds, changes or removes, in protocol order."""
+def changed_annotations(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, keys: Iterable[str]
+) -> list[str]:
+    """Which of `keys` an update adds, changes or removes, in the order given."""
     before, after = annotations_of(old), annotations_of(new)
-    return [key for key in SCHEDULER_OWNED_ANNOTATIONS if before.get(key) != after.get(key)]
-
-
-def changed_placement_annotations(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
-    """The mode and selector annotations an update adds, changes or removes."""
-    before, after = annotations_of(old), annotations_of(new)
-    return [key for key in PLACEMENT_ANNOTATIONS if before.get(key) != after.get(key)]
+    return [key for key in keys if before.get(key) != after.get(key)]
 
 
 def check_update(
@@ -130,14 +116,14 @@ def check_update(
     of the mode and selector annotations, which decided the pod's placement and quota charge."""
     if username in config.webhook.annotation_writers:
         return
-    placement = changed_placement_annotations(old, new)
+    placement = changed_annotations(old, new, PLACEMENT_ANNOTATIONS)
     if placement:
         raise Denied(
             FORGED_ANNOTATION,
             f"annotation(s) {', '.join(placement)} are fixed when the pod is created: they decided its "
             "node affinity and its quota charge; delete the pod and create it again to change them",
         )
-    changed = changed_scheduler_annotations(old, new)
+    changed = changed_annotations(old, new, SCHEDULER_OWNED_ANNOTATIONS)
     if not changed:
         return
     raise Denied(
