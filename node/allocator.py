@@ -148,6 +148,9 @@ class Allocator:
             log.error("event=allocate_failed node=%s pod=%s reason=timeout", self._node, attempt.pod or "-")
             raise AllocateFailed(message, grpc.StatusCode.DEADLINE_EXCEEDED) from None
         except _Refused as exc:
+            # Every refusal frees the node for Volcano's next pod (protocol §5.5: the plugin deletes
+            # the lock on any per-pod failure and when no pending pod is found).
+            await self._release_lock(deadline)
             self._metrics.failed(exc.reason)
             self._api.events.allocate_refused(attempt.pod, str(exc))
             log.error(
@@ -186,7 +189,6 @@ class Allocator:
             try:
                 pods = await self._api.pods_on_node(self._left(deadline))
             except (ApiError, ApiUnavailable) as exc:
-                self._spawn(self._release_lock(self._deadline(self._config.allocate_timeout_seconds)))
                 raise _Refused(
                     f"cannot list the pods of node {self._node}: {exc}",
                     "api_unavailable",
@@ -197,7 +199,6 @@ class Allocator:
                 await self._settle_failed(broken.pod, broken.reason, deadline)
             claim = selection.claim
             if claim is None:
-                await self._release_lock(deadline)
                 if selection.broken:
                     reasons = "; ".join(f"pod {b.pod}: {b.reason}" for b in selection.broken)
                     raise _Refused(reasons, "broken_pod", grpc.StatusCode.FAILED_PRECONDITION)
@@ -214,7 +215,6 @@ class Allocator:
         assert attempt.pod is not None  # every round that did not return or raise found a claim
         await self._settle_failed(attempt.pod, "lost the race for its entry too often", deadline)
         attempt.settled = True
-        await self._release_lock(deadline)
         raise _Refused(
             f"pod {attempt.pod}: devices-to-allocate kept changing under {MAX_ROUNDS} attempts",
             "conflict",
@@ -253,7 +253,6 @@ class Allocator:
         if problem is not None:
             await self._settle_failed(claim.pod, problem, deadline)
             attempt.settled = True
-            await self._release_lock(deadline)
             raise _Refused(f"pod {claim.pod}: {problem}", "rejected", grpc.StatusCode.FAILED_PRECONDITION)
         response = response or build_response(
             claim.records,
@@ -274,7 +273,6 @@ class Allocator:
                 return None
             budget = self._deadline(self._config.allocate_timeout_seconds)
             self._spawn(self._settle_failed(claim.pod, f"cannot record the allocation: {exc}", budget))
-            self._spawn(self._release_lock(budget))
             attempt.settled = True
             raise _Refused(
                 f"pod {claim.pod}: cannot record the allocation: {exc}",
