@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kubeapi.client import ApiError, ApiUnavailable, WatchInterrupt
+from kubeapi.client import ApiError, ApiUnavailable
 from node.api import NodeApi
 from node.bind_order import BindOrder
+from node.watch_thread import WatchSwitch
 
 log = logging.getLogger("kube_vgpu.node.pod_watch")
 
@@ -30,9 +30,7 @@ class PodWatch:
         self.order = order
         self._budget = call_budget
         self._watch_timeout = watch_timeout
-        self._stopping = threading.Event()
-        self._interrupt: WatchInterrupt | None = None
-        self._interrupt_lock = threading.Lock()
+        self._switch = WatchSwitch()
         self._changed = asyncio.Event()
 
     async def wait_known(self, pods: Iterable[Mapping[str, Any]], within: float) -> bool:
@@ -72,12 +70,7 @@ class PodWatch:
         error (410 Gone, a broken stream) costs a relist. Returns once `stop` is called."""
         api = self._api
         version: str | None = None
-        while not self._stopping.is_set():
-            interrupt = WatchInterrupt()
-            with self._interrupt_lock:
-                if self._stopping.is_set():
-                    return
-                self._interrupt = interrupt
+        while (interrupt := self._switch.next_round()) is not None:
             try:
                 if version is None:
                     pods, version = api.read_pods(timeout=self._budget)
@@ -99,15 +92,12 @@ class PodWatch:
                     return
                 version = None
                 log.info("event=pod_watch_interrupted node=%s error=%r", api.node_name, str(exc))
-                self._stopping.wait(_RETRY_SECONDS)
+                self._switch.pause(_RETRY_SECONDS)
             except Exception as exc:  # a garbled stream must not end the watch for good
                 version = None
                 log.error("event=pod_watch_failed node=%s error=%r", api.node_name, repr(exc))
-                self._stopping.wait(_RETRY_SECONDS)
+                self._switch.pause(_RETRY_SECONDS)
 
     def stop(self) -> None:
         """End `watch_forever` (from any thread)."""
-        self._stopping.set()
-        with self._interrupt_lock:
-            if self._interrupt is not None:
-                self._interrupt.interrupt()
+        self._switch.stop()

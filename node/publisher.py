@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from contract.config import ResourceNames
 from contract.names import NODE_HANDSHAKE
-from kubeapi.client import ApiError, ApiUnavailable, KubeError, WatchInterrupt
+from kubeapi.client import ApiError, ApiUnavailable, KubeError
 from node.api import NodeApi
 from node.inventory import Inventory
 from node.publish import (
@@ -30,6 +29,7 @@ from node.publish import (
     metadata_patch,
     register_value,
 )
+from node.watch_thread import WatchSwitch
 
 log = logging.getLogger("kube_vgpu.node.publisher")
 
@@ -64,9 +64,7 @@ class NodePublisher:
         self._budget = call_budget
         self._watch_timeout = watch_timeout_seconds
         self._wake = asyncio.Event()
-        self._stopping = threading.Event()
-        self._interrupt_lock = threading.Lock()
-        self._interrupt: WatchInterrupt | None = None
+        self._switch = WatchSwitch()
         self.published = 0  # reconciles that wrote something (for tests and logs)
 
     def _wanted(self) -> tuple[str, dict[str, str], dict[str, str]]:
@@ -156,12 +154,7 @@ class NodePublisher:
     def watch_forever(self, loop: asyncio.AbstractEventLoop) -> None:
         """Watch this node and trigger a reconcile when it drifts; returns once `stop_watch` is called."""
         api = self._api
-        while not self._stopping.is_set():
-            interrupt = WatchInterrupt()
-            with self._interrupt_lock:
-                if self._stopping.is_set():
-                    return
-                self._interrupt = interrupt
+        while (interrupt := self._switch.next_round()) is not None:
             try:
                 node, version = api.read_node(timeout=self._budget)
                 # The read is the "list" of list-then-watch: a drift that happened before the watch
@@ -178,7 +171,7 @@ class NodePublisher:
                 if interrupt.interrupted:
                     return
                 log.info("event=node_watch_interrupted node=%s error=%r", api.node_name, str(exc))
-                self._stopping.wait(_RETRY_SECONDS)
+                self._switch.pause(_RETRY_SECONDS)
 
     def _on_node(self, node: Mapping[str, Any]) -> None:
         if self.drifted(node):
@@ -187,7 +180,4 @@ class NodePublisher:
 
     def stop_watch(self) -> None:
         """End `watch_forever` (from any thread)."""
-        self._stopping.set()
-        with self._interrupt_lock:
-            if self._interrupt is not None:
-                self._interrupt.interrupt()
+        self._switch.stop()
