@@ -172,6 +172,9 @@ class NodePublisher:
                     return
                 log.info("event=node_watch_interrupted node=%s error=%r", api.node_name, str(exc))
                 self._switch.pause(_RETRY_SECONDS)
+            except Exception as exc:  # a garbled stream must not end the watch for good
+                log.error("event=node_watch_failed node=%s error=%r", api.node_name, repr(exc))
+                self._switch.pause(_RETRY_SECONDS)
 
     def _on_node(self, node: Mapping[str, Any]) -> None:
         if self.drifted(node):

@@ -7,8 +7,12 @@ import json
 import threading
 from typing import Any
 
+from contract.config import ResourceNames
 from node.bind_order import BindOrder, fallback_key
+from node.gpus import GpuInfo
+from node.inventory import Inventory
 from node.pod_watch import PodWatch
+from node.publisher import NodePublisher
 
 
 def pod(name: str, *, vgpu_time: str = "100", created: str = "2026-08-20T10:00:00Z") -> dict[str, Any]:
@@ -141,3 +145,46 @@ async def test_a_garbled_watch_stream_costs_a_relist_not_the_watch() -> None:
         await thread
     assert api.lists == 2  # the first list, and one after the garbled stream
     assert api.watches == ["10", "10", "12"]  # resumed from the bookmark's version, not relisted
+
+
+class GarbledNodeApi:
+    """A node API whose first read breaks with garbage, then answers and blocks in its watch."""
+
+    node_name = "n1"
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.watching, self.released = threading.Event(), threading.Event()
+
+    def read_node(self, *, timeout: Any) -> tuple[dict[str, Any] | None, str]:
+        self.reads += 1
+        if self.reads == 1:
+            raise json.JSONDecodeError("Unterminated string", '{"items": [', 11)
+        return None, "5"
+
+    def watch_node(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
+        self.watching.set()
+        self.released.wait(10)
+        yield from ()
+
+
+async def test_the_node_watch_also_survives_a_garbled_answer() -> None:
+    # The twin of the pod watch's loop: an unexpected error costs a retry, not the watch.
+    api = GarbledNodeApi()
+    gpus = [GpuInfo(index=0, uuid="GPU-a", name="NVIDIA A100", minor=0, memory_mib=81920)]
+    publisher = NodePublisher(
+        api,  # type: ignore[arg-type]
+        Inventory(gpus, 10, "n1"),
+        mode="hami-core",
+        names=ResourceNames(),
+        interval=30,
+    )
+    loop = asyncio.get_running_loop()
+    thread = loop.run_in_executor(None, publisher.watch_forever, loop)
+    try:
+        assert await asyncio.to_thread(api.watching.wait, 20)
+    finally:
+        publisher.stop_watch()
+        api.released.set()
+        await thread
+    assert api.reads == 2
