@@ -249,7 +249,7 @@ def test_harmless_mounts_are_allowed(cluster: Cluster, path: str) -> None:
         "/usr/local/vgpu/vgpu/containers",
         "/tmp/vgpulock",
         "/tmp",
-        "/proc/1/root/usr/local/vgpu",  # the host's root through PID 1
+        "/proc/1/cwd/usr/local/vgpu",  # the host's files through PID 1's working folder
         "/proc",
         "/sys/fs/cgroup",
         "/var/lib/kubelet/device-plugins",  # the plugin's and the kubelet's sockets

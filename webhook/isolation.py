@@ -40,7 +40,7 @@ RESERVED_ENV_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMI
 # Paths the node plugin mounts into a hami-core container (node/hamicore.py), besides the hook path.
 PLUGIN_CONTAINER_PATHS: Final[tuple[str, ...]] = ("/etc/ld.so.preload", "/tmp/vgpu", "/tmp/vgpulock")
 # Host folders the node plugin serves from, besides the configured hook path; and host folders that
-# reach every file of the node (/proc/1/root/..., /sys) or the kubelet's device plugin sockets.
+# reach every file of the node (through /proc/<pid>/, or /sys) or the kubelet's device plugin sockets.
 PLUGIN_HOST_PATHS: Final[tuple[str, ...]] = (
     "/tmp/vgpulock",
     "/var/lib/kubelet/device-plugins",
