@@ -24,6 +24,7 @@ from test_webhook_support import (
     ThreadedWebhook,
     gpu_node,
     gpu_uuid,
+    post_once,
     review,
     write_tls,
 )
@@ -177,13 +178,7 @@ def test_mutate_never_fails_on_any_body(
     webhook: ThreadedWebhook, case: tuple[bytes, dict[str, Any] | None]
 ) -> None:
     body, sent_pod = case
-    conn = webhook.connect()
-    try:
-        conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        status, raw = response.status, response.read()
-    finally:
-        conn.close()
+    status, raw = post_once(webhook, body, "/mutate")
     assert status < 500, raw
     answer = json.loads(raw)
     if status != 200:

@@ -324,6 +324,17 @@ def post(
         return response.status, raw.decode(errors="replace")
 
 
+def post_once(webhook: ThreadedWebhook, body: bytes, path: str) -> tuple[int, bytes]:
+    """POST raw bytes on a connection of their own (closed after): the status and the raw answer."""
+    conn = webhook.connect()
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
 def get(conn: http.client.HTTPSConnection, path: str) -> tuple[int, bytes]:
     """GET a path; the status and raw body."""
     conn.request("GET", path)

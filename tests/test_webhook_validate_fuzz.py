@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_webhook_fuzz import _json, _pod, _text
-from test_webhook_support import A10, A100, ThreadedWebhook, gpu_node, write_tls
+from test_webhook_support import A10, A100, ThreadedWebhook, gpu_node, post_once, write_tls
 
 from standins.apiserver import ApiServerStandin
 
@@ -89,14 +89,7 @@ def _review(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(review=_review())
 def test_validate_never_fails_on_any_review(webhook: ThreadedWebhook, review: dict[str, Any]) -> None:
-    conn = webhook.connect()
-    try:
-        body = json.dumps(review).encode()
-        conn.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        status, raw = response.status, response.read()
-    finally:
-        conn.close()
+    status, raw = post_once(webhook, json.dumps(review).encode(), "/validate")
     assert status < 500, raw
     answer = json.loads(raw)
     if status != 200:
