@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from test_node_support import short_tempdir
 
 from standins.apiserver import ApiServerStandin
 
@@ -23,3 +25,13 @@ def apiserver() -> Iterator[ApiServerStandin]:
 
 
 # --- end standins.apiserver ----------------------------------------------------------------------------
+
+
+# --- node plugin tests ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kdir() -> Iterator[Path]:
+    """A kubelet device-plugin folder with a short path (unix socket paths are limited to 108 bytes)."""
+    with short_tempdir() as path:
+        yield path

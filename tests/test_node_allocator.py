@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,6 @@ from test_node_support import (
     node_object,
     one_gpu_pod,
     running_plugin,
-    short_tempdir,
 )
 
 from contract.config import ResourceNames
@@ -44,12 +43,6 @@ from node.allocator import Allocator
 from node.api import NodeApi
 from node.ledger import Ledger
 from standins.apiserver import ApiServerStandin
-
-
-@pytest.fixture
-def kdir() -> Iterator[Path]:
-    with short_tempdir() as path:
-        yield path
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ as one Volcano session does; each container must get exactly the GPUs and limits
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,6 @@ from test_node_support import (
     eventually,
     node_object,
     plugin_settings,
-    short_tempdir,
     simulation,
 )
 
@@ -46,12 +45,6 @@ from standins.kubelet import KubeletStandin
 from standins.kubelet_admission import KubeletAdmission, PodAdmission
 
 SECOND = "1786255641"  # vgpu-time and bind-time: all binds of one scheduling session
-
-
-@pytest.fixture
-def kdir() -> Iterator[Path]:
-    with short_tempdir() as path:
-        yield path
 
 
 class Cluster:

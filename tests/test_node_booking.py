@@ -3,7 +3,7 @@ limits in the apiserver's canonical form (facts apiserver-admission §1), over r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -23,7 +23,6 @@ from test_node_support import (
     make_pod,
     node_object,
     running_plugin,
-    short_tempdir,
 )
 
 from contract.config import ResourceNames
@@ -38,12 +37,6 @@ from standins.apiserver import ApiServerStandin
 NAMES = ResourceNames()
 BY_UUID = {g.uuid: g for g in GPUS}
 CARD = GPUS[0].memory_mib  # 32768
-
-
-@pytest.fixture
-def kdir() -> Iterator[Path]:
-    with short_tempdir() as path:
-        yield path
 
 
 @pytest.fixture

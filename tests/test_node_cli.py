@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from test_node_support import NODE, RESOURCE, free_port, node_object, short_tempdir, simulation
+from test_node_support import NODE, RESOURCE, free_port, node_object, simulation
 
 from cli.main import apply_env_defaults
 from contract.names import NODE_REGISTER
@@ -41,12 +40,6 @@ def node_main(argv: list[str]) -> int:
     node_cli.add_arguments(parser)
     apply_env_defaults(parser, {})
     return node_cli.run(parser.parse_args(argv))
-
-
-@pytest.fixture
-def kdir() -> Iterator[Path]:
-    with short_tempdir() as path:
-        yield path
 
 
 async def test_runs_on_simulated_gpus_and_stops_on_sigterm(

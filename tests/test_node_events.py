@@ -4,7 +4,7 @@ back on the node, in the shape `kubectl describe` finds, through the stand-in AP
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,6 @@ from test_node_support import (
     node_object,
     one_gpu_pod,
     running_plugin,
-    short_tempdir,
 )
 
 from kubeapi.client import ApiError, Kube
@@ -35,12 +34,6 @@ from node.events import (
 )
 from node.selection import PodRef
 from standins.apiserver import ApiServerStandin
-
-
-@pytest.fixture
-def kdir() -> Iterator[Path]:
-    with short_tempdir() as path:
-        yield path
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 import yaml
 from grpc import aio
 from test_node_mig_support import A100_40, GPU_0, GPU_1, mig_pod, mig_sim, running_mig_plugin
-from test_node_support import NODE, Harness, eventually, free_port, node_object, short_tempdir
+from test_node_support import NODE, Harness, eventually, free_port, node_object
 
 from contract.models import register_type
 from contract.names import BIND_PHASE, NODE_REGISTER
@@ -27,12 +26,6 @@ def node_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kube-vgpu node")
     node_cli.add_arguments(parser)
     return node_cli.run(parser.parse_args(argv))
-
-
-@pytest.fixture
-def kdir() -> Iterator[Path]:
-    with short_tempdir() as path:
-        yield path
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ from test_node_support import (
     eventually,
     node_object,
     running_plugin,
-    short_tempdir,
     simulation,
 )
 
@@ -31,12 +29,6 @@ from proto import deviceplugin_v1beta1_pb2 as pb
 from standins.apiserver import ApiServerStandin
 
 NODE_PATH = f"/api/v1/nodes/{NODE}"
-
-
-@pytest.fixture
-def kdir() -> Iterator[Path]:
-    with short_tempdir() as path:
-        yield path
 
 
 @pytest.fixture
