@@ -16,19 +16,18 @@ from test_webhook_support import A100, ThreadedWebhook, container, gpu_node, pod
 
 from standins.apiserver import ApiServerStandin
 from webhook.body_budget import BodyBudget, body_reservation
-from webhook.server import MAX_BODY_BYTES, SERVICES
+from webhook.server import MAX_BODY_BYTES
 
 BOUND = 10.0
 
 
 def test_a_budget_refuses_what_does_not_fit_and_frees_what_it_held() -> None:
     budget = BodyBudget(100)
-    with budget.holding(60) as first:
-        assert first and budget.held_bytes == 60
-        with budget.holding(50) as second:
-            assert not second and budget.held_bytes == 60  # refused: nothing reserved
-        with budget.holding(40) as third:
-            assert third and budget.held_bytes == 100
+    assert budget.hold(60) and budget.held_bytes == 60
+    assert not budget.hold(50) and budget.held_bytes == 60  # refused: nothing reserved
+    assert budget.hold(40) and budget.held_bytes == 100
+    budget.release(40)
+    budget.release(60)
     assert budget.held_bytes == 0
     with pytest.raises(ValueError, match="positive"):
         BodyBudget(0)
@@ -79,7 +78,7 @@ def _stalled_gzip_body(webhook: ThreadedWebhook) -> ssl.SSLSocket:
 def test_stalled_compressed_bodies_fill_the_budget_and_others_are_refused_at_once(
     webhook: ThreadedWebhook,
 ) -> None:
-    budget = webhook.server.app[SERVICES].bodies
+    budget = webhook.server.http.bodies
     budget.limit_bytes = 2 * MAX_BODY_BYTES + 64 * 1024  # two worst-case bodies and some small ones
     stalled = [_stalled_gzip_body(webhook) for _ in range(2)]
     try:

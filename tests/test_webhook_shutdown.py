@@ -17,7 +17,6 @@ from test_webhook_support import A100, ThreadedWebhook, container, gpu_node, pod
 
 from standins.apiserver import ApiServerStandin
 from webhook.listener import ConnectionLimits
-from webhook.server import SERVICES
 
 BOUND = 20.0  # seconds any wait may take before the test fails; far above the shutdown timeout
 
@@ -102,7 +101,7 @@ def test_shutdown_refuses_closes_idle_finishes_in_flight_and_aborts_the_stalled(
         in_flight.sendall(_post_head(body) + body[:10])
         stalled = connect()
         stalled.sendall(_post_head(body) + body[:10])
-        drain = webhook.server.app[SERVICES].drain
+        drain = webhook.server.http.drain
         _wait(lambda: webhook.read(lambda: len(listener.connections)) == 3, "three connections")
         _wait(lambda: webhook.read(lambda: drain.in_flight) == 2, "two reviews in flight")
 

@@ -10,8 +10,6 @@ Pure bookkeeping: no I/O, used from the event loop only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Final
 
 DEFAULT_BUDGET_BYTES: Final = 64 * 1024 * 1024
@@ -26,17 +24,17 @@ class BodyBudget:
         self.limit_bytes = limit_bytes
         self.held_bytes = 0
 
-    @contextmanager
-    def holding(self, size: int) -> Iterator[bool]:
-        """Reserve `size` bytes for the block; yields False (reserving nothing) when they do not fit."""
+    def hold(self, size: int) -> bool:
+        """Reserve `size` bytes; False (reserving nothing) when they do not fit. Give them back
+        with `release` once the body's request is answered or abandoned."""
         if self.held_bytes + size > self.limit_bytes:
-            yield False
-            return
+            return False
         self.held_bytes += size
-        try:
-            yield True
-        finally:
-            self.held_bytes -= size
+        return True
+
+    def release(self, size: int) -> None:
+        """Give back bytes reserved by `hold`."""
+        self.held_bytes -= size
 
 
 def body_reservation(content_length: int | None, compressed: bool, limit_bytes: int) -> int:

@@ -1,12 +1,10 @@
-"""The webhook's listening socket: TLS, a cap on open connections, a deadline for each request (SPEC §2.3).
+"""The webhook's listening socket: TLS and a cap on open connections (SPEC §2.3).
 
-aiohttp serves HTTP on each connection; this module decides which connections it gets and for
-how long. It accepts on its own loop so that a connection over the cap is closed before any TLS
-work or buffer is spent on it (asyncio gives every TLS connection a 256 KiB read buffer, so open
-connections, not requests, are what a flood turns into memory). Each connection is wrapped in a
-`GuardedConnection` that closes it when a request has not fully arrived (and been answered)
-within `request_timeout_seconds` of its first byte, or of the accept for a new connection.
-Idle keep-alive connections are aiohttp's to close (its `keepalive_timeout`).
+`webhook.http.connection` serves HTTP on each connection (with its request deadline and idle
+timeout); this module decides which connections exist. It accepts on its own loop so that a
+connection over the cap is closed before any TLS work or buffer is spent on it (asyncio gives every
+TLS connection a 256 KiB read buffer, so open connections, not requests, are what a flood turns
+into memory).
 """
 
 from __future__ import annotations
@@ -16,9 +14,10 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+
+from webhook.http.connection import HttpConnection, HttpSettings
+from webhook.http.message import HttpApp
 
 log = logging.getLogger("kube_vgpu.webhook.listener")
 
@@ -49,113 +48,31 @@ class ConnectionLimits:
             raise ValueError("request and idle timeouts must be positive seconds")
 
 
-class GuardedConnection(asyncio.Protocol):
-    """aiohttp's protocol for one connection, closed when a request does not arrive in time."""
-
-    def __init__(self, inner: asyncio.Protocol, listener: Listener, accepted_at: float) -> None:
-        self.inner = inner
-        self.listener = listener
-        self.transport: asyncio.Transport | None = None
-        self.busy = False  # a request's headers arrived and it is not answered yet
-        self._deadline: asyncio.TimerHandle | None = None
-        self._arm(accepted_at)
-
-    def _arm(self, start: float) -> None:
-        self._disarm()
-        loop = asyncio.get_running_loop()
-        self._deadline = loop.call_at(start + self.listener.limits.request_timeout_seconds, self._expired)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _expired(self) -> None:
-        self._deadline = None
-        self.listener.expired += 1
-        peer = self.transport.get_extra_info("peername") if self.transport else None
-        log.info(
-            "event=request_deadline peer=%s busy=%s timeout_s=%.1f",
-            peer,
-            self.busy,
-            self.listener.limits.request_timeout_seconds,
-        )
-        self.abort()
-
-    @property
-    def idle(self) -> bool:
-        """Open, with no request in the handler and no byte of a next one received."""
-        return self.transport is not None and not self.busy and self._deadline is None
-
-    def close(self) -> None:
-        """Close the connection once what was written is sent."""
-        self._disarm()
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        """Close the connection now, without waiting for the peer."""
-        self._disarm()
-        if self.transport is not None:
-            self.transport.abort()
-
-    def request_started(self) -> None:
-        """The HTTP layer has a request's headers (called by the server's middleware)."""
-        self.busy = True
-
-    def request_finished(self) -> None:
-        """That request is answered; the connection is idle until its next byte."""
-        self.busy = False
-        self._disarm()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport; uvloop's implement asyncio.Transport's methods without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
-        self.inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self._deadline is None and not self.busy:
-            self._arm(asyncio.get_running_loop().time())  # a new request begins
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        self.listener.forget(self)
-        self.inner.connection_lost(exc)
-
-
 class Listener:
-    """Accepts TLS connections up to the cap and hands them to an HTTP protocol factory."""
+    """Accepts TLS connections up to the cap and serves `app` on each."""
 
     def __init__(
         self,
-        protocol_factory: Callable[[], asyncio.Protocol],
+        app: HttpApp,
+        settings: HttpSettings,
         ssl_context: ssl.SSLContext | None,
         limits: ConnectionLimits,
         *,
         host: str,
         port: int,
     ) -> None:
-        self.protocol_factory = protocol_factory
+        self.app = app
+        self.settings = settings
         self.ssl_context = ssl_context
         self.limits = limits
         self.host = host
         self.port = port
-        self.connections: set[GuardedConnection] = set()
+        self.connections: set[HttpConnection] = set()
         self.refused = 0  # connections closed at once because the cap was reached
         self.expired = 0  # connections closed by the request deadline
         self._sock: socket.socket | None = None
         # Connections accepted and not yet through their TLS handshake.
-        self._opening: dict[asyncio.Task[None], tuple[socket.socket, GuardedConnection]] = {}
+        self._opening: dict[asyncio.Task[None], tuple[socket.socket, HttpConnection]] = {}
         self._all_closed = asyncio.Event()
         self._all_closed.set()
         self._at_cap_logged = False
@@ -187,11 +104,11 @@ class Listener:
                 continue
             self._at_cap_logged = False
             conn.setblocking(False)
-            guard = GuardedConnection(self.protocol_factory(), self, loop.time())
-            self.connections.add(guard)
+            connection = HttpConnection(self.app, self.settings, self, loop.time())
+            self.connections.add(connection)
             self._all_closed.clear()
-            task = loop.create_task(self._open(conn, guard))
-            self._opening[task] = (conn, guard)
+            task = loop.create_task(self._open(conn, connection))
+            self._opening[task] = (conn, connection)
             task.add_done_callback(self._opened)
 
     def _pause_accepting(self, sock: socket.socket) -> None:
@@ -212,15 +129,15 @@ class Listener:
         with contextlib.suppress(OSError):
             conn.close()
 
-    async def _open(self, conn: socket.socket, guard: GuardedConnection) -> None:
+    async def _open(self, conn: socket.socket, connection: HttpConnection) -> None:
         loop = asyncio.get_running_loop()
         timeout = self.limits.request_timeout_seconds
         try:
             if self.ssl_context is None:
-                await loop.connect_accepted_socket(lambda: guard, conn)
+                await loop.connect_accepted_socket(lambda: connection, conn)
             else:
                 await loop.connect_accepted_socket(
-                    lambda: guard,
+                    lambda: connection,
                     conn,
                     ssl=self.ssl_context,
                     ssl_handshake_timeout=timeout,
@@ -229,21 +146,25 @@ class Listener:
         except (OSError, ssl.SSLError, asyncio.CancelledError) as exc:
             # A failed or timed-out handshake never reaches the protocol; the slot is freed here.
             log.debug("event=handshake_failed error=%r", str(exc))
-            self._abandon(conn, guard)
+            self._abandon(conn, connection)
 
     def _opened(self, task: asyncio.Task[None]) -> None:
         self._opening.pop(task, None)
 
-    def _abandon(self, conn: socket.socket, guard: GuardedConnection) -> None:
+    def _abandon(self, conn: socket.socket, connection: HttpConnection) -> None:
         with contextlib.suppress(OSError):
             conn.close()
-        if guard.transport is None:  # else its connection_lost forgets it
-            guard.abort()
-            self.forget(guard)
+        if connection.transport is None:  # else its connection_lost forgets it
+            connection.abort()
+            self.forget(connection)
 
-    def forget(self, guard: GuardedConnection) -> None:
+    def count_expired(self) -> None:
+        """A connection was closed by its request deadline."""
+        self.expired += 1
+
+    def forget(self, connection: HttpConnection) -> None:
         """A connection ended (or never opened)."""
-        self.connections.discard(guard)
+        self.connections.discard(connection)
         if not self.connections:
             self._all_closed.set()
 
@@ -258,8 +179,8 @@ class Listener:
             task.cancel()
         await asyncio.gather(*opening, return_exceptions=True)
         # A task cancelled before it ran never reached its own clean-up.
-        for conn, guard in opening.values():
-            self._abandon(conn, guard)
+        for conn, connection in opening.values():
+            self._abandon(conn, connection)
 
     async def wait_all_closed(self) -> None:
         """Return once no connection is open."""
@@ -270,12 +191,12 @@ class Listener:
 
         A connection with part of a request buffered is not idle: it gets its answer first.
         """
-        idle = [g for g in self.connections if g.idle]
-        for guard in idle:
-            guard.close()
+        idle = [c for c in self.connections if c.idle]
+        for connection in idle:
+            connection.close()
         return len(idle)
 
     def abort_all(self) -> None:
         """Close every open connection now."""
-        for guard in list(self.connections):
-            guard.abort()
+        for connection in list(self.connections):
+            connection.abort()

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from contract.config import Config, NodeConfig
 from contract.mig_geometry import DeviceConfig, MigGeometryError, parse_device_config
 from contract.mig_geometry_default import default_device_config
@@ -27,6 +25,7 @@ from kubeapi.client import Kube, KubeError, load_api_client
 from webhook.admission import Admission
 from webhook.cache import CachedKind, CacheEvent, ClusterCache
 from webhook.gates import QuotaGate
+from webhook.http.connection import HttpSettings
 from webhook.inventory import Inventory
 from webhook.listener import ConnectionLimits, Listener
 from webhook.metrics import WebhookMetrics
@@ -35,13 +34,11 @@ from webhook.quota_ledger import QuotaLedger
 from webhook.quota_metrics import QuotaMetrics, SharedBookMetrics
 from webhook.quota_shared import SharedBook
 from webhook.quota_shared_store import SharedReservations
-from webhook.server import SERVICES, Readiness, Services, build_app, http_log
+from webhook.server import MAX_BODY_BYTES, AdmissionApp, Readiness, Services
 from webhook.tls import CertReloader
 from webhook.validation import Validation
 
 log = logging.getLogger("kube_vgpu.webhook")
-
-_CLEANUP_TIMEOUT_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -246,16 +243,14 @@ class WebhookServer:
             self.reservations = book
             return book
 
-        self.app = build_app(build_services(self.cache, config, self.metrics, lambda: self.geometry, shared))
-        self._runner = web.AppRunner(
-            self.app,
-            access_log=None,
-            handle_signals=False,
-            # `stop` has closed or aborted every connection before the runner's clean-up runs; this
-            # only bounds handlers still unwinding from an abort.
-            shutdown_timeout=_CLEANUP_TIMEOUT_SECONDS,
-            keepalive_timeout=options.limits.idle_timeout_seconds,
-            logger=http_log,
+        self.services = build_services(self.cache, config, self.metrics, lambda: self.geometry, shared)
+        self.app = AdmissionApp(self.services)
+        limits = options.limits
+        self.http = HttpSettings(
+            request_timeout_seconds=limits.request_timeout_seconds,
+            idle_timeout_seconds=limits.idle_timeout_seconds,
+            max_body_bytes=MAX_BODY_BYTES,
+            refused=lambda outcome: self.metrics.reviews.labels(outcome).inc(),
         )
         self.listener: Listener | None = None
         self._stopped = False
@@ -264,10 +259,9 @@ class WebhookServer:
 
     async def start(self) -> None:
         """Listen (port 0 picks a free one, see `port`), start the cache and the certificate poller."""
-        await self._runner.setup()
-        assert self._runner.server is not None
         self.listener = Listener(
-            self._runner.server,
+            self.app,
+            self.http,
             self.reloader.context,
             self.options.limits,
             host=self.options.host,
@@ -290,13 +284,12 @@ class WebhookServer:
         self._stopped = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.shutdown_timeout_seconds
-        drain = self.app[SERVICES].drain
+        drain = self.http.drain
         listener = self.listener
         if listener is not None:
             await listener.close()
         # From here every answer closes its connection; idle keep-alive connections close now, busy
-        # ones after their answer. (aiohttp's own pre_shutdown would also stop serving connections
-        # that hold part of a request, which then could never be answered.)
+        # ones after their answer; a connection holding part of a request gets its answer too.
         drain.draining = True
         if listener is not None:
             closed = listener.close_idle()
@@ -313,7 +306,6 @@ class WebhookServer:
             except TimeoutError:
                 log.warning("event=webhook_connections_aborted count=%d", len(listener.connections))
                 listener.abort_all()
-        await self._runner.cleanup()
         if self.reservations is not None:
             await self.reservations.close()
         if self._reload_task is not None:
