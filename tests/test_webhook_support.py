@@ -36,6 +36,7 @@ from contract.names import (
     UUID_LABEL_PREFIX,
 )
 from contract.register import GpuRecord, encode_register
+from webhook.cli import new_event_loop
 from webhook.service import Options, WebhookServer
 
 _T = TypeVar("_T")
@@ -236,9 +237,11 @@ class ThreadedWebhook:
         *,
         clock: Callable[[], float] = time.monotonic,
         cert_poll_seconds: float = 10.0,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] = new_event_loop,
         **overrides: Any,
     ) -> None:
-        """`overrides` replace `Options` fields (limits=, client_ca_file=, shutdown_timeout_seconds=)."""
+        """`overrides` replace `Options` fields (limits=, client_ca_file=, shutdown_timeout_seconds=);
+        the loop is the one `kube-vgpu webhook` serves on unless `loop_factory` says otherwise."""
         options = Options(
             tls_cert_file=tls.cert_file,
             tls_key_file=tls.key_file,
@@ -251,7 +254,7 @@ class ThreadedWebhook:
         options = dataclasses.replace(options, **overrides)
         self.tls = tls
         self._connections: list[http.client.HTTPSConnection] = []
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop_factory()
         self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-under-test", daemon=True)
         self._thread.start()
         self.server: WebhookServer = self.call(_make_server(options, config or Config(), clock))

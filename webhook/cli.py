@@ -72,14 +72,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run(main: Coroutine[Any, Any, int]) -> int:
-    """Run the server on uvloop where it is installed (its TLS and transports cost a review about a
-    third less than asyncio's; see the README's benchmark), else on asyncio's own loop."""
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """The loop the webhook serves on: uvloop where it is installed (its TLS and transports cost a
+    review less CPU than asyncio's; see the README's benchmark), else asyncio's own."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _run(main: Coroutine[Any, Any, int]) -> int:
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(main)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,10 +39,10 @@ log = logging.getLogger("kube_vgpu.webhook.http")
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# After answering a request whose body it did not read, the connection reads and drops up to this
-# much more (for at most the request deadline) before closing, so that a client still sending that
-# body gets to read the answer instead of a reset (the "lingering close" of HTTP servers).
-LINGER_BYTES = 4 * 1024 * 1024
+# A request answered before its body was read (over the limit, busy, unknown path) has the rest of
+# its body read and dropped, up to this much (within the request deadline), before the connection
+# closes: a client still sending it then reads the answer instead of a reset.
+DISCARD_BYTES = 4 * 1024 * 1024
 # The `refused` outcome of an answer given before the handler (404 and 405 are no review at all).
 _OUTCOMES = {413: "too_large", 429: "busy"}
 
@@ -129,12 +129,15 @@ class HttpConnection(asyncio.Protocol):
         self._busy = False  # a handler's coroutine is running for the oldest request
         self._stopped = False  # nothing more is read; the connection closes after what is owed
         self._paused = False
-        self._linger_left = 0  # bytes still dropped before closing, once the body was left unread
-        self._lingering = False
+        # The body of the request being read is dropped (it was answered already).
+        self._discarding = False
+        self._discard_left = 0
+        self._close_when_read = False  # its answer is sent; close once the body has passed
         # The message being read.
         self._reading = False
         self._head_done = False
-        self._head_bytes = 0
+        self._head_bytes = 0  # request line and headers the parser reported
+        self._head_chunk_bytes = 0  # chunks received whole while the head was incomplete
         self._url: list[bytes] = []
         self._headers: dict[str, str] = {}
         self._method = ""
@@ -160,10 +163,16 @@ class HttpConnection(asyncio.Protocol):
 
     def close(self) -> None:
         """Close once what was written is sent (TLS close exchange included)."""
-        self._disarm()
         self._stopped = True
-        if self.transport is not None:
-            self.transport.close()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._paused:
+            # asyncio's TLS transport reads the peer's close_notify only while reading is on; the
+            # request deadline (still armed) aborts a peer that never sends it.
+            self._paused = False
+            transport.resume_reading()
+        transport.close()
 
     def abort(self) -> None:
         """Close now, without waiting for the peer."""
@@ -182,17 +191,18 @@ class HttpConnection(asyncio.Protocol):
             self.remote = f"{peer[0]}:{peer[1]}"
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
-            self._linger_left -= len(data)
-            if self._linger_left <= 0:
-                self.close()
-            return
         if self._stopped:
             return
+        if self._discarding:
+            self._discard_left -= len(data)
+            if self._discard_left < 0:
+                self.close()
+                return
         if self._deadline is None and not self._busy:
             self._arm(self._loop.time())  # a new request begins
-        # Head bytes are counted per chunk received: a chunk in which a message begins is not
-        # counted, so the head held before a 431 is bounded by the limit plus one chunk.
+        # The parser reports a header only once it is whole, so one endless header would never be
+        # counted by the callbacks: whole chunks received while a head is incomplete are counted
+        # too (not the chunk a message begins in), which bounds what such a head holds.
         in_head = self._reading and not self._head_done
         try:
             self._parser.feed_data(data)
@@ -204,15 +214,14 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._bad_request(f"request is not HTTP/1.1: {exc}")
         if in_head and self._reading and not self._head_done and not self._stopped:
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
+            self._head_chunk_bytes += len(data)
+            if self._head_chunk_bytes > MAX_HEAD_BYTES:
                 self._bad_request(f"request head is over {MAX_HEAD_BYTES} bytes", status=431)
         self._serve()
 
     def eof_received(self) -> bool | None:
         # The peer sends no more; owed answers still go out, then the transport closes.
         self._stopped = True
-        self._lingering = False
         if not self._busy and not self._pending:
             return None  # close now
         return True
@@ -247,24 +256,36 @@ class HttpConnection(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self._stopped:  # a request after one that ends the connection is not read
+            raise _Stop
         self._reading = True
         self._head_done = False
         self._head_bytes = 0
+        self._head_chunk_bytes = 0
         self._url = []
         self._headers = {}
         self._decoder = None
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
         if len(self._headers) >= MAX_HEADERS:
-            self._answer_now(error_response(431, f"request has more than {MAX_HEADERS} headers", close=True))
+            self._stop_with(error_response(431, f"request has more than {MAX_HEADERS} headers"))
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._stop_with(error_response(431, f"request head is over {MAX_HEAD_BYTES} bytes"))
 
     def on_headers_complete(self) -> None:
         self._head_done = True
         self._exchange = _Exchange(self.settings)
+        if self._parser.should_upgrade():
+            self._stop_with(error_response(400, "protocol upgrades are not served"))
         path = b"".join(self._url).decode("latin-1").partition("?")[0]
         method = self._parser.get_method().decode("latin-1")
         self._method, self._path = method, path
@@ -273,32 +294,26 @@ class HttpConnection(asyncio.Protocol):
         has_body = "transfer-encoding" in headers or headers.get("content-length", "0") not in ("", "0")
         target = self.app.route(method, path)
         if isinstance(target, Response):
-            # Answered without its body, which then cannot be skipped safely: the connection ends.
-            if has_body:
-                self._answer_now(Response(target.status, target.body, target.content_type, close=True))
-            self._target = target
+            if has_body:  # a path that takes no body: answered now, the body dropped
+                self._discard_with(target)
+            else:
+                self._target = target
             return
         limit = self.settings.max_body_bytes
         length = _content_length(headers.get("content-length"))
         if length is not None and length > limit:
-            self._answer_now(
-                error_response(413, f"body of {length} bytes is over the {limit}-byte limit", close=True)
-            )
+            self._discard_with(error_response(413, f"body of {length} bytes is over the {limit}-byte limit"))
+            return
         encoding = headers.get("content-encoding", "identity").strip().lower() or "identity"
         if encoding not in ENCODINGS:
-            self._answer_now(
-                error_response(
-                    415,
-                    f"content encoding {encoding[:40]!r} is not served; send gzip, deflate or none",
-                    close=True,
-                )
-            )
+            reason = f"content encoding {encoding[:40]!r} is not served; send gzip, deflate or none"
+            self._discard_with(error_response(415, reason))
+            return
         size = body_reservation(length, encoding != "identity" or length is None, limit)
         if not self.settings.bodies.hold(size):
             log.info("event=review_refused_busy remote=%s reserved_bytes=%d", self.remote, size)
-            self._answer_now(
-                error_response(429, "too many request bodies are being read right now; retry", close=True)
-            )
+            self._discard_with(error_response(429, "too many request bodies are being read right now; retry"))
+            return
         self._exchange.reserved = size
         self._decoder = BodyDecoder(encoding, limit)
         self._target = target
@@ -307,22 +322,34 @@ class HttpConnection(asyncio.Protocol):
             self.transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
-        if self._decoder is None:
+        if self._decoder is None:  # no body was expected, or it is being dropped
             return
         try:
             self._decoder.feed(body)
         except BodyTooLarge as exc:
-            self._answer_now(error_response(413, str(exc), close=True))
+            self._discard_with(error_response(413, str(exc)))
         except BodyUnreadable as exc:
-            self._unreadable(str(exc))
+            self._discard_with(self._unreadable(str(exc)))
 
     def on_message_complete(self) -> None:
+        if self._discarding:  # the dropped body has passed: close once its answer is out
+            self._discarding = False
+            self._reading = False
+            self._stopped = True
+            if self._close_when_read:
+                self.close()
+            else:
+                self._pause()
+            raise _Stop
         body = b""
         if self._decoder is not None:
             try:
                 body = self._decoder.finish()
             except BodyUnreadable as exc:
-                self._unreadable(str(exc))
+                self._refuse(self._unreadable(str(exc)))
+                self._reading = False
+                self._stop_reading()
+                return
         target = self._target
         assert target is not None
         request = None
@@ -336,21 +363,31 @@ class HttpConnection(asyncio.Protocol):
 
     # -- answering ------------------------------------------------------------------------------
 
-    def _unreadable(self, reason: str) -> None:
+    def _unreadable(self, reason: str) -> Response:
         log.info("event=http_bad_request remote=%s reason=%r", self.remote, f"body cannot be read: {reason}")
-        self._answer_now(error_response(400, f"body cannot be read: {reason}", close=True))
+        return error_response(400, f"body cannot be read: {reason}")
 
-    def _answer_now(self, response: Response) -> None:
-        """Answer the request being read with `response` (after those before it); read no further."""
+    def _refuse(self, response: Response) -> None:
+        """Owe `response` (closing the connection) for the request being read, after those before it."""
         if response.status not in (404, 405):  # those refuse a path, not a review
             self.settings.refused(_OUTCOMES.get(response.status, "malformed"))
-        self._pending.append(_Pending(self._exchange, response, None, False))
+        closing = Response(response.status, response.body, response.content_type, close=True)
+        self._pending.append(_Pending(self._exchange, closing, None, False))
         self._exchange = None
-        self._reading = False
         self._decoder = None
+
+    def _stop_with(self, response: Response) -> None:
+        """Refuse the request being read and read nothing more (its head cannot be trusted)."""
+        self._refuse(response)
+        self._reading = False
         self._stop_reading()
-        self._linger_left = LINGER_BYTES
         raise _Stop
+
+    def _discard_with(self, response: Response) -> None:
+        """Refuse the request being read now; read and drop the rest of its body, then close."""
+        self._refuse(response)
+        self._discarding = True
+        self._discard_left = DISCARD_BYTES
 
     def _bad_request(self, reason: str, status: int = 400) -> None:
         if self._stopped:
@@ -414,11 +451,12 @@ class HttpConnection(asyncio.Protocol):
                 if dropped.exchange is not None:
                     dropped.exchange.end()
             self._pending.clear()
-            if self._linger_left > 0:
-                self._linger()
-            else:
-                self._disarm()
-                transport.close()
+            if self._discarding:  # what the client still sends of the body is read first
+                self._close_when_read = True
+                self._stopped = False
+                self._resume()
+                return
+            self.close()
             return
         if self._reading or self._pending:
             self._arm(self._loop.time())  # the next request's clock starts now
@@ -426,15 +464,6 @@ class HttpConnection(asyncio.Protocol):
             self._disarm()
             self._idle_until = self._loop.time() + self.settings.idle_timeout_seconds
             self._wake_by(self._idle_until)
-
-    def _linger(self) -> None:
-        """Read and drop what the client still sends of the unread body, then close."""
-        self._lingering = True
-        self._arm(self._loop.time())  # the deadline ends the lingering too (an abort)
-        self._paused = True  # reading was paused when the body was left unread
-        self._stopped = False
-        self._resume()
-        self._stopped = True
 
     # -- timers -----------------------------------------------------------------------------------
 

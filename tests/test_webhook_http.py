@@ -1,0 +1,364 @@
+"""The webhook's HTTP/1.1 edge over real TLS, on both event loops it can run on (uvloop in production,
+asyncio's where uvloop is not installed): framing, pipelining, limits and what a broken or hostile
+client gets (SPEC §2.3). Every refusal is a 4xx with a JSON reason, never a traceback or a 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+from test_webhook_support import A100, ThreadedWebhook, container, gpu_node, pod, review, write_tls
+
+from standins.apiserver import ApiServerStandin
+from webhook.http.connection import MAX_HEAD_BYTES, MAX_HEADERS
+
+BOUND = 10.0
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop,
+    "asyncio": asyncio.new_event_loop,
+}
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def webhook(
+    request: pytest.FixtureRequest, apiserver: ApiServerStandin, tmp_path: Path
+) -> Iterator[ThreadedWebhook]:
+    apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    with ThreadedWebhook(
+        kubeconfig, write_tls(tmp_path / "tls"), loop_factory=LOOPS[request.param]
+    ) as running:
+        yield running
+
+
+_opened: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _sockets_closed() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
+def _connect(webhook: ThreadedWebhook) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+    _opened.append(raw)
+    sock = webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost")
+    _opened.append(sock)
+    return sock
+
+
+class _Stream:
+    """Buffered reads from a socket (without `makefile`, whose reference keeps the socket open)."""
+
+    def __init__(self, sock: ssl.SSLSocket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def _more(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def readline(self) -> bytes:
+        while b"\n" not in self.buffer:
+            if not self._more():
+                break
+        line, sep, self.buffer = self.buffer.partition(b"\n")
+        return line + sep
+
+    def read(self, size: int) -> bytes:
+        while len(self.buffer) < size and self._more():
+            pass
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+
+def _read_answer(stream: _Stream) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 answer from the stream: status, headers (lower-case names), body."""
+    status_line = stream.readline()
+    assert status_line, "connection closed before an answer"
+    status = int(status_line.split(b" ")[1])
+    headers: dict[str, str] = {}
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = stream.read(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+def _closed(sock: ssl.SSLSocket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def _post(path: str, body: bytes, *headers: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: localhost", "Content-Type: application/json", *headers]
+    if not any(h.lower().startswith(("content-length", "transfer-encoding")) for h in headers):
+        head.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def _get(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
+
+
+def _review(name: str, *, uid: str = "") -> bytes:
+    doc = review(pod(container(memory=1000), name=name))
+    if uid:
+        doc["request"]["object"]["metadata"]["uid"] = uid
+    doc["request"]["uid"] = f"review-{name}"
+    return json.dumps(doc).encode()
+
+
+def _no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    noisy = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not noisy, [r.getMessage() for r in noisy]
+
+
+def _uid(body: bytes) -> str:
+    uid: str = json.loads(body)["response"]["uid"]
+    return uid
+
+
+def test_pipelined_requests_are_answered_in_order_whatever_each_waits_for(webhook: ThreadedWebhook) -> None:
+    # /validate runs as a coroutine, /mutate and /healthz answer at once: the order is still the caller's.
+    sock = _connect(webhook)
+    sock.sendall(
+        _post("/validate", _review("a", uid="uid-a"))
+        + _get("/healthz")
+        + _post("/mutate", _review("b"))
+        + _post("/validate", _review("c", uid="uid-c"))
+        + _post("/mutate", _review("d"))
+    )
+    stream = _Stream(sock)
+    answers = [_read_answer(stream) for _ in range(5)]
+    assert [status for status, _, _ in answers] == [200] * 5
+    assert _uid(answers[0][2]) == "review-a"
+    assert json.loads(answers[1][2]) == {"ok": True}
+    assert [_uid(body) for _, _, body in answers[2:]] == ["review-b", "review-c", "review-d"]
+    sock.close()
+
+
+def test_a_flood_of_pipelined_reviews_is_answered_whole_and_in_order(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    count = 300
+    sock.sendall(b"".join(_post("/mutate", _review(f"p{i}")) for i in range(count)))
+    stream = _Stream(sock)
+    uids = [_uid(_read_answer(stream)[2]) for _ in range(count)]
+    assert uids == [f"review-p{i}" for i in range(count)]
+    sock.close()
+    drain = webhook.server.http.drain
+    bodies = webhook.server.http.bodies
+    deadline = time.monotonic() + BOUND
+    while webhook.read(lambda: (drain.in_flight, bodies.held_bytes)) != (0, 0):
+        assert time.monotonic() < deadline, "requests or body bytes still held"
+        time.sleep(0.01)
+
+
+def test_a_chunked_body_is_read(webhook: ThreadedWebhook) -> None:
+    body = _review("chunked")
+    chunks = [body[:100], body[100:1000], body[1000:]]
+    encoded = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    sock = _connect(webhook)
+    sock.sendall(_post("/mutate", encoded, "Transfer-Encoding: chunked"))
+    status, _, answer = _read_answer(_Stream(sock))
+    assert status == 200 and json.loads(answer)["response"]["allowed"]
+    sock.close()
+
+
+def test_a_chunked_body_over_the_limit_is_refused_with_413(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    piece = b" " * (1024 * 1024)
+    sock.sendall(_post("/mutate", b"", "Transfer-Encoding: chunked"))
+    for _ in range(4):
+        sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+    sock.sendall(b"0\r\n\r\n")
+    status, headers, answer = _read_answer(_Stream(sock))
+    assert status == 413 and "limit" in json.loads(answer)["error"]
+    assert headers["connection"] == "close"
+    sock.close()
+
+
+def test_expect_100_continue_gets_the_interim_answer_then_the_review(webhook: ThreadedWebhook) -> None:
+    body = _review("expects")
+    sock = _connect(webhook)
+    sock.sendall(_post("/mutate", b"", "Expect: 100-continue", f"Content-Length: {len(body)}"))
+    stream = _Stream(sock)
+    assert stream.readline() == b"HTTP/1.1 100 Continue\r\n" and stream.readline() == b"\r\n"
+    sock.sendall(body)
+    status, _, answer = _read_answer(stream)
+    assert status == 200 and _uid(answer) == "review-expects"
+    sock.close()
+
+
+def test_http_1_0_is_answered_and_the_connection_closed(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+    status, headers, _ = _read_answer(_Stream(sock))
+    assert status == 200 and headers["connection"] == "close"
+    assert _closed(sock)
+
+
+def test_unknown_paths_and_methods_get_404_and_405_naming_what_is_served(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    sock.sendall(_get("/admin") + _get("/mutate") + _get("/healthz"))
+    stream = _Stream(sock)
+    status, _, body = _read_answer(stream)
+    assert status == 404 and "/mutate" in json.loads(body)["error"]
+    status, _, body = _read_answer(stream)
+    assert status == 405 and "use POST" in json.loads(body)["error"]
+    assert _read_answer(stream)[0] == 200  # nothing was wrong with the connection
+    sock.close()
+
+
+# (case, raw request, status, what the JSON reason says)
+BROKEN_REQUESTS: list[tuple[str, bytes, int, str]] = [
+    ("not HTTP", b"HELLO THERE\r\n\r\n", 400, "not HTTP/1.1"),
+    ("binary noise", b"\x16\x03\x01\x00\xff" * 20, 400, "not HTTP/1.1"),
+    (
+        "Content-Length and Transfer-Encoding together (request smuggling)",
+        _post("/mutate", b"0\r\n\r\n", "Content-Length: 5", "Transfer-Encoding: chunked"),
+        400,
+        "not HTTP/1.1",
+    ),
+    ("two Content-Lengths", _post("/mutate", b"{}", "Content-Length: 2", "Content-Length: 3"), 400, ""),
+    ("a negative Content-Length", _post("/mutate", b"", "Content-Length: -1"), 400, ""),
+    ("a header over the head limit", _post("/mutate", b"{}", "X-Big: " + "a" * MAX_HEAD_BYTES), 431, "head"),
+    (
+        "a head over the limit in many small headers",
+        _post("/mutate", b"{}", *(f"X-{i}: {'v' * 1000}" for i in range(70))),
+        431,
+        "head",
+    ),
+    (
+        "too many headers",
+        _post("/mutate", b"{}", *(f"X-H{i}: v" for i in range(MAX_HEADERS + 1))),
+        431,
+        f"more than {MAX_HEADERS} headers",
+    ),
+    (
+        "a URL over the head limit",
+        b"GET /" + b"a" * (MAX_HEAD_BYTES + 10) + b" HTTP/1.1\r\n\r\n",
+        431,
+        "head",
+    ),
+    ("brotli", _post("/mutate", b"\x0b\x02\x80{}\x03", "Content-Encoding: br"), 415, "'br' is not served"),
+    (
+        "an upgrade to h2c",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+        b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+        400,
+        "upgrades",
+    ),
+    (
+        "truncated gzip",
+        _post("/mutate", gzip.compress(_review("z"))[:-20], "Content-Encoding: gzip"),
+        400,
+        "ends",
+    ),
+    (
+        "gzip with garbage after its end",
+        _post("/mutate", gzip.compress(_review("z")) + b"junk", "Content-Encoding: gzip"),
+        400,
+        "after its end",
+    ),
+]
+
+
+@pytest.mark.parametrize("broken", BROKEN_REQUESTS, ids=[c[0] for c in BROKEN_REQUESTS])
+def test_a_broken_request_gets_a_4xx_with_a_json_reason_and_the_connection_is_closed(
+    webhook: ThreadedWebhook, caplog: pytest.LogCaptureFixture, broken: tuple[str, bytes, int, str]
+) -> None:
+    case, raw, status, reason = broken
+    caplog.set_level(logging.INFO)
+    sock = _connect(webhook)
+    sock.sendall(raw)
+    got, headers, body = _read_answer(_Stream(sock))
+    assert got == status, (case, body)
+    assert reason in json.loads(body)["error"], (case, body)
+    assert headers["connection"] == "close"
+    assert _closed(sock)
+    _no_tracebacks(caplog)
+    metrics = _metrics(webhook)
+    assert 'kube_vgpu_webhook_reviews_total{outcome="malformed"} 1.0' in metrics, case
+
+
+def _metrics(webhook: ThreadedWebhook) -> str:
+    sock = _connect(webhook)
+    sock.sendall(_get("/metrics"))
+    status, _, body = _read_answer(_Stream(sock))
+    sock.close()
+    assert status == 200
+    return body.decode()
+
+
+def test_answers_owed_before_a_broken_request_still_go_out_first(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    sock.sendall(_post("/validate", _review("first", uid="u1")) + b"NOT HTTP AT ALL\r\n\r\n")
+    stream = _Stream(sock)
+    status, _, body = _read_answer(stream)
+    assert status == 200 and _uid(body) == "review-first"
+    status, headers, _ = _read_answer(stream)
+    assert status == 400 and headers["connection"] == "close"
+    assert _closed(sock)
+
+
+def test_a_client_leaving_mid_review_holds_nothing(webhook: ThreadedWebhook) -> None:
+    for _ in range(20):
+        sock = _connect(webhook)
+        body = _review("gone", uid="u-gone")
+        # Two whole reviews and half of a third, then the client goes away without reading.
+        sock.sendall(_post("/validate", body) + _post("/mutate", body) + _post("/mutate", body)[:-500])
+        sock.close()
+    drain = webhook.server.http.drain
+    bodies = webhook.server.http.bodies
+    listener = webhook.server.listener
+    assert listener is not None
+    deadline = time.monotonic() + BOUND
+    while webhook.read(lambda: (drain.in_flight, bodies.held_bytes, len(listener.connections))) != (0, 0, 0):
+        assert time.monotonic() < deadline, "a connection, request or body bytes still held"
+        time.sleep(0.02)
+
+
+def test_keep_alive_serves_many_reviews_on_one_connection(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    stream = _Stream(sock)
+    for i in range(50):
+        sock.sendall(_post("/mutate", _review(f"k{i}")))
+        status, headers, body = _read_answer(stream)
+        assert status == 200 and "connection" not in headers and _uid(body) == f"review-k{i}"
+    sock.close()
+
+
+def _answers(sock: ssl.SSLSocket, count: int) -> list[tuple[int, dict[str, str], Any]]:
+    stream = _Stream(sock)
+    out = []
+    for _ in range(count):
+        status, headers, body = _read_answer(stream)
+        out.append((status, headers, json.loads(body)))
+    return out
+
+
+def test_a_query_string_does_not_change_the_route(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    sock.sendall(_post("/mutate?timeout=10s", _review("q")))
+    ((status, _, answer),) = _answers(sock, 1)
+    assert status == 200 and answer["response"]["uid"] == "review-q"
+    sock.close()
