@@ -39,15 +39,16 @@ def webhook(
     with ThreadedWebhook(
         kubeconfig, write_tls(tmp_path / "tls"), loop_factory=LOOPS[request.param]
     ) as running:
-        yield running
+        try:
+            yield running
+        finally:
+            _close_sockets()  # before the webhook stops, which waits for each TLS close exchange
 
 
 _opened: list[socket.socket] = []
 
 
-@pytest.fixture(autouse=True)
-def _sockets_closed() -> Iterator[None]:
-    yield
+def _close_sockets() -> None:
     while _opened:
         _opened.pop().close()
 
