@@ -276,6 +276,9 @@ class Run(NamedTuple):
     p50_ms: float
     p99_ms: float
     errors: int
+    # Server CPU time (user + system, every thread) per review: steadier than throughput on a
+    # shared machine, since time the server waits for the core is not counted.
+    cpu_us: float
 
 
 def pinned(cpu: str | None, command: list[str]) -> list[str]:
@@ -283,21 +286,31 @@ def pinned(cpu: str | None, command: list[str]) -> list[str]:
     return ["taskset", "-c", cpu, *command] if cpu else command
 
 
-def load(args: argparse.Namespace, url: str, body: Path, ca: Path, concurrency: int) -> Run:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat, every thread)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load(args: argparse.Namespace, url: str, body: Path, ca: Path, concurrency: int, *, pid: int) -> Run:
+    """One load generator run against the server of process `pid`."""
     n = args.reviews if concurrency > 1 else args.reviews_single
     command = [
         args.loadgen, "-url", url, "-ca", str(ca), "-body", str(body),
         "-n", str(n), "-c", str(concurrency), "-warmup", str(args.warmup),
     ]  # fmt: skip
+    before = cpu_seconds(pid)
     out = subprocess.run(pinned(args.load_cpu, command), check=True, capture_output=True, text=True).stdout
+    cpu_us = (cpu_seconds(pid) - before) * 1e6 / (n + args.warmup)
     line = json.loads(out.strip().splitlines()[-1])
-    return Run(line["rps"], line["p50_ms"], line["p99_ms"], line["errors"])
+    return Run(line["rps"], line["p50_ms"], line["p99_ms"], line["errors"], cpu_us)
 
 
 def median_run(runs: list[Run]) -> Run:
     """The run of median throughput (its latencies with it), errors summed."""
     middle = sorted(runs, key=lambda r: r.rps)[(len(runs) - 1) // 2]
-    return Run(middle.rps, middle.p50_ms, middle.p99_ms, sum(r.errors for r in runs))
+    cpu = sorted(r.cpu_us for r in runs)[(len(runs) - 1) // 2]
+    return Run(middle.rps, middle.p50_ms, middle.p99_ms, sum(r.errors for r in runs), cpu)
 
 
 def build_tools(script: str, outdir: Path) -> tuple[str, str]:
@@ -402,11 +415,15 @@ def fill(api: ApiServerStandin, args: argparse.Namespace) -> None:
 
 def ratio_row(label: str, floor: Run | None, ours: Run) -> str:
     if floor is None:
-        return f"| {label} | - | {ours.rps:,.0f} | {ours.p50_ms:.2f} | {ours.p99_ms:.2f} | - | - |"
+        return (
+            f"| {label} | - | {ours.rps:,.0f} | {ours.p50_ms:.2f} | {ours.p99_ms:.2f} | - | - "
+            f"| - / {ours.cpu_us:.0f} | - |"
+        )
     return (
         f"| {label} | {floor.rps:,.0f} / {floor.p50_ms:.2f} / {floor.p99_ms:.2f} "
         f"| {ours.rps:,.0f} | {ours.p50_ms:.2f} | {ours.p99_ms:.2f} "
-        f"| {ours.rps / floor.rps:.0%} | {ours.p99_ms / floor.p99_ms:.1f}x |"
+        f"| {ours.rps / floor.rps:.0%} | {ours.p99_ms / floor.p99_ms:.1f}x "
+        f"| {floor.cpu_us:.0f} / {ours.cpu_us:.0f} | {floor.cpu_us / ours.cpu_us:.0%} |"
     )
 
 
@@ -434,7 +451,7 @@ def profile_run(
         stderr=subprocess.DEVNULL,
     )
     time.sleep(1)
-    load(args, url, body, ca, 8)
+    load(args, url, body, ca, 8, pid=proc.pid)
     recorder.send_signal(signal.SIGINT)
     recorder.wait(timeout=60)
 
@@ -469,17 +486,24 @@ Results = dict[tuple[str, int], tuple[Run | None, Run]]
 
 
 def measure(
-    args: argparse.Namespace, floor_url: str | None, url: str, bodies: dict[str, Path], ca: Path
+    args: argparse.Namespace,
+    servers: tuple[tuple[str, int] | None, tuple[str, int]],
+    bodies: dict[str, Path],
+    ca: Path,
 ) -> Results:
     """Each phase at each concurrency: `rounds` runs of the floor and of kube-vgpu, alternately."""
+    floor_server, (url, pid) = servers
     results: Results = {}
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
         for phase in args.phases.split(","):
             floor_runs, our_runs = [], []
             for _ in range(args.rounds):  # A B A B: drift on the shared machine hits both alike
-                if floor_url:
-                    floor_runs.append(load(args, floor_url + "/mutate", bodies[phase], ca, concurrency))
-                our_runs.append(load(args, f"{url}/{phase}", bodies[phase], ca, concurrency))
+                if floor_server:
+                    floor_url, floor_pid = floor_server
+                    floor_runs.append(
+                        load(args, floor_url + "/mutate", bodies[phase], ca, concurrency, pid=floor_pid)
+                    )
+                our_runs.append(load(args, f"{url}/{phase}", bodies[phase], ca, concurrency, pid=pid))
             floor = median_run(floor_runs) if floor_runs else None
             results[(phase, concurrency)] = (floor, median_run(our_runs))
             print(f"  measured /{phase} at concurrency {concurrency}", flush=True)
@@ -494,9 +518,10 @@ def report(args: argparse.Namespace, results: Results) -> int:
         f"load generator CPU {args.load_cpu or 'any'}, cpu count {os.cpu_count()}"
     )
     print(
-        "| run | floor rps / p50 / p99 ms | kube-vgpu rps | p50 ms | p99 ms | rps vs floor | p99 vs floor |"
+        "| run | floor rps / p50 / p99 ms | kube-vgpu rps | p50 ms | p99 ms | rps vs floor | p99 vs floor "
+        "| server CPU us/review floor / kube-vgpu | one-core throughput vs floor (by CPU) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     errors = 0
     for (phase, concurrency), (floor_run, ours) in results.items():
         print(ratio_row(f"/{phase}, concurrency {concurrency}", floor_run, ours))
@@ -560,8 +585,8 @@ def main() -> int:
             print(f"cache synced (list of {listed}) in {sync_s:.1f} s; RSS {rss_synced:.0f} MiB")
             bodies = write_bodies(url, context, workdir)
             floor, floor_url = start_floor(args, floor_cmd, workdir, context) if floor_cmd else (None, None)
-            ca_file = workdir / "ca.crt"
-            results = measure(args, floor_url, url, bodies, ca_file)
+            floor_server = (floor_url, floor.pid) if floor is not None and floor_url else None
+            results = measure(args, (floor_server, (url, proc.pid)), bodies, workdir / "ca.crt")
             if args.profile and use_spy:
                 profile_run(args, proc, url + "/mutate", bodies["mutate"], workdir / "ca.crt")
             rss_now, rss_peak = rss_mib(proc.pid)
