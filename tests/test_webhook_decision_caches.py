@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from test_webhook_support import A10, A100, container, gpu_node, pod
 
 from contract.config import ResourceNames
 from contract.names import MIG, USE_GPUTYPE
+from contract.quantity import QuantityError, WholeQuantity, parse_whole
 from contract.resources import PodRequest, parse_pod
+from webhook import affinity
 from webhook import placement as placement_module
 from webhook.inventory import Inventory
 from webhook.placement import Placement, resolve_placement
@@ -101,3 +104,27 @@ def test_long_selectors_are_resolved_each_time_and_not_kept() -> None:
     assert first == resolve_placement(long_selectors, SMALL, inv, "hami-core")
     assert first is not resolve_placement(long_selectors, SMALL, inv, "hami-core")
     assert not first.matches_nothing
+
+
+def test_a_kept_quantity_reads_as_the_first_time_and_a_refusal_is_refused_every_time() -> None:
+    assert parse_whole("20k") == parse_whole("20k") == WholeQuantity(20000, binary=False)
+    assert parse_whole("1Gi") == WholeQuantity(1024**3, binary=True)
+    for _ in range(2):
+        with pytest.raises(QuantityError, match="fraction"):
+            parse_whole("1.5")
+        with pytest.raises(QuantityError, match="larger than"):
+            parse_whole("3G")
+    # An integer is never confused with text of the same digits, nor a boolean with 1.
+    assert parse_whole(7) == parse_whole("7")
+    with pytest.raises(QuantityError, match="bool"):
+        parse_whole(True)
+
+
+def test_the_placement_carries_the_marker_of_its_alternatives() -> None:
+    inv = _inventory(A10_NODE, A100_NODE)
+    placement = resolve_placement(WANTS_A100, SMALL, inv, "hami-core")
+    added = [r for alt in placement.alternatives for r in alt]
+    assert placement.marker == affinity.encode_marker(added)
+    assert affinity.decode_marker(placement.marker) == sorted(
+        {affinity.canonical(r): r for r in added}.values(), key=affinity.canonical
+    )

@@ -63,6 +63,9 @@ class Placement:
     matches_nothing: bool
     # Type tokens that can never name a model label (the pod got a term no node satisfies).
     unmatchable: tuple[str, ...] = ()
+    # The affinity marker recording the requirements the alternatives add ("" when none), encoded
+    # once per placement rather than once per review.
+    marker: str = ""
 
 
 def token_label(token: str) -> str | None:
@@ -223,6 +226,7 @@ def _resolve(sel: Selectors, memory: int, default_mode: Mode, inv: Inventory) ->
     alternatives = [[*common, *alt, *shared_tail] for alt in selector_alternatives] or [
         [*common, *shared_tail]
     ]
+    added = [r for alt in alternatives for r in alt]
     return Placement(
         mode=mode,
         filter=fits,
@@ -231,6 +235,7 @@ def _resolve(sel: Selectors, memory: int, default_mode: Mode, inv: Inventory) ->
         largest_gpu_mib=inv.largest_memory(by_selectors, mode),
         matches_nothing=sel.any and not inv.any_gpu(by_selectors),
         unmatchable=tuple(t for t in sel.use_types or () if token_label(t) is None),
+        marker=affinity.encode_marker(added) if added else "",
     )
 
 
