@@ -1,11 +1,15 @@
-"""The caches of the per-review decision: each answers as the uncached computation would, and an
-answer derived from the cluster is never handed out after the cluster changed under it."""
+"""The caches and shortcuts of the per-review decision: each answers as the full computation would,
+an answer derived from the cluster is never handed out after the cluster changed under it, and
+nothing written into a pod is shared with what later reviews reuse."""
 
 from __future__ import annotations
 
 import copy
+import posixpath
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_webhook_support import A10, A100, container, gpu_node, pod
 
 from contract.config import ResourceNames
@@ -15,6 +19,7 @@ from contract.resources import PodRequest, parse_pod
 from webhook import affinity
 from webhook import placement as placement_module
 from webhook.inventory import Inventory
+from webhook.isolation import normalize
 from webhook.placement import Placement, resolve_placement
 from webhook.selectors import Selectors, parse_selectors
 
@@ -128,3 +133,22 @@ def test_the_placement_carries_the_marker_of_its_alternatives() -> None:
     assert affinity.decode_marker(placement.marker) == sorted(
         {affinity.canonical(r): r for r in added}.values(), key=affinity.canonical
     )
+
+
+def test_the_affinity_written_shares_nothing_with_the_kept_placement() -> None:
+    inv = _inventory(A10_NODE, A100_NODE)
+    placement = resolve_placement(WANTS_A100, SMALL, inv, "hami-core")
+    kept = copy.deepcopy(placement.alternatives)
+    written = affinity.required_after(pod(), placement.alternatives, [])
+    required = written["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for term in required["nodeSelectorTerms"]:
+        for requirement in term["matchExpressions"]:
+            requirement["key"] = "changed"
+            requirement.setdefault("values", []).append("changed")
+    assert resolve_placement(WANTS_A100, SMALL, inv, "hami-core").alternatives == kept
+
+
+@given(st.text(alphabet="/.a\\ \x00", max_size=12))
+def test_a_mount_path_normalises_as_the_runtime_resolves_it(path: str) -> None:
+    joined = posixpath.normpath("/" + path)
+    assert normalize(path) == "/" + joined.lstrip("/")

@@ -72,6 +72,10 @@ def normalize(path: str) -> str:
     `posixpath.normpath` keeps a leading `//` (POSIX lets it mean something else), which the
     container runtime does not: `//etc/ld.so.preload` is `/etc/ld.so.preload` to runc.
     """
+    if path.startswith("/") and "//" not in path and "/." not in path and not path.endswith("/"):
+        # Already absolute, single-slashed and free of `.`, `..` and a trailing slash (what nearly
+        # every mount path is): normpath would hand it back unchanged.
+        return path
     joined = posixpath.normpath("/" + path)
     return "/" + joined.lstrip("/")
 
