@@ -5,11 +5,13 @@ plugin reads it (`3000` arrives as `3k`, `10000` as `10k`: facts `apiserver-admi
 reads them with `Quantity.Value()`; this module gives the same number for every form that names a
 whole number (`3k`, `1M`, `1e3`, `4096`) and refuses the rest with a reason a user can act on:
 fractions, values beyond a 32-bit integer (Volcano keeps them as int32), text that is no quantity.
-Pure: no I/O.
+Pure: no I/O. Parsed text is kept in a small LRU cache (`_parse_text`): the same few quantities
+arrive with every review.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation
@@ -66,14 +68,24 @@ def parse_whole(raw: object) -> WholeQuantity:
     if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise QuantityError(f'must be a quantity such as "3000" or "3k", got a {type(raw).__name__}')
     if isinstance(raw, int):
-        value, binary = Decimal(raw), False
-    else:
-        if len(raw) > MAX_TEXT:
-            raise QuantityError(f"is longer than {MAX_TEXT} characters, which no 32-bit number needs")
-        try:
-            value, binary = _exact(raw)
-        except InvalidOperation:  # pragma: no cover - the grammar admits only what Decimal reads
-            raise QuantityError("is not a Kubernetes quantity") from None
+        return _whole(Decimal(raw), binary=False)
+    if len(raw) > MAX_TEXT:
+        raise QuantityError(f"is longer than {MAX_TEXT} characters, which no 32-bit number needs")
+    return _parse_text(raw)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_text(raw: str) -> WholeQuantity:
+    """`parse_whole` of text within MAX_TEXT: a fleet writes a few dozen distinct quantities, so the
+    answers are kept (a bounded LRU of short strings; a refusal raises again each time, uncached)."""
+    try:
+        value, binary = _exact(raw)
+    except InvalidOperation:  # pragma: no cover - the grammar admits only what Decimal reads
+        raise QuantityError("is not a Kubernetes quantity") from None
+    return _whole(value, binary=binary)
+
+
+def _whole(value: Decimal, *, binary: bool) -> WholeQuantity:
     if not INT32_MIN <= value <= INT32_MAX:
         raise QuantityError(f"is larger than {INT32_MAX}, which Volcano would wrap to a wrong number")
     if value != value.to_integral_value():

@@ -166,9 +166,8 @@ class Admission:
             patch.remove(spec, ("spec", "affinity"))
         else:
             patch.set(spec, ("spec", "affinity"), new_affinity)
-        added = [r for alt in placement.alternatives for r in alt]
-        if added:
-            new_annotations[AFFINITY_MARKER] = affinity.encode_marker(added)
+        if placement.marker:
+            new_annotations[AFFINITY_MARKER] = placement.marker
         else:
             new_annotations.pop(AFFINITY_MARKER, None)
         _set_annotations(pod, new_annotations, patch)

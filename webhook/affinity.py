@@ -90,6 +90,9 @@ def _is_requirement(value: Any) -> bool:
 
 
 def _dedupe(terms: Iterable[Term]) -> list[Term]:
+    terms = list(terms)
+    if len(terms) < 2:
+        return terms  # nothing to tell apart: no term needs its canonical text
     seen: dict[str, Term] = {}
     for term in terms:
         seen.setdefault(canonical(term), term)
@@ -122,13 +125,28 @@ def _strip(terms: Sequence[Term], added: Sequence[Requirement]) -> list[Term]:
     return _dedupe(out)
 
 
+def _copy_requirement(requirement: Requirement) -> Requirement:
+    """A deep copy of a requirement, so the pod written never shares a list with a placement that
+    later reviews reuse. Ours hold strings and a list of strings, copied without `copy.deepcopy`'s
+    general walk; anything else is deep-copied in full."""
+    copied: Requirement = {}
+    for key, value in requirement.items():
+        if type(value) is str:
+            copied[key] = value
+        elif type(value) is list and all(type(item) is str for item in value):
+            copied[key] = list(value)
+        else:
+            return copy.deepcopy(requirement)
+    return copied
+
+
 def _and(term: Term, alternative: Sequence[Requirement]) -> Term:
     combined = copy.deepcopy(term)
     expressions: list[Requirement] = combined.setdefault("matchExpressions", [])
     present = {canonical(e) for e in expressions}
     for requirement in alternative:
         if canonical(requirement) not in present:
-            expressions.append(copy.deepcopy(requirement))
+            expressions.append(_copy_requirement(requirement))
             present.add(canonical(requirement))
     return combined
 
@@ -138,7 +156,7 @@ def combine(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requir
     if not alternatives:
         return list(terms) if terms else None
     if not terms:
-        return _dedupe({"matchExpressions": [copy.deepcopy(r) for r in alt]} for alt in alternatives)
+        return _dedupe({"matchExpressions": [_copy_requirement(r) for r in alt]} for alt in alternatives)
     out: list[Term] = []
     for term in terms:
         if _is_empty(term):

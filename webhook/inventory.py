@@ -128,9 +128,13 @@ class Inventory:
     """Every GPU node of the cluster, with indexes for the questions admission asks."""
 
     def __init__(self) -> None:
+        # Bumped on every change of what the inventory holds, so an answer derived from it can be
+        # kept until the next change (`webhook.placement` memoises placements by it).
+        self.generation = 0
         self._reset()
 
     def _reset(self) -> None:
+        self.generation += 1
         self._nodes: dict[str, NodeGpus] = {}
         self._uuids: dict[str, Gpu] = {}
         self._model_nodes: Counter[str] = Counter()
@@ -163,6 +167,7 @@ class Inventory:
         facts = self._nodes.pop(name, None)
         if facts is None:
             return
+        self.generation += 1
         self._model_nodes.subtract(facts.models)
         self._shapes[_shape(facts)] -= 1
         for gpu in facts.gpus:
@@ -189,6 +194,7 @@ class Inventory:
         self._reset()
 
     def _add(self, facts: NodeGpus) -> None:
+        self.generation += 1
         self._nodes[facts.name] = facts
         self._model_nodes.update(facts.models)
         self._shapes[_shape(facts)] += 1

@@ -6,10 +6,15 @@ those variables itself, mounts over those paths, or reaches the plugin's host fo
 hostPath volume could replace the limits or switch HAMi-core off. Every container of a vGPU pod is
 checked, not just the ones that ask for a vGPU: with the NVIDIA runtime as the node's default, a
 sidecar that sets `NVIDIA_VISIBLE_DEVICES=all` is handed every GPU of the node with no limits at all.
+
+The protected paths come from the configuration, so they are normalised once per configuration (a
+small LRU cache keyed by the paths themselves, which never go stale); each mount path of a review
+is normalised once, whatever the number of protected paths.
 """
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -67,6 +72,10 @@ def normalize(path: str) -> str:
     `posixpath.normpath` keeps a leading `//` (POSIX lets it mean something else), which the
     container runtime does not: `//etc/ld.so.preload` is `/etc/ld.so.preload` to runc.
     """
+    if path.startswith("/") and "//" not in path and "/." not in path and not path.endswith("/"):
+        # Already absolute, single-slashed and free of `.`, `..` and a trailing slash (what nearly
+        # every mount path is): normpath would hand it back unchanged.
+        return path
     joined = posixpath.normpath("/" + path)
     return "/" + joined.lstrip("/")
 
@@ -112,6 +121,27 @@ def _env_escape(where: str, container: Mapping[str, Any]) -> Escape | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Protected:
+    """A protected path as written (for messages), normalised once, and the prefix of what is inside it."""
+
+    path: str
+    normal: str
+    inside: str
+
+    def covered_by(self, mount: str) -> bool:
+        """`covers(mount, self.path)` for a mount path already normalised."""
+        return mount == self.normal or mount.startswith(self.inside)
+
+
+@functools.lru_cache(maxsize=16)
+def _protected(paths: tuple[str, ...]) -> tuple[_Protected, ...]:
+    """The protected paths normalised once per configuration (a hook path, so a handful of entries),
+    not once per mount and path of every review."""
+    normals = [normalize(p) for p in paths]
+    return tuple(_Protected(p, n, n.rstrip("/") + "/") for p, n in zip(paths, normals, strict=True))
+
+
 def _mount_escape(where: str, container: Mapping[str, Any], protected: tuple[str, ...]) -> Escape | None:
     mounts = [
         (m.get("mountPath"), "volumeMounts")
@@ -123,10 +153,14 @@ def _mount_escape(where: str, container: Mapping[str, Any], protected: tuple[str
         for d in container.get("volumeDevices") or []
         if isinstance(d, Mapping)
     ]
+    if not mounts:
+        return None
+    guarded = _protected(protected)
     for path, field in mounts:
         if not isinstance(path, str):
             continue
-        hit = next((p for p in protected if covers(path, p)), None)
+        mount = normalize(path)
+        hit = next((p.path for p in guarded if p.covered_by(mount)), None)
         if hit is not None:
             return Escape(
                 f"{where}: {field} path {path!r} covers {hit}, which the node plugin mounts to enforce "

@@ -5,10 +5,17 @@ type annotation out. A selector that matches no GPU today still constrains the p
 names the asked model or UUID, so the pod waits for such a GPU instead of being left to Volcano's
 substring match (under which `A10` picks an A100). A token that cannot be a label name gets a term no
 node can ever satisfy, never a malformed one.
+
+Every vGPU review resolves its placement (the validating phase twice: for the quota's GPU size and
+its MIG slot), and almost every pod of a cluster asks the same few things, so placements are
+memoised: a bounded LRU cache keyed by the selectors, the largest memory ask, the default mode, the
+inventory and its `generation`, which every change of the inventory bumps. A node joining, leaving
+or changing its GPUs is thus seen by the next review, as without the cache.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import product
@@ -37,6 +44,11 @@ _MAX_VARIANT_DASHES = 3
 _NVIDIA_PREFIX = "NVIDIA-"
 # The `use-gputype` item written for a token that can name no model: a substring of no TYPE.
 UNMATCHABLE_ITEM = "[]"
+# Placements kept (each a few requirements); a fleet has a handful of distinct selector sets and
+# memory asks. Selectors longer than the bound in all are resolved each time, so a flood of pods
+# with long, distinct selector lists cannot make the kept placements large.
+_MEMO_SIZE = 256
+_MEMO_MAX_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,9 @@ class Placement:
     matches_nothing: bool
     # Type tokens that can never name a model label (the pod got a term no node satisfies).
     unmatchable: tuple[str, ...] = ()
+    # The affinity marker recording the requirements the alternatives add ("" when none), encoded
+    # once per placement rather than once per review.
+    marker: str = ""
 
 
 def token_label(token: str) -> str | None:
@@ -148,7 +163,36 @@ def _future_model_alternatives(sel: Selectors, inv: Inventory) -> list[list[affi
 
 
 def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, default_mode: Mode) -> Placement:
-    """Resolve selectors and mode against the inventory into node requirements (SPEC §2.1 steps 2-3)."""
+    """Resolve selectors and mode against the inventory into node requirements (SPEC §2.1 steps 2-3).
+
+    The answer depends on the pod only through its selectors and its largest memory ask, so it is
+    memoised by those, the mode and the inventory's state (see the module docstring). The Placement
+    returned may be shared by many reviews: read it, never change it.
+    """
+    memory = max((c.memory_mib or 0 for c in request.containers), default=0)
+    if _written_chars(sel) > _MEMO_MAX_CHARS:
+        return _resolve(sel, memory, default_mode, inv)
+    return _resolve_memoised(sel, memory, default_mode, inv, inv.generation)
+
+
+def _written_chars(sel: Selectors) -> int:
+    """The characters a Selectors holds (the user's text included): what a memoised key keeps."""
+    groups = (sel.use_types, sel.nouse_types, sel.use_uuids, sel.nouse_uuids)
+    texts = len(sel.use_types_text or "") + len(sel.nouse_types_text or "")
+    return texts + sum(len(item) for group in groups for item in group or ())
+
+
+@functools.lru_cache(maxsize=_MEMO_SIZE)
+def _resolve_memoised(
+    sel: Selectors, memory: int, default_mode: Mode, inv: Inventory, generation: int
+) -> Placement:
+    """`_resolve`, kept per inventory state: `generation` is only part of the key, so a changed
+    inventory is a new key and a placement resolved before the change is never handed out after it."""
+    del generation
+    return _resolve(sel, memory, default_mode, inv)
+
+
+def _resolve(sel: Selectors, memory: int, default_mode: Mode, inv: Inventory) -> Placement:
     allowed: frozenset[str] | None = None
     if sel.by_type:
         allowed = frozenset(
@@ -159,7 +203,6 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
         )
     excluded = frozenset(sel.nouse_uuids or ())
     uuids = None if sel.use_uuids is None else frozenset(sel.use_uuids) - excluded
-    memory = max((c.memory_mib or 0 for c in request.containers), default=0)
     by_selectors = GpuFilter(models=allowed, uuids=uuids, excluded=excluded)
     fits = GpuFilter(models=allowed, uuids=uuids, excluded=excluded, min_memory_mib=memory)
     mode: Mode
@@ -183,6 +226,7 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
     alternatives = [[*common, *alt, *shared_tail] for alt in selector_alternatives] or [
         [*common, *shared_tail]
     ]
+    added = [r for alt in alternatives for r in alt]
     return Placement(
         mode=mode,
         filter=fits,
@@ -191,6 +235,7 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
         largest_gpu_mib=inv.largest_memory(by_selectors, mode),
         matches_nothing=sel.any and not inv.any_gpu(by_selectors),
         unmatchable=tuple(t for t in sel.use_types or () if token_label(t) is None),
+        marker=affinity.encode_marker(added) if added else "",
     )
 
 

@@ -9,7 +9,7 @@ caller's input. Only the fields some rule reads are described; everything else p
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,48 +150,107 @@ def is_namespace_name(value: str) -> bool:
     return _DNS_LABEL.fullmatch(value) is not None
 
 
-def _check(value: Any, shape: Shape, path: str) -> str | None:
-    """The first problem under `path`, or None; recursion is as deep as the shape, not the input."""
+# A problem found under some field: the parts of its path from the problem up (`.key`, `[0]`,
+# `['key']`, the top-level field without its dot) and the message after the path. The path is
+# joined only once a problem is found; a field that is fine costs no string work.
+_Problem = tuple[list[str], str]
+_Checker = Callable[[Any], _Problem | None]
+
+
+def _wrong_type(expected: str, value: object) -> _Problem:
+    return [], f" must be {expected}, got {_json_type(value)}"
+
+
+def _compile(shape: Shape, *, top: bool = False) -> _Checker:
+    """A checker for `shape`: the closures hold what the shape says, so a check reads no dataclass.
+
+    Recursion is as deep as the shape, not the input: lists and maps are walked in loops.
+    """
     expected = _EXPECTED[type(shape)]
     if isinstance(shape, Text):
-        if not isinstance(value, str):
-            return f"{path} must be {expected}, got {_json_type(value)}"
-        if not is_unicode_text(value):
-            return f"{path} holds a lone UTF-16 surrogate, which is not text; write plain UTF-8 text"
-        if shape.dns_label and value and not is_namespace_name(value):
-            return f"{path} is not a namespace name (lower-case letters, digits and '-', at most 63)"
-        if shape.max_chars is not None and len(value) > shape.max_chars:
-            return f"{path} has {len(value)} characters; write a quantity of at most {shape.max_chars}"
-        return None
+        return _text_checker(shape)
     if isinstance(shape, Flag):
-        return None if isinstance(value, bool) else f"{path} must be {expected}, got {_json_type(value)}"
+        return lambda value: None if isinstance(value, bool) else _wrong_type(expected, value)
     if isinstance(shape, ListOf):
-        if not isinstance(value, list):
-            return f"{path} must be {expected}, got {_json_type(value)}"
-        for index, item in enumerate(value):
-            problem = _check(item, shape.item, f"{path}[{index}]")
-            if problem:
-                return problem
-        return None
-    if not isinstance(value, dict):
-        return f"{path} must be {expected}, got {_json_type(value)}"
+        check_item = _compile(shape.item)
+
+        def check_list(value: Any) -> _Problem | None:
+            if not isinstance(value, list):
+                return _wrong_type(expected, value)
+            for index, item in enumerate(value):
+                problem = check_item(item)
+                if problem:
+                    problem[0].append(f"[{index}]")
+                    return problem
+            return None
+
+        return check_list
     if isinstance(shape, MapOf):
-        for key, item in value.items():
-            if not is_unicode_text(key):
-                return f"{path} has a key holding a lone UTF-16 surrogate; write plain UTF-8 text"
-            problem = _check(item, shape.value, f"{path}[{key!r}]")
+        check_value = _compile(shape.value)
+
+        def check_map(value: Any) -> _Problem | None:
+            if not isinstance(value, dict):
+                return _wrong_type(expected, value)
+            for key, item in value.items():
+                if not key.isascii() and not is_unicode_text(key):
+                    return [], " has a key holding a lone UTF-16 surrogate; write plain UTF-8 text"
+                problem = check_value(item)
+                if problem:
+                    problem[0].append(f"[{key!r}]")
+                    return problem
+            return None
+
+        return check_map
+    # null stands for absent in text and flag fields, so those checkers are told apart here.
+    fields = [
+        (key, "" if top else ".", isinstance(field_shape, Text | Flag), _compile(field_shape))
+        for key, field_shape in shape.fields.items()
+    ]
+
+    def check_object(value: Any) -> _Problem | None:
+        if not isinstance(value, dict):
+            return _wrong_type(expected, value)
+        for key, dot, null_is_absent, check_field in fields:
+            if key not in value:
+                continue
+            item = value[key]
+            if item is None and null_is_absent:
+                continue
+            problem = check_field(item)
             if problem:
+                problem[0].append(dot + key)
                 return problem
         return None
-    for key, field_shape in shape.fields.items():
-        if key not in value or (value[key] is None and isinstance(field_shape, Text | Flag)):
-            continue
-        problem = _check(value[key], field_shape, f"{path}.{key}" if path else key)
-        if problem:
-            return problem
-    return None
+
+    return check_object
+
+
+def _text_checker(shape: Text) -> _Checker:
+    expected = _EXPECTED[Text]
+    max_chars = shape.max_chars
+    dns_label = shape.dns_label
+
+    def check_text(value: Any) -> _Problem | None:
+        if not isinstance(value, str):
+            return _wrong_type(expected, value)
+        if not value.isascii() and not is_unicode_text(value):
+            return [], " holds a lone UTF-16 surrogate, which is not text; write plain UTF-8 text"
+        if dns_label and value and not is_namespace_name(value):
+            return [], " is not a namespace name (lower-case letters, digits and '-', at most 63)"
+        if max_chars is not None and len(value) > max_chars:
+            return [], f" has {len(value)} characters; write a quantity of at most {max_chars}"
+        return None
+
+    return check_text
+
+
+_POD_CHECK = _compile(POD, top=True)
 
 
 def pod_problem(pod: Mapping[str, Any]) -> str | None:
     """What is wrong with the shape of a pod's admission-relevant fields, or None when nothing is."""
-    return _check(pod, POD, "")
+    problem = _POD_CHECK(pod)
+    if problem is None:
+        return None
+    parts, rest = problem
+    return "".join(reversed(parts)) + rest
