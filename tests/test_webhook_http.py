@@ -6,9 +6,11 @@ client gets (SPEC §2.3). Every refusal is a 4xx with a JSON reason, never a tra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
+import random
 import socket
 import ssl
 import time
@@ -363,3 +365,147 @@ def test_a_query_string_does_not_change_the_route(webhook: ThreadedWebhook) -> N
     ((status, _, answer),) = _answers(sock, 1)
     assert status == 200 and answer["response"]["uid"] == "review-q"
     sock.close()
+
+
+# -- found by an adversarial review of this edge --------------------------------------------------
+
+
+def test_a_client_that_never_reads_cannot_make_the_server_buffer_answers_without_bound(
+    webhook: ThreadedWebhook,
+) -> None:
+    sock = _connect(webhook)
+    sock.settimeout(3.0)
+    batch = b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n" * 200
+    sent = 0
+    with contextlib.suppress(TimeoutError):  # the server stopped reading: the client's sends block
+        while sent < 40 * 1024 * 1024:
+            sock.sendall(batch)
+            sent += len(batch)
+    listener = webhook.server.listener
+    assert listener is not None
+    buffered = webhook.read(
+        lambda: sum(c.transport.get_write_buffer_size() for c in listener.connections if c.transport)
+    )
+    assert sent < 40 * 1024 * 1024 and buffered < 4 * 1024 * 1024, (sent, buffered)
+
+
+def test_a_framing_error_in_a_body_being_dropped_gets_no_second_answer(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    sock.sendall(b"POST /nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    stream = _Stream(sock)
+    status, headers, _ = _read_answer(stream)
+    assert status == 404 and headers["connection"] == "close"
+    sock.settimeout(2.0)
+    for _ in range(3):
+        try:
+            sock.sendall(b"zz-not-a-chunk-size\r\n")
+        except OSError:
+            break
+        time.sleep(0.1)
+    extra = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            extra += chunk
+    assert not extra, extra
+
+
+def test_requests_without_a_body_reserve_nothing_of_the_body_budget(webhook: ThreadedWebhook) -> None:
+    # Behind a review that awaits (its reading paused), 30 body-less requests all parsed at once.
+    sock = _connect(webhook)
+    sock.sendall(_post("/validate", _review("v", uid="u-v")) + _get("/healthz") * 30)
+    stream = _Stream(sock)
+    assert [_read_answer(stream)[0] for _ in range(31)] == [200] * 31
+
+
+def test_repeated_header_names_count_towards_the_header_limit(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X: v\r\n" * 5000 + b"\r\n")
+    assert _read_answer(_Stream(sock))[0] == 431
+
+
+def test_an_unfinished_header_over_the_head_limit_is_refused_at_once(webhook: ThreadedWebhook) -> None:
+    sock = _connect(webhook)
+    # One header line of 200 kB that never ends: the parser holds it, whole chunks are counted.
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000)
+    sock.settimeout(3.0)
+    assert _read_answer(_Stream(sock))[0] == 431
+
+
+def test_a_request_pipelined_after_connection_close_is_not_read(
+    webhook: ThreadedWebhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    sock = _connect(webhook)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" + _get("/healthz"))
+    status, headers, _ = _read_answer(_Stream(sock))
+    assert status == 200 and headers["connection"] == "close"
+    assert _closed(sock)
+    assert not [r for r in caplog.records if "http_bad_request" in r.getMessage()]
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_a_tls_half_close_after_a_request_logs_no_warning(
+    webhook: ThreadedWebhook, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    # TLS has no half-close: after the client's close_notify the connection ends. The answer may be
+    # lost (the API server never does this), but nothing is logged above INFO.
+    caplog.set_level(logging.INFO)
+    raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+    _opened.append(raw)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = webhook.tls.client_context().wrap_bio(incoming, outgoing, server_hostname="localhost")
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            raw.sendall(outgoing.read())
+            incoming.write(raw.recv(65536))
+    raw.sendall(outgoing.read())
+    tls.write(_post(path, _review("h", uid="u-h")))
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.unwrap()  # close_notify
+    raw.sendall(outgoing.read())
+    with contextlib.suppress(OSError):
+        while raw.recv(65536):
+            pass
+    time.sleep(0.1)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_random_abandoned_traffic_leaks_nothing(webhook: ThreadedWebhook) -> None:
+    pick = random.Random(7)
+    body = _review("r", uid="u-r")
+    pieces = [
+        _post("/validate", body),
+        _post("/mutate", body),
+        _get("/healthz"),
+        _get("/nope"),
+        _post("/nope", body),
+        _post("/mutate", body, "Content-Length: 99999999"),
+        _post("/mutate", gzip.compress(body), "Content-Encoding: gzip"),
+        _post("/mutate", body, "Content-Encoding: br"),
+        b"GARBAGE\r\n\r\n",
+        _post("/mutate", b"", "Transfer-Encoding: chunked") + b"5\r\nabc",
+        _post("/validate", b"", "Expect: 100-continue", f"Content-Length: {len(body)}"),
+        b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+    ]
+    for _ in range(150):
+        sock = _connect(webhook)
+        data = b"".join(pick.choice(pieces) for _ in range(pick.randint(1, 6)))
+        with contextlib.suppress(OSError):
+            sock.sendall(data[: pick.randint(1, len(data))])
+            if pick.random() < 0.5:
+                sock.settimeout(0.05)
+                sock.recv(100)
+        sock.close()
+    drain, bodies, listener = webhook.server.http.drain, webhook.server.http.bodies, webhook.server.listener
+    assert listener is not None
+    deadline = time.monotonic() + 15
+    while (held := webhook.read(lambda: (drain.in_flight, bodies.held_bytes, len(listener.connections)))) != (
+        0,
+        0,
+        0,
+    ):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.05)

@@ -128,7 +128,9 @@ class HttpConnection(asyncio.Protocol):
         self._pending: deque[_Pending] = deque()
         self._busy = False  # a handler's coroutine is running for the oldest request
         self._stopped = False  # nothing more is read; the connection closes after what is owed
-        self._paused = False
+        self._paused = False  # reading paused by us
+        self._write_paused = False  # the transport's write buffer is full: the client is not reading
+        self._task: asyncio.Task[None] | None = None  # the handler coroutine of the oldest request
         # The body of the request being read is dropped (it was answered already).
         self._discarding = False
         self._discard_left = 0
@@ -140,6 +142,8 @@ class HttpConnection(asyncio.Protocol):
         self._head_chunk_bytes = 0  # chunks received whole while the head was incomplete
         self._url: list[bytes] = []
         self._headers: dict[str, str] = {}
+        self._header_count = 0
+        self._ended_in_chunk = False  # a message ended in the chunk being parsed
         self._method = ""
         self._path = ""
         self._received_at = 0.0
@@ -201,9 +205,10 @@ class HttpConnection(asyncio.Protocol):
         if self._deadline is None and not self._busy:
             self._arm(self._loop.time())  # a new request begins
         # The parser reports a header only once it is whole, so one endless header would never be
-        # counted by the callbacks: whole chunks received while a head is incomplete are counted
-        # too (not the chunk a message begins in), which bounds what such a head holds.
+        # counted by the callbacks: chunks received while a head is incomplete are counted too,
+        # all of the chunk unless a message ended in it (then the head's start in it is not).
         in_head = self._reading and not self._head_done
+        self._ended_in_chunk = False
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -213,25 +218,30 @@ class HttpConnection(asyncio.Protocol):
             self._bad_request("protocol upgrades are not served")
         except httptools.HttpParserError as exc:
             self._bad_request(f"request is not HTTP/1.1: {exc}")
-        if in_head and self._reading and not self._head_done and not self._stopped:
-            self._head_chunk_bytes += len(data)
+        if self._reading and not self._head_done and not self._stopped:
+            if in_head or not self._ended_in_chunk:
+                self._head_chunk_bytes += len(data)
             if self._head_chunk_bytes > MAX_HEAD_BYTES:
                 self._bad_request(f"request head is over {MAX_HEAD_BYTES} bytes", status=431)
         self._serve()
 
     def eof_received(self) -> bool | None:
-        # The peer sends no more; owed answers still go out, then the transport closes.
+        # The peer sends no more. Over plain TCP owed answers still go out before the close; TLS
+        # has no half-close (asyncio closes the transport whatever this returns), so they are lost.
         self._stopped = True
-        if not self._busy and not self._pending:
-            return None  # close now
-        return True
+        owed = self._busy or bool(self._pending)
+        tls = self.transport is not None and self.transport.get_extra_info("sslcontext") is not None
+        return True if owed and not tls else None
 
     def pause_writing(self) -> None:
+        # No answer is written, and no request read, until the client reads what it was sent;
+        # the request deadline ends a client that never does.
+        self._write_paused = True
         self._pause()
 
     def resume_writing(self) -> None:
-        if not self._busy and not self._pending:
-            self._resume()
+        self._write_paused = False
+        self._serve()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -264,6 +274,7 @@ class HttpConnection(asyncio.Protocol):
         self._head_chunk_bytes = 0
         self._url = []
         self._headers = {}
+        self._header_count = 0
         self._decoder = None
 
     def on_url(self, url: bytes) -> None:
@@ -272,7 +283,8 @@ class HttpConnection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_head(len(name) + len(value))
-        if len(self._headers) >= MAX_HEADERS:
+        self._header_count += 1
+        if self._header_count > MAX_HEADERS:
             self._stop_with(error_response(431, f"request has more than {MAX_HEADERS} headers"))
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
@@ -309,7 +321,7 @@ class HttpConnection(asyncio.Protocol):
             reason = f"content encoding {encoding[:40]!r} is not served; send gzip, deflate or none"
             self._discard_with(error_response(415, reason))
             return
-        size = body_reservation(length, encoding != "identity" or length is None, limit)
+        size = body_reservation(length, encoding != "identity" or length is None, limit) if has_body else 0
         if not self.settings.bodies.hold(size):
             log.info("event=review_refused_busy remote=%s reserved_bytes=%d", self.remote, size)
             self._discard_with(error_response(429, "too many request bodies are being read right now; retry"))
@@ -317,7 +329,12 @@ class HttpConnection(asyncio.Protocol):
         self._exchange.reserved = size
         self._decoder = BodyDecoder(encoding, limit)
         self._target = target
-        if headers.get("expect", "").lower() == "100-continue" and not self._busy and not self._pending:
+        if (
+            headers.get("expect", "").lower() == "100-continue"
+            and self._parser.get_http_version() == "1.1"
+            and not self._busy
+            and not self._pending
+        ):
             assert self.transport is not None
             self.transport.write(_CONTINUE)
 
@@ -355,11 +372,16 @@ class HttpConnection(asyncio.Protocol):
         request = None
         if not isinstance(target, Response):
             request = Request(self._method, self._path, self._headers, body, self.remote, self._received_at)
-        self._pending.append(_Pending(self._exchange, target, request, self._parser.should_keep_alive()))
+        self._ended_in_chunk = True
+        keep_alive = self._parser.should_keep_alive()
+        self._pending.append(_Pending(self._exchange, target, request, keep_alive))
         self._exchange = None
         self._reading = False
         self._decoder = None
         self._target = None
+        if not keep_alive:  # HTTP/1.0 or `Connection: close`: whatever follows is not read
+            self._stopped = True
+            raise _Stop
 
     # -- answering ------------------------------------------------------------------------------
 
@@ -390,6 +412,13 @@ class HttpConnection(asyncio.Protocol):
         self._discard_left = DISCARD_BYTES
 
     def _bad_request(self, reason: str, status: int = 400) -> None:
+        if self._discarding:  # the request was answered; what is dropped cannot even be framed
+            self._discarding = False
+            self._reading = False
+            self._stop_reading()
+            if self._close_when_read:
+                self.close()
+            return
         if self._stopped:
             return
         log.info("event=http_bad_request remote=%s reason=%r", self.remote, " ".join(reason.split())[:300])
@@ -407,7 +436,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _serve(self) -> None:
         """Answer what is owed, oldest first, until a handler has to wait."""
-        while self._pending and not self._busy:
+        while self._pending and not self._busy and not self._write_paused:
             pending = self._pending[0]
             answer = pending.answer
             if isinstance(answer, Response):
@@ -423,7 +452,7 @@ class HttpConnection(asyncio.Protocol):
                 continue
             self._busy = True
             self._pause()
-            self._loop.create_task(self._finish(result))
+            self._task = self._loop.create_task(self._finish(result))
         if not self._pending and not self._stopped:
             self._resume()
 
@@ -433,6 +462,7 @@ class HttpConnection(asyncio.Protocol):
         except Exception as exc:
             response = _internal_error(exc)
         self._busy = False
+        self._task = None
         self._send(response)
         self._serve()
 
@@ -524,7 +554,7 @@ class HttpConnection(asyncio.Protocol):
                 self.transport.pause_reading()
 
     def _resume(self) -> None:
-        if self._stopped or not self._paused:
+        if self._stopped or not self._paused or self._write_paused:
             return
         if self.transport is not None and not self.transport.is_closing():
             self._paused = False
