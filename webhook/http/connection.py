@@ -43,6 +43,10 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # its body read and dropped, up to this much (within the request deadline), before the connection
 # closes: a client still sending it then reads the answer instead of a reset.
 DISCARD_BYTES = 4 * 1024 * 1024
+# A request that cannot be framed (or whose head is over the limit) is answered and the connection
+# then reads and drops what still comes for this long (or DISCARD_BYTES), so that a client in the
+# middle of sending reads the answer rather than a reset ("lingering close").
+LINGER_SECONDS = 0.5  # Go's net/http waits 500 ms the same way (rstAvoidanceDelay)
 # The `refused` outcome of an answer given before the handler (404 and 405 are no review at all).
 _OUTCOMES = {413: "too_large", 429: "busy"}
 
@@ -135,6 +139,8 @@ class HttpConnection(asyncio.Protocol):
         self._discarding = False
         self._discard_left = 0
         self._close_when_read = False  # its answer is sent; close once the body has passed
+        self._linger_after = False  # the owed refusal ends the connection with a lingering close
+        self._lingering = False
         # The message being read.
         self._reading = False
         self._head_done = False
@@ -168,6 +174,7 @@ class HttpConnection(asyncio.Protocol):
     def close(self) -> None:
         """Close once what was written is sent (TLS close exchange included)."""
         self._stopped = True
+        self._lingering = False
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -195,6 +202,11 @@ class HttpConnection(asyncio.Protocol):
             self.remote = f"{peer[0]}:{peer[1]}"
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._discard_left -= len(data)
+            if self._discard_left < 0:
+                self.close()
+            return
         if self._stopped:
             return
         if self._discarding:
@@ -432,6 +444,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _stop_reading(self) -> None:
         self._stopped = True
+        self._linger_after = True
         self._pause()
 
     def _serve(self) -> None:
@@ -486,6 +499,9 @@ class HttpConnection(asyncio.Protocol):
                 self._stopped = False
                 self._resume()
                 return
+            if self._linger_after:
+                self._linger()
+                return
             self.close()
             return
         if self._reading or self._pending:
@@ -536,7 +552,20 @@ class HttpConnection(asyncio.Protocol):
         period = min(self.settings.request_timeout_seconds, self.settings.idle_timeout_seconds)
         self._set_alarm(min(t for t in (self._deadline, self._idle_until, now + period) if t is not None))
 
+    def _linger(self) -> None:
+        self._lingering = True
+        self._discard_left = DISCARD_BYTES
+        self._deadline = self._loop.time() + LINGER_SECONDS
+        self._wake_by(self._deadline)
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+
     def _expired(self) -> None:
+        if self._lingering:  # the end of a lingering close, not a late request
+            self._deadline = None
+            self.close()
+            return
         self._deadline = None
         self.owner.count_expired()
         log.info(
