@@ -23,6 +23,7 @@ from test_webhook_support import (
     A100,
     ThreadedWebhook,
     TlsFiles,
+    closed_by_server,
     container,
     gpu_node,
     pod,
@@ -80,16 +81,6 @@ def _served(connect: Callable[[], ssl.SSLSocket]) -> bool:
         return False
 
 
-def _closed_by_server(sock: ssl.SSLSocket) -> bool:
-    """Block (up to BOUND) until the server closes the connection; True when it did."""
-    try:
-        return sock.recv(1) == b""
-    except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
-
-
 def _request(path: str = "/healthz") -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
 
@@ -130,7 +121,7 @@ def strict(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[ThreadedWebh
 
 def test_a_connection_that_sends_nothing_is_closed(strict: ThreadedWebhook) -> None:
     sock = _tls_socket(strict)
-    assert _closed_by_server(sock)
+    assert closed_by_server(sock)
 
 
 def test_a_connection_that_never_starts_tls_is_closed_and_frees_its_slot(strict: ThreadedWebhook) -> None:
@@ -150,7 +141,7 @@ def test_a_connection_that_never_starts_tls_is_closed_and_frees_its_slot(strict:
 def test_a_stalled_request_head_is_closed(strict: ThreadedWebhook) -> None:
     sock = _tls_socket(strict)
     sock.sendall(_request()[:20])
-    assert _closed_by_server(sock)
+    assert closed_by_server(sock)
 
 
 def test_a_stalled_body_is_closed_and_counted(
@@ -161,7 +152,7 @@ def test_a_stalled_body_is_closed_and_counted(
     sock = _tls_socket(strict)
     head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
     sock.sendall(head.encode() + body[: len(body) // 2])
-    assert _closed_by_server(sock)
+    assert closed_by_server(sock)
     listener = strict.server.listener
     assert listener is not None and strict.read(lambda: listener.expired) >= 1
     conn = strict.connect()
@@ -191,7 +182,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(
         sock = _tls_socket(webhook)
         sock.sendall(_request())
         assert b" 200 " in _read_response(sock)
-        assert _closed_by_server(sock)
+        assert closed_by_server(sock)
         _close_sockets()  # before the webhook stops, which would wait for the TLS close exchange
 
 

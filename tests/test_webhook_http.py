@@ -20,7 +20,16 @@ from typing import Any
 
 import pytest
 import uvloop
-from test_webhook_support import A100, ThreadedWebhook, container, gpu_node, pod, review, write_tls
+from test_webhook_support import (
+    A100,
+    ThreadedWebhook,
+    closed_by_server,
+    container,
+    gpu_node,
+    pod,
+    review,
+    write_tls,
+)
 
 from standins.apiserver import ApiServerStandin
 from webhook.http.connection import MAX_HEAD_BYTES, MAX_HEADERS
@@ -100,15 +109,6 @@ def _read_answer(stream: _Stream) -> tuple[int, dict[str, str], bytes]:
         headers[name.strip().lower()] = value.strip()
     body = stream.read(int(headers.get("content-length", "0")))
     return status, headers, body
-
-
-def _closed(sock: ssl.SSLSocket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
 
 
 def _post(path: str, body: bytes, *headers: str) -> bytes:
@@ -216,7 +216,7 @@ def test_http_1_0_is_answered_and_the_connection_closed(webhook: ThreadedWebhook
     sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
     status, headers, _ = _read_answer(_Stream(sock))
     assert status == 200 and headers["connection"] == "close"
-    assert _closed(sock)
+    assert closed_by_server(sock)
 
 
 def test_unknown_paths_and_methods_get_404_and_405_naming_what_is_served(webhook: ThreadedWebhook) -> None:
@@ -297,7 +297,7 @@ def test_a_broken_request_gets_a_4xx_with_a_json_reason_and_the_connection_is_cl
     assert got == status, (case, body)
     assert reason in json.loads(body)["error"], (case, body)
     assert headers["connection"] == "close"
-    assert _closed(sock)
+    assert closed_by_server(sock)
     _no_tracebacks(caplog)
     metrics = _metrics(webhook)
     assert 'kube_vgpu_webhook_reviews_total{outcome="malformed"} 1.0' in metrics, case
@@ -320,7 +320,7 @@ def test_answers_owed_before_a_broken_request_still_go_out_first(webhook: Thread
     assert status == 200 and _uid(body) == "review-first"
     status, headers, _ = _read_answer(stream)
     assert status == 400 and headers["connection"] == "close"
-    assert _closed(sock)
+    assert closed_by_server(sock)
 
 
 def test_a_client_leaving_mid_review_holds_nothing(webhook: ThreadedWebhook) -> None:
@@ -439,7 +439,7 @@ def test_a_request_pipelined_after_connection_close_is_not_read(
     sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" + _get("/healthz"))
     status, headers, _ = _read_answer(_Stream(sock))
     assert status == 200 and headers["connection"] == "close"
-    assert _closed(sock)
+    assert closed_by_server(sock)
     assert not [r for r in caplog.records if "http_bad_request" in r.getMessage()]
 
 

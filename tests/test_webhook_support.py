@@ -343,3 +343,13 @@ def get(conn: http.client.HTTPSConnection, path: str) -> tuple[int, bytes]:
     conn.request("GET", path)
     response = conn.getresponse()
     return response.status, response.read()
+
+
+def closed_by_server(sock: ssl.SSLSocket) -> bool:
+    """Block (up to the socket's timeout) until the server closes the connection; True when it did."""
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
