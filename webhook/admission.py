@@ -11,6 +11,7 @@ once, on the final object, by the validating phase (`webhook.validation`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from contract.names import (
 )
 from contract.resources import PodRequest, RequestError, parse_pod
 from webhook import affinity
-from webhook.fit import never_fits
+from webhook.fit import never_fits_in
 from webhook.gates import ClusterView
 from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
 from webhook.patch import PatchBuilder
@@ -59,7 +60,7 @@ def _indexed_containers(pod: Mapping[str, Any]) -> Iterator[tuple[tuple[str | in
     spec = pod.get("spec") or {}
     for key in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(key) or []):
-            if isinstance(container, Mapping):
+            if isinstance(container, dict):
                 yield ("spec", key, index), container
 
 
@@ -100,6 +101,11 @@ class Admission:
     config: Config
     view: ClusterView
 
+    @functools.cached_property
+    def _limits(self) -> Limits:
+        """The work limits, read from the configuration once rather than per review."""
+        return Limits.of(self.config.webhook)
+
     def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
         if not request.is_pod_create or request.object is None:
@@ -134,7 +140,7 @@ class Admission:
             canonical = canonical_annotations(annotations)
         except SelectorError as exc:
             raise Denied(INVALID_ANNOTATION, str(exc)) from None
-        limits = Limits.of(self.config.webhook)
+        limits = self._limits
         try:
             check_selectors(selectors, limits)
         except LimitExceeded as exc:
@@ -151,7 +157,7 @@ class Admission:
             check_affinity(affinity.own_terms(pod, previous), placement.alternatives, limits)
         except LimitExceeded as exc:
             raise Denied(OVER_LIMIT, str(exc)) from None
-        warnings = never_fits(pod_request, self.view.inventory.memory_shapes())
+        warnings = never_fits_in(pod_request, self.view.inventory)
         if placement.matches_nothing:
             message = f"GPU selectors match no GPU in the cluster: {_describe(selectors)}"
             if self.config.webhook.strict_selectors:
@@ -185,6 +191,11 @@ class Admission:
         """
         names = self.config.resource_names
         cores = self.config.webhook.default_cores
+        if not any(
+            c.asks_vgpu and (c.number is None or (cores != 0 and c.cores is None))
+            for c in pod_request.containers
+        ):
+            return  # every vGPU container states what the defaults would add (nearly every pod)
         for (path, container), parsed in zip(_indexed_containers(pod), pod_request.containers, strict=True):
             if not parsed.asks_vgpu:
                 continue

@@ -16,7 +16,15 @@ _MISSING = object()
 
 def pointer(*parts: str | int) -> str:
     """The RFC 6901 JSON pointer to a path (`~` and `/` in keys escaped)."""
-    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in parts)
+    return "/" + "/".join([_escape(part) for part in parts]) if parts else ""
+
+
+def _escape(part: str | int) -> str:
+    text = str(part)
+    # Most parts (field names, indexes) hold neither character: no replace, no new string.
+    if "~" in text or "/" in text:
+        return text.replace("~", "~0").replace("/", "~1")
+    return text
 
 
 class PatchBuilder:
