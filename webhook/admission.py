@@ -27,7 +27,7 @@ from webhook import affinity
 from webhook.fit import never_fits_in
 from webhook.gates import ClusterView
 from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
-from webhook.patch import PatchBuilder
+from webhook.patch import PatchBuilder, pointer
 from webhook.placement import Placement, clip, pending_warning, resolve_placement, rewrite_gputype
 from webhook.review import AdmissionRequest, Verdict
 from webhook.safety import (
@@ -64,21 +64,25 @@ def _indexed_containers(pod: Mapping[str, Any]) -> Iterator[tuple[tuple[str | in
                 yield ("spec", key, index), container
 
 
+# The pointer to a pod's annotations, for the keys `_set_annotations` writes under it.
+_ANNOTATIONS_AT = pointer("metadata", "annotations")
+
+
 def _set_annotations(pod: Mapping[str, Any], annotations: Mapping[str, str], patch: PatchBuilder) -> None:
     """Make the pod's annotations `annotations`, one key at a time (a reader sees what changed)."""
     metadata = pod.get("metadata")
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, dict):
         patch.set(pod, ("metadata",), {"annotations": annotations})
         return
     current = metadata.get("annotations")
-    if not isinstance(current, Mapping):
+    if not isinstance(current, dict):
         patch.set(metadata, ("metadata", "annotations"), annotations)
         return
     for key in current:
         if key not in annotations:
             patch.remove(current, ("metadata", "annotations", key))
     for key, value in annotations.items():
-        patch.set(current, ("metadata", "annotations", key), value)
+        patch.set_member(current, _ANNOTATIONS_AT, key, value)
 
 
 def _describe(sel: Selectors) -> str:
@@ -163,7 +167,7 @@ class Admission:
             if self.config.webhook.strict_selectors:
                 raise Denied(NO_MATCHING_GPU, message)
             warnings.append(pending_warning(message, placement, selectors))
-        new_annotations = dict(canonical)
+        new_annotations = canonical  # a new dict already: the pod's own are left as they are
         new_annotations[VGPU_MODE] = placement.mode
         warnings += rewrite_gputype(new_annotations, selectors, placement, self.view.inventory)
         spec: Mapping[str, Any] = pod["spec"]  # a vGPU pod has containers, so it has a spec

@@ -8,8 +8,8 @@ checked, not just the ones that ask for a vGPU: with the NVIDIA runtime as the n
 sidecar that sets `NVIDIA_VISIBLE_DEVICES=all` is handed every GPU of the node with no limits at all.
 
 The protected paths come from the configuration, so they are normalised once per configuration (a
-small LRU cache keyed by the paths themselves, which never go stale); each mount path of a review
-is normalised once, whatever the number of protected paths.
+small LRU cache keyed by the hook path itself, which never goes stale); each mount path of a review
+is normalised once and tested against every protected path at once (a set and a prefix tuple).
 """
 
 from __future__ import annotations
@@ -151,39 +151,53 @@ class _Protected:
         return mount == self.normal or mount.startswith(self.inside)
 
 
-@functools.lru_cache(maxsize=16)
-def _protected_by_hook(hook: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(container paths, host folders) protected for a hook path: built once per configuration,
-    not twice per review (keyed by the path itself, so never stale)."""
-    return (hook, *PLUGIN_CONTAINER_PATHS), (hook, *PLUGIN_HOST_PATHS)
+@dataclass(frozen=True)
+class _Guards:
+    """What one hook path protects, prepared once per configuration (see `_guards`)."""
+
+    # The container paths as written, for messages, and normalised, for matching.
+    written: tuple[str, ...]
+    protected: tuple[_Protected, ...]
+    # Every normal form, and every inside-prefix: a mount is tested against all paths at once.
+    normals: frozenset[str]
+    insides: tuple[str, ...]
+    host_folders: tuple[str, ...]
 
 
 @functools.lru_cache(maxsize=16)
-def _protected(paths: tuple[str, ...]) -> tuple[_Protected, ...]:
-    """The protected paths normalised once per configuration (a hook path, so a handful of entries),
-    not once per mount and path of every review."""
-    normals = [normalize(p) for p in paths]
-    return tuple(_Protected(p, n, n.rstrip("/") + "/") for p, n in zip(paths, normals, strict=True))
+def _guards(hook: str) -> _Guards:
+    """The paths a hook path protects, normalised once per configuration (a handful of entries), not
+    once per mount and path of every review. Keyed by the path itself, so never stale."""
+    written = (hook, *PLUGIN_CONTAINER_PATHS)
+    protected = tuple(_Protected(p, n, n.rstrip("/") + "/") for p, n in ((p, normalize(p)) for p in written))
+    return _Guards(
+        written=written,
+        protected=protected,
+        normals=frozenset(p.normal for p in protected),
+        insides=tuple(p.inside for p in protected),
+        host_folders=(hook, *PLUGIN_HOST_PATHS),
+    )
 
 
-def _mount_escape(key: str, container: Mapping[str, Any], protected: tuple[str, ...]) -> Escape | None:
+def _mount_escape(key: str, container: Mapping[str, Any], guards: _Guards) -> Escape | None:
     mounts = container.get("volumeMounts")
     devices = container.get("volumeDevices")
     if not mounts and not devices:
         return None
     paths = [(m.get("mountPath"), "volumeMounts") for m in mounts or () if isinstance(m, dict)]
     paths += [(d.get("devicePath"), "volumeDevices") for d in devices or () if isinstance(d, dict)]
-    guarded = _protected(protected)
     for path, field in paths:
         if not isinstance(path, str):
             continue
         mount = normalize(path)
-        hit = next((p.path for p in guarded if p.covered_by(mount)), None)
+        if mount not in guards.normals and not mount.startswith(guards.insides):
+            continue  # covers no protected path (one set lookup and one prefix test, not one per path)
+        hit = next((p.path for p in guards.protected if p.covered_by(mount)), None)
         if hit is not None:
             return Escape(
                 f"{_where(key, container)}: {field} path {path!r} covers {hit}, which the node plugin "
                 "mounts to enforce the vGPU limits",
-                f"mount the volume elsewhere (not at or under {', '.join(protected)})",
+                f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
             )
     return None
 
@@ -206,9 +220,9 @@ def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escap
 
 def find_escape(pod: Mapping[str, Any], config: Config) -> Escape | None:
     """The first way the pod would escape its vGPU limits, or None."""
-    protected, host_folders = _protected_by_hook(config.node.hook_path)
+    guards = _guards(config.node.hook_path)
     for key, container in grouped_containers(pod):
-        escape = _env_escape(key, container) or _mount_escape(key, container, protected)
+        escape = _env_escape(key, container) or _mount_escape(key, container, guards)
         if escape is not None:
             return escape
-    return _host_path_escape(pod, host_folders)
+    return _host_path_escape(pod, guards.host_folders)

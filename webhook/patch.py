@@ -43,6 +43,14 @@ class PatchBuilder:
             op = "add" if current is _MISSING else "replace"
             self.operations.append({"op": op, "path": pointer(*path), "value": value})
 
+    def set_member(self, parent: Mapping[str, Any], at: str, key: str, value: Any) -> None:
+        """`set(parent, (*path, key), value)` where `at` is `pointer(*path)`: for setting many keys of
+        one object (annotations) without building and escaping the whole path for each."""
+        current = parent.get(key, _MISSING)
+        if current != value:
+            op = "add" if current is _MISSING else "replace"
+            self.operations.append({"op": op, "path": at + "/" + _escape(key), "value": value})
+
     def remove(self, parent: Mapping[str, Any], path: tuple[str | int, ...]) -> None:
         """Take the member `path[-1]` off the object `parent` (found at `path[:-1]`) if it is there."""
         if str(path[-1]) in parent:
