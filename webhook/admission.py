@@ -64,8 +64,9 @@ def _indexed_containers(pod: Mapping[str, Any]) -> Iterator[tuple[tuple[str | in
                 yield ("spec", key, index), container
 
 
-# The pointer to a pod's annotations, for the keys `_set_annotations` writes under it.
+# The pointers to a pod's annotations and spec, built once for the members written under them.
 _ANNOTATIONS_AT = pointer("metadata", "annotations")
+_SPEC_AT = pointer("spec")
 
 
 def _set_annotations(pod: Mapping[str, Any], annotations: Mapping[str, str], patch: PatchBuilder) -> None:
@@ -157,8 +158,9 @@ class Admission:
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
         )
         previous = affinity.decode_marker(annotations.get(AFFINITY_MARKER))
+        own_terms = affinity.own_terms(pod, previous)
         try:
-            check_affinity(affinity.own_terms(pod, previous), placement.alternatives, limits)
+            check_affinity(own_terms, placement.alternatives, limits)
         except LimitExceeded as exc:
             raise Denied(OVER_LIMIT, str(exc)) from None
         warnings = never_fits_in(pod_request, self.view.inventory)
@@ -171,11 +173,11 @@ class Admission:
         new_annotations[VGPU_MODE] = placement.mode
         warnings += rewrite_gputype(new_annotations, selectors, placement, self.view.inventory)
         spec: Mapping[str, Any] = pod["spec"]  # a vGPU pod has containers, so it has a spec
-        new_affinity = affinity.required_after(pod, placement.alternatives, previous)
+        new_affinity = affinity.required_with(pod, own_terms, placement.alternatives, previous)
         if new_affinity is None:
             patch.remove(spec, ("spec", "affinity"))
         else:
-            patch.set(spec, ("spec", "affinity"), new_affinity)
+            patch.set_member(spec, _SPEC_AT, "affinity", new_affinity)
         if placement.marker:
             new_annotations[AFFINITY_MARKER] = placement.marker
         else:
@@ -211,14 +213,14 @@ class Admission:
             if not defaults:
                 continue
             resources = container.get("resources")
-            if not isinstance(resources, Mapping):
+            if not isinstance(resources, dict):
                 patch.set(
                     container, (*path, "resources"), {"limits": dict(defaults), "requests": dict(defaults)}
                 )
                 continue
             for part in ("limits", "requests"):
                 amounts = resources.get(part)
-                if not isinstance(amounts, Mapping):
+                if not isinstance(amounts, dict):
                     patch.set(resources, (*path, "resources", part), dict(defaults))
                     continue
                 for name, value in defaults.items():
@@ -230,7 +232,7 @@ class Admission:
         ours = self.config.webhook.scheduler_name
         current = spec.get("schedulerName") or ""
         if current in ("", DEFAULT_SCHEDULER):
-            patch.set(spec, ("spec", "schedulerName"), ours)
+            patch.set_member(spec, _SPEC_AT, "schedulerName", ours)
         elif current != ours and self.config.webhook.other_schedulers == "deny":
             raise Denied(
                 OTHER_SCHEDULER,

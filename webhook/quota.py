@@ -212,7 +212,7 @@ def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, de
     def size(pod: Mapping[str, Any]) -> int | None:
         annotations = pod_metadata(pod).get("annotations")
         try:
-            selectors = parse_selectors(annotations if isinstance(annotations, Mapping) else {})
+            selectors = parse_selectors(annotations if isinstance(annotations, dict) else {})
             request = parse_pod(pod, names)
         except (SelectorError, RequestError):
             return None
@@ -242,7 +242,7 @@ def mig_slot_sizer(
             # the pod and its selectors again for each review.
             return None
         try:
-            selectors = parse_selectors(annotations if isinstance(annotations, Mapping) else {})
+            selectors = parse_selectors(annotations if isinstance(annotations, dict) else {})
             request = parse_pod(pod, names)
         except (SelectorError, RequestError):
             return None

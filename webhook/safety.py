@@ -41,7 +41,8 @@ class Denied(Exception):
 def annotations_of(pod: Mapping[str, Any] | None) -> Mapping[str, str]:
     """A pod's annotations (empty when it has none)."""
     annotations = ((pod or {}).get("metadata") or {}).get("annotations") or {}
-    return annotations if isinstance(annotations, Mapping) else {}
+    # JSON gives a `dict`: a far cheaper check than the Mapping ABC, made for every review.
+    return annotations if isinstance(annotations, dict) else {}
 
 
 def check_create(pod: Mapping[str, Any], pod_request: PodRequest, config: Config) -> None:
