@@ -11,6 +11,7 @@ once, on the final object, by the validating phase (`webhook.validation`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +24,10 @@ from contract.names import (
 )
 from contract.resources import PodRequest, RequestError, parse_pod
 from webhook import affinity
-from webhook.fit import never_fits
+from webhook.fit import never_fits_in
 from webhook.gates import ClusterView
 from webhook.limits import LimitExceeded, Limits, check_affinity, check_selectors
-from webhook.patch import PatchBuilder
+from webhook.patch import PatchBuilder, pointer
 from webhook.placement import Placement, clip, pending_warning, resolve_placement, rewrite_gputype
 from webhook.review import AdmissionRequest, Verdict
 from webhook.safety import (
@@ -59,25 +60,30 @@ def _indexed_containers(pod: Mapping[str, Any]) -> Iterator[tuple[tuple[str | in
     spec = pod.get("spec") or {}
     for key in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(key) or []):
-            if isinstance(container, Mapping):
+            if isinstance(container, dict):
                 yield ("spec", key, index), container
+
+
+# The pointers to a pod's annotations and spec, built once for the members written under them.
+_ANNOTATIONS_AT = pointer("metadata", "annotations")
+_SPEC_AT = pointer("spec")
 
 
 def _set_annotations(pod: Mapping[str, Any], annotations: Mapping[str, str], patch: PatchBuilder) -> None:
     """Make the pod's annotations `annotations`, one key at a time (a reader sees what changed)."""
     metadata = pod.get("metadata")
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, dict):
         patch.set(pod, ("metadata",), {"annotations": annotations})
         return
     current = metadata.get("annotations")
-    if not isinstance(current, Mapping):
+    if not isinstance(current, dict):
         patch.set(metadata, ("metadata", "annotations"), annotations)
         return
     for key in current:
         if key not in annotations:
             patch.remove(current, ("metadata", "annotations", key))
     for key, value in annotations.items():
-        patch.set(current, ("metadata", "annotations", key), value)
+        patch.set_member(current, _ANNOTATIONS_AT, key, value)
 
 
 def _describe(sel: Selectors) -> str:
@@ -99,6 +105,11 @@ class Admission:
 
     config: Config
     view: ClusterView
+
+    @functools.cached_property
+    def _limits(self) -> Limits:
+        """The work limits, read from the configuration once rather than per review."""
+        return Limits.of(self.config.webhook)
 
     def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
@@ -134,7 +145,7 @@ class Admission:
             canonical = canonical_annotations(annotations)
         except SelectorError as exc:
             raise Denied(INVALID_ANNOTATION, str(exc)) from None
-        limits = Limits.of(self.config.webhook)
+        limits = self._limits
         try:
             check_selectors(selectors, limits)
         except LimitExceeded as exc:
@@ -147,25 +158,26 @@ class Admission:
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
         )
         previous = affinity.decode_marker(annotations.get(AFFINITY_MARKER))
+        own_terms = affinity.own_terms(pod, previous)
         try:
-            check_affinity(affinity.own_terms(pod, previous), placement.alternatives, limits)
+            check_affinity(own_terms, placement.alternatives, limits)
         except LimitExceeded as exc:
             raise Denied(OVER_LIMIT, str(exc)) from None
-        warnings = never_fits(pod_request, self.view.inventory.memory_shapes())
+        warnings = never_fits_in(pod_request, self.view.inventory)
         if placement.matches_nothing:
             message = f"GPU selectors match no GPU in the cluster: {_describe(selectors)}"
             if self.config.webhook.strict_selectors:
                 raise Denied(NO_MATCHING_GPU, message)
             warnings.append(pending_warning(message, placement, selectors))
-        new_annotations = dict(canonical)
+        new_annotations = canonical  # a new dict already: the pod's own are left as they are
         new_annotations[VGPU_MODE] = placement.mode
         warnings += rewrite_gputype(new_annotations, selectors, placement, self.view.inventory)
         spec: Mapping[str, Any] = pod["spec"]  # a vGPU pod has containers, so it has a spec
-        new_affinity = affinity.required_after(pod, placement.alternatives, previous)
+        new_affinity = affinity.required_with(pod, own_terms, placement.alternatives, previous)
         if new_affinity is None:
             patch.remove(spec, ("spec", "affinity"))
         else:
-            patch.set(spec, ("spec", "affinity"), new_affinity)
+            patch.set_member(spec, _SPEC_AT, "affinity", new_affinity)
         if placement.marker:
             new_annotations[AFFINITY_MARKER] = placement.marker
         else:
@@ -185,6 +197,11 @@ class Admission:
         """
         names = self.config.resource_names
         cores = self.config.webhook.default_cores
+        if not any(
+            c.asks_vgpu and (c.number is None or (cores != 0 and c.cores is None))
+            for c in pod_request.containers
+        ):
+            return  # every vGPU container states what the defaults would add (nearly every pod)
         for (path, container), parsed in zip(_indexed_containers(pod), pod_request.containers, strict=True):
             if not parsed.asks_vgpu:
                 continue
@@ -196,14 +213,14 @@ class Admission:
             if not defaults:
                 continue
             resources = container.get("resources")
-            if not isinstance(resources, Mapping):
+            if not isinstance(resources, dict):
                 patch.set(
                     container, (*path, "resources"), {"limits": dict(defaults), "requests": dict(defaults)}
                 )
                 continue
             for part in ("limits", "requests"):
                 amounts = resources.get(part)
-                if not isinstance(amounts, Mapping):
+                if not isinstance(amounts, dict):
                     patch.set(resources, (*path, "resources", part), dict(defaults))
                     continue
                 for name, value in defaults.items():
@@ -215,7 +232,7 @@ class Admission:
         ours = self.config.webhook.scheduler_name
         current = spec.get("schedulerName") or ""
         if current in ("", DEFAULT_SCHEDULER):
-            patch.set(spec, ("spec", "schedulerName"), ours)
+            patch.set_member(spec, _SPEC_AT, "schedulerName", ours)
         elif current != ours and self.config.webhook.other_schedulers == "deny":
             raise Denied(
                 OTHER_SCHEDULER,

@@ -181,7 +181,7 @@ def _weight(requirements: Any) -> int:
         return 0
     total = 0
     for r in requirements:
-        values = r.get("values") if isinstance(r, Mapping) else None
+        values = r.get("values") if isinstance(r, dict) else None  # JSON: a dict, cheaper than the ABC
         total += 1 + (len(values) if isinstance(values, list) else 0)
     return total
 
@@ -233,9 +233,20 @@ def required_after(
 
     None stands for no affinity at all; the pod is not changed.
     """
+    return required_with(pod, own_terms(pod, previous), alternatives, previous)
+
+
+def required_with(
+    pod: Mapping[str, Any],
+    own: list[Term] | None,
+    alternatives: Sequence[Sequence[Requirement]],
+    previous: Sequence[Requirement],
+) -> Any:
+    """`required_after` for a caller that already has `own_terms(pod, previous)` (admission checks
+    its size first), so the pod's terms are not read and stripped twice."""
     spec = pod.get("spec") or {}
     affinity, node_affinity, required = _required(pod)
-    terms = combine(own_terms(pod, previous), alternatives)
+    terms = combine(own, alternatives)
     if terms is None:
         if "requiredDuringSchedulingIgnoredDuringExecution" in node_affinity and previous:
             # The required affinity was the webhook's alone; leave no empty shell behind.

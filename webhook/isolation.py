@@ -8,8 +8,8 @@ checked, not just the ones that ask for a vGPU: with the NVIDIA runtime as the n
 sidecar that sets `NVIDIA_VISIBLE_DEVICES=all` is handed every GPU of the node with no limits at all.
 
 The protected paths come from the configuration, so they are normalised once per configuration (a
-small LRU cache keyed by the paths themselves, which never go stale); each mount path of a review
-is normalised once, whatever the number of protected paths.
+small LRU cache keyed by the hook path itself, which never goes stale); each mount path of a review
+is normalised once and tested against every protected path at once (a set and a prefix tuple).
 """
 
 from __future__ import annotations
@@ -96,25 +96,42 @@ def host_overlaps(host: str, folder: str) -> bool:
     return covers(host, folder) or covers(folder, host)
 
 
+_CONTAINER_GROUPS: Final = ("initContainers", "containers", "ephemeralContainers")
+
+
 def every_container(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """(`group[name]`, container) for every init, app and ephemeral container of a pod."""
+    for key, container in grouped_containers(pod):
+        yield _where(key, container), container
+
+
+def grouped_containers(pod: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(group, container) for every init, app and ephemeral container, without naming each one: the
+    `group[name]` text is only needed for a denial, and building it per container cost every review."""
     spec = pod.get("spec") or {}
-    for key in ("initContainers", "containers", "ephemeralContainers"):
-        for container in spec.get(key) or []:
-            if isinstance(container, Mapping):
-                yield f"{key}[{container.get('name', '?')}]", container
+    return [
+        (key, container)
+        for key in _CONTAINER_GROUPS
+        for container in spec.get(key) or ()
+        # Values come from JSON, so a mapping is a `dict` (a far cheaper check than the Mapping ABC).
+        if isinstance(container, dict)
+    ]
+
+
+def _where(key: str, container: Mapping[str, Any]) -> str:
+    return f"{key}[{container.get('name', '?')}]"
 
 
 def _reserved_env(name: str) -> bool:
     return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
 
 
-def _env_escape(where: str, container: Mapping[str, Any]) -> Escape | None:
-    for entry in container.get("env") or []:
-        name = entry.get("name") if isinstance(entry, Mapping) else None
-        if isinstance(name, str) and _reserved_env(name):
+def _env_escape(key: str, container: Mapping[str, Any]) -> Escape | None:
+    for entry in container.get("env") or ():
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(name, str) and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
             return Escape(
-                f"{where}: env {name} is set by the node plugin for vGPU containers "
+                f"{_where(key, container)}: env {name} is set by the node plugin for vGPU containers "
                 "(it carries the GPU memory and core limits)",
                 "remove it from env; the limits come from the container's vgpu resources",
             )
@@ -134,48 +151,61 @@ class _Protected:
         return mount == self.normal or mount.startswith(self.inside)
 
 
+@dataclass(frozen=True)
+class _Guards:
+    """What one hook path protects, prepared once per configuration (see `_guards`)."""
+
+    # The container paths as written, for messages, and normalised, for matching.
+    written: tuple[str, ...]
+    protected: tuple[_Protected, ...]
+    # Every normal form, and every inside-prefix: a mount is tested against all paths at once.
+    normals: frozenset[str]
+    insides: tuple[str, ...]
+    host_folders: tuple[str, ...]
+
+
 @functools.lru_cache(maxsize=16)
-def _protected(paths: tuple[str, ...]) -> tuple[_Protected, ...]:
-    """The protected paths normalised once per configuration (a hook path, so a handful of entries),
-    not once per mount and path of every review."""
-    normals = [normalize(p) for p in paths]
-    return tuple(_Protected(p, n, n.rstrip("/") + "/") for p, n in zip(paths, normals, strict=True))
+def _guards(hook: str) -> _Guards:
+    """The paths a hook path protects, normalised once per configuration (a handful of entries), not
+    once per mount and path of every review. Keyed by the path itself, so never stale."""
+    written = (hook, *PLUGIN_CONTAINER_PATHS)
+    protected = tuple(_Protected(p, n, n.rstrip("/") + "/") for p, n in ((p, normalize(p)) for p in written))
+    return _Guards(
+        written=written,
+        protected=protected,
+        normals=frozenset(p.normal for p in protected),
+        insides=tuple(p.inside for p in protected),
+        host_folders=(hook, *PLUGIN_HOST_PATHS),
+    )
 
 
-def _mount_escape(where: str, container: Mapping[str, Any], protected: tuple[str, ...]) -> Escape | None:
-    mounts = [
-        (m.get("mountPath"), "volumeMounts")
-        for m in container.get("volumeMounts") or []
-        if isinstance(m, Mapping)
-    ]
-    mounts += [
-        (d.get("devicePath"), "volumeDevices")
-        for d in container.get("volumeDevices") or []
-        if isinstance(d, Mapping)
-    ]
-    if not mounts:
+def _mount_escape(key: str, container: Mapping[str, Any], guards: _Guards) -> Escape | None:
+    mounts = container.get("volumeMounts")
+    devices = container.get("volumeDevices")
+    if not mounts and not devices:
         return None
-    guarded = _protected(protected)
-    for path, field in mounts:
+    paths = [(m.get("mountPath"), "volumeMounts") for m in mounts or () if isinstance(m, dict)]
+    paths += [(d.get("devicePath"), "volumeDevices") for d in devices or () if isinstance(d, dict)]
+    for path, field in paths:
         if not isinstance(path, str):
             continue
         mount = normalize(path)
-        hit = next((p.path for p in guarded if p.covered_by(mount)), None)
+        if mount not in guards.normals and not mount.startswith(guards.insides):
+            continue  # covers no protected path (one set lookup and one prefix test, not one per path)
+        hit = next((p.path for p in guards.protected if p.covered_by(mount)), None)
         if hit is not None:
             return Escape(
-                f"{where}: {field} path {path!r} covers {hit}, which the node plugin mounts to enforce "
-                "the vGPU limits",
-                f"mount the volume elsewhere (not at or under {', '.join(protected)})",
+                f"{_where(key, container)}: {field} path {path!r} covers {hit}, which the node plugin "
+                "mounts to enforce the vGPU limits",
+                f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
             )
     return None
 
 
 def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escape | None:
-    for volume in (pod.get("spec") or {}).get("volumes") or []:
-        if not isinstance(volume, Mapping):
-            continue
-        host = volume.get("hostPath")
-        path = host.get("path") if isinstance(host, Mapping) else None
+    for volume in (pod.get("spec") or {}).get("volumes") or ():
+        host = volume.get("hostPath") if isinstance(volume, dict) else None
+        path = host.get("path") if isinstance(host, dict) else None
         if not isinstance(path, str):
             continue
         hit = next((f for f in folders if host_overlaps(path, f)), None)
@@ -190,10 +220,9 @@ def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escap
 
 def find_escape(pod: Mapping[str, Any], config: Config) -> Escape | None:
     """The first way the pod would escape its vGPU limits, or None."""
-    hook = config.node.hook_path
-    protected = (hook, *PLUGIN_CONTAINER_PATHS)
-    for where, container in every_container(pod):
-        escape = _env_escape(where, container) or _mount_escape(where, container, protected)
+    guards = _guards(config.node.hook_path)
+    for key, container in grouped_containers(pod):
+        escape = _env_escape(key, container) or _mount_escape(key, container, guards)
         if escape is not None:
             return escape
-    return _host_path_escape(pod, (hook, *PLUGIN_HOST_PATHS))
+    return _host_path_escape(pod, guards.host_folders)

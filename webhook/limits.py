@@ -37,6 +37,8 @@ class Limits:
 
 def check_selectors(sel: Selectors, limits: Limits) -> None:
     """Refuse a selector list longer than `webhook.maxSelectorItems` (items as written, duplicates too)."""
+    if not sel.any:
+        return  # no list at all, as on most pods
     for key, items, hint in (
         (USE_GPUTYPE, sel.use_types, "name fewer models; a token such as A100 already matches every A100"),
         (NOUSE_GPUTYPE, sel.nouse_types, "name fewer models, or list the ones to use in " + USE_GPUTYPE),

@@ -16,7 +16,15 @@ _MISSING = object()
 
 def pointer(*parts: str | int) -> str:
     """The RFC 6901 JSON pointer to a path (`~` and `/` in keys escaped)."""
-    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in parts)
+    return "/" + "/".join([_escape(part) for part in parts]) if parts else ""
+
+
+def _escape(part: str | int) -> str:
+    text = str(part)
+    # Most parts (field names, indexes) hold neither character: no replace, no new string.
+    if "~" in text or "/" in text:
+        return text.replace("~", "~0").replace("/", "~1")
+    return text
 
 
 class PatchBuilder:
@@ -34,6 +42,14 @@ class PatchBuilder:
         if current != value:
             op = "add" if current is _MISSING else "replace"
             self.operations.append({"op": op, "path": pointer(*path), "value": value})
+
+    def set_member(self, parent: Mapping[str, Any], at: str, key: str, value: Any) -> None:
+        """`set(parent, (*path, key), value)` where `at` is `pointer(*path)`: for setting many keys of
+        one object (annotations) without building and escaping the whole path for each."""
+        current = parent.get(key, _MISSING)
+        if current != value:
+            op = "add" if current is _MISSING else "replace"
+            self.operations.append({"op": op, "path": at + "/" + _escape(key), "value": value})
 
     def remove(self, parent: Mapping[str, Any], path: tuple[str | int, ...]) -> None:
         """Take the member `path[-1]` off the object `parent` (found at `path[:-1]`) if it is there."""

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from contract.config import ResourceNames
 from contract.mig_geometry import DeviceConfig
-from contract.names import MIG, Mode
+from contract.names import HAMI_CORE, MIG, VGPU_MODE, Mode
 from contract.resources import PodRequest, RequestError, parse_pod
 from webhook.admission import resolve_placement
 from webhook.inventory import Inventory
@@ -212,7 +212,7 @@ def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, de
     def size(pod: Mapping[str, Any]) -> int | None:
         annotations = pod_metadata(pod).get("annotations")
         try:
-            selectors = parse_selectors(annotations if isinstance(annotations, Mapping) else {})
+            selectors = parse_selectors(annotations if isinstance(annotations, dict) else {})
             request = parse_pod(pod, names)
         except (SelectorError, RequestError):
             return None
@@ -235,8 +235,14 @@ def mig_slot_sizer(
 
     def size(pod: Mapping[str, Any]) -> SlotSize | None:
         annotations = pod_metadata(pod).get("annotations")
+        if isinstance(annotations, dict) and annotations.get(VGPU_MODE) == HAMI_CORE:
+            # The mode annotation is the placement's mode whenever the selectors parse (an alias
+            # that disagrees with it fails them, which answers None too): a hami-core pod, every
+            # pod the mutating phase has admitted in that mode, holds no slot. This skips parsing
+            # the pod and its selectors again for each review.
+            return None
         try:
-            selectors = parse_selectors(annotations if isinstance(annotations, Mapping) else {})
+            selectors = parse_selectors(annotations if isinstance(annotations, dict) else {})
             request = parse_pod(pod, names)
         except (SelectorError, RequestError):
             return None

@@ -119,7 +119,8 @@ class Verdict:
 def pod_metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     """A pod's `metadata`, or an empty mapping when it has none (or not an object)."""
     meta = pod.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    # JSON gives a `dict`: a far cheaper check than the Mapping ABC, made for every review and pod event.
+    return meta if isinstance(meta, dict) else {}
 
 
 def _deletion_deadline(meta: Mapping[str, Any]) -> float | None:

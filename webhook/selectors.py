@@ -101,8 +101,34 @@ def _uuids(key: str, value: str) -> tuple[str, ...]:
     return items
 
 
+# Every annotation `parse_selectors` reads: a pod with none of them (most pods) selects nothing.
+_SELECTOR_KEYS: Final = frozenset(
+    {
+        *ANNOTATION_ALIASES,
+        *ANNOTATION_ALIASES.values(),
+        USE_GPUTYPE,
+        NOUSE_GPUTYPE,
+        ORIGINAL_USE_GPUTYPE,
+        ORIGINAL_NOUSE_GPUTYPE,
+    }
+)
+# The answers for the two commonest pods, built once: Selectors is frozen, so one instance serves
+# every review (placements are memoised by it, which its equality and hash already allow).
+NO_SELECTORS: Final = Selectors()
+_MODE_ONLY: Final[dict[str, Selectors]] = {mode: Selectors(mode=mode) for mode in MODES}
+
+
 def parse_selectors(raw_annotations: Mapping[str, str]) -> Selectors:
     """Parse the selector annotations of a pod; errors name the key the user wrote (alias or not)."""
+    present = raw_annotations.keys() & _SELECTOR_KEYS
+    if not present:
+        return NO_SELECTORS
+    if present == {VGPU_MODE}:
+        # Only the mode, as on every pod the mutating phase has admitted without selectors.
+        value = raw_annotations[VGPU_MODE]
+        selected = _MODE_ONLY.get(value) if isinstance(value, str) else None
+        if selected is not None:
+            return selected
     annotations = canonical_annotations(raw_annotations)
     # Messages name the key the user actually wrote.
     written = {key: alias for alias, key in ANNOTATION_ALIASES.items() if alias in raw_annotations} | {
