@@ -133,6 +133,7 @@ class HttpConnection(asyncio.Protocol):
         self._busy = False  # a handler's coroutine is running for the oldest request
         self._stopped = False  # nothing more is read; the connection closes after what is owed
         self._paused = False  # reading paused by us
+        self._serve_soon = False  # a _serve is scheduled for the loop's next turn
         self._write_paused = False  # the transport's write buffer is full: the client is not reading
         self._task: asyncio.Task[None] | None = None  # the handler coroutine of the oldest request
         # The body of the request being read is dropped (it was answered already).
@@ -235,6 +236,18 @@ class HttpConnection(asyncio.Protocol):
                 self._head_chunk_bytes += len(data)
             if self._head_chunk_bytes > MAX_HEAD_BYTES:
                 self._bad_request(f"request head is over {MAX_HEAD_BYTES} bytes", status=431)
+        if self._pending and not self._serve_soon:
+            # Answered in the loop's next turn, after every connection with data ready has been read:
+            # under load the reviews of one turn then run back to back, with the decision's code
+            # and data still in the caches (bench/webhook.py: about 15 % less CPU per /mutate at 8
+            # callers than answering inside each read).
+            self._serve_soon = True
+            self._loop.call_soon(self._serve_deferred)
+        elif not self._pending:
+            self._resume()
+
+    def _serve_deferred(self) -> None:
+        self._serve_soon = False
         self._serve()
 
     def eof_received(self) -> bool | None:
