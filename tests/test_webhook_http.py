@@ -16,7 +16,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvloop
@@ -32,7 +32,8 @@ from test_webhook_support import (
 )
 
 from standins.apiserver import ApiServerStandin
-from webhook.http.connection import MAX_HEAD_BYTES, MAX_HEADERS
+from webhook.http.connection import MAX_HEAD_BYTES, MAX_HEADERS, MAX_PENDING, HttpConnection, HttpSettings
+from webhook.http.message import Request, Response
 
 BOUND = 10.0
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
@@ -509,3 +510,56 @@ def test_random_abandoned_traffic_leaks_nothing(webhook: ThreadedWebhook) -> Non
     ):
         assert time.monotonic() < deadline, held
         time.sleep(0.05)
+
+
+class _RecordingTransport:
+    """Just enough of a transport to drive one connection in-process and see its reading paused."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def close(self) -> None:
+        pass
+
+
+class _Owner:
+    def forget(self, connection: object) -> None:
+        pass
+
+    def count_expired(self) -> None:
+        pass
+
+
+class _HealthOnly:
+    def route(self, method: str, path: str) -> Callable[[Request], Response]:
+        return lambda request: Response(200, b"{}")
+
+
+async def test_pipelined_requests_read_ahead_of_their_answers_are_bounded() -> None:
+    # The loop may read one connection many times in a turn before any answer is given: reading
+    # pauses once MAX_PENDING requests wait, and resumes when they are answered.
+    loop = asyncio.get_running_loop()
+    connection = HttpConnection(_HealthOnly(), HttpSettings(10, 100, 1 << 20), _Owner(), loop.time())
+    transport = _RecordingTransport()
+    connection.connection_made(cast(asyncio.Transport, transport))
+    connection.data_received(_get("/healthz") * (MAX_PENDING + 5))
+    assert transport.paused and not transport.written
+    await asyncio.sleep(0)  # the loop's next turn answers them
+    assert len(transport.written) == MAX_PENDING + 5 and not transport.paused
+    connection.connection_lost(None)

@@ -38,6 +38,8 @@ log = logging.getLogger("kube_vgpu.webhook.http")
 # are in this range; an AdmissionReview's head is a few hundred bytes.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
+# Requests read ahead of their answers on one connection before reading pauses (pipelining).
+MAX_PENDING = 32
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # A request answered before its body was read (over the limit, busy, unknown path) has the rest of
 # its body read and dropped, up to this much (within the request deadline), before the connection
@@ -243,6 +245,10 @@ class HttpConnection(asyncio.Protocol):
             # callers than answering inside each read).
             self._serve_soon = True
             self._loop.call_soon(self._serve_deferred)
+        if len(self._pending) >= MAX_PENDING:
+            # The event loop may read a connection many times in one turn; pipelined requests wait
+            # in memory only up to this many (more arrive once these are answered).
+            self._pause()
         elif not self._pending:
             self._resume()
 
