@@ -453,11 +453,7 @@ class HttpConnection(asyncio.Protocol):
         if self._stopped:
             return
         log.info("event=http_bad_request remote=%s reason=%r", self.remote, " ".join(reason.split())[:300])
-        self.settings.refused("malformed")
-        self._pending.append(
-            _Pending(self._exchange, error_response(status, reason, close=True), None, False)
-        )
-        self._exchange = None
+        self._refuse(error_response(status, reason))
         self._reading = False
         self._stop_reading()
 

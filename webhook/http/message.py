@@ -40,16 +40,16 @@ class Response:
     close: bool = False
 
 
-def json_response(document: object, status: int = 200, *, close: bool = False) -> Response:
+def json_response(document: object, status: int = 200) -> Response:
     """A JSON answer (`document` holds only what orjson encodes: the caller's text is checked first)."""
-    return Response(status, orjson.dumps(document), close=close)
+    return Response(status, orjson.dumps(document))
 
 
-def error_response(status: int, reason: str, *, close: bool = False) -> Response:
+def error_response(status: int, reason: str) -> Response:
     """A 4xx/5xx answer whose JSON body names what was wrong: `{"error": reason}`."""
     # The reason may quote a caller's text; escaped lone surrogates keep it encodable.
     safe = reason.encode("utf-8", "backslashreplace").decode("utf-8")
-    return Response(status, orjson.dumps({"error": safe}), close=close)
+    return Response(status, orjson.dumps({"error": safe}))
 
 
 # The answer to a request, or a coroutine that will produce it.
