@@ -22,7 +22,7 @@ from contract.names import (
     OPT_OUT_VALUE,
     VGPU_MODE,
 )
-from contract.resources import PodRequest, RequestError, parse_pod
+from contract.resources import PodRequest
 from webhook import affinity
 from webhook.fit import never_fits_in
 from webhook.gates import ClusterView
@@ -33,11 +33,11 @@ from webhook.review import AdmissionRequest, Verdict
 from webhook.safety import (
     INVALID_ANNOTATION,
     MALFORMED_OBJECT,
-    MALFORMED_VALUE,
     NO_MATCHING_GPU,
     OTHER_SCHEDULER,
     Denied,
     check_create,
+    read_pod,
 )
 from webhook.selectors import (
     AFFINITY_MARKER,
@@ -132,10 +132,7 @@ class Admission:
             return Verdict(allowed=False, message=str(denial), reason=denial.reason)
 
     def _mutate(self, pod: Mapping[str, Any]) -> Verdict:
-        try:
-            pod_request = parse_pod(pod, self.config.resource_names)
-        except RequestError as exc:
-            raise Denied(MALFORMED_VALUE, str(exc)) from None
+        pod_request = read_pod(pod, self.config.resource_names)
         if not pod_request.asks_vgpu:
             return Verdict(allowed=True)
         annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}

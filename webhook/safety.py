@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from contract.config import Config
+from contract.config import Config, ResourceNames
 from contract.names import PLACEMENT_ANNOTATIONS, SCHEDULER_OWNED_ANNOTATIONS
-from contract.resources import PodRequest
+from contract.resources import PodRequest, RequestError, parse_pod
 from webhook.isolation import find_escape, grouped_containers
 
 # Denial reasons (the `reason` label of the denials metric).
@@ -36,6 +36,15 @@ class Denied(Exception):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(message)
+
+
+def read_pod(pod: Mapping[str, Any], names: ResourceNames) -> PodRequest:
+    """The pod's GPU request, or a denial naming the value that cannot be read: refused, not
+    skipped, since a pod whose limits cannot be read could not be charged or checked either."""
+    try:
+        return parse_pod(pod, names)
+    except RequestError as exc:
+        raise Denied(MALFORMED_VALUE, str(exc)) from None
 
 
 def annotations_of(pod: Mapping[str, Any] | None) -> Mapping[str, str]:

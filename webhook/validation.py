@@ -27,12 +27,12 @@ from webhook.safety import (
     INVALID_ANNOTATION,
     ISOLATION_ESCAPE,
     MALFORMED_OBJECT,
-    MALFORMED_VALUE,
     QUOTA,
     STALE_CACHE,
     Denied,
     check_create,
     check_update,
+    read_pod,
 )
 from webhook.selectors import SelectorError, parse_selectors
 
@@ -82,11 +82,7 @@ class Validation:
         namespace: str,
         namespace_labels: Mapping[str, str] | None,
     ) -> Verdict:
-        try:
-            pod_request = parse_pod(pod, self.config.resource_names)
-        except RequestError as exc:
-            # Refused, not skipped: a pod whose limits cannot be read could not be charged either.
-            raise Denied(MALFORMED_VALUE, str(exc)) from None
+        pod_request = read_pod(pod, self.config.resource_names)
         if not pod_request.asks_vgpu:
             return Verdict(allowed=True)
         check_create(pod, pod_request, self.config)
