@@ -37,17 +37,17 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from contract.config import Config  # noqa: E402
-from kubeapi.client import Kube  # noqa: E402
-from webhook.admission import Admission  # noqa: E402
-from webhook.cache import ClusterCache  # noqa: E402
-from webhook.metrics import WebhookMetrics  # noqa: E402
-from webhook.quota_charge import ZERO, Charge  # noqa: E402
-from webhook.quota_ledger import QuotaLedger  # noqa: E402
-from webhook.quota_shared import Answer, Ask, SharedBook  # noqa: E402
-from webhook.review import Verdict, encode_json, encode_response, parse_review  # noqa: E402
-from webhook.service import build_services  # noqa: E402
-from webhook.validation import Validation  # noqa: E402
+from kube_vgpu.contract.config import Config  # noqa: E402
+from kube_vgpu.kubeapi.client import Kube  # noqa: E402
+from kube_vgpu.webhook.admission.mutation import Admission  # noqa: E402
+from kube_vgpu.webhook.admission.review import Verdict, encode_json, encode_response, parse_review  # noqa: E402
+from kube_vgpu.webhook.admission.validation import Validation  # noqa: E402
+from kube_vgpu.webhook.cache import ClusterCache  # noqa: E402
+from kube_vgpu.webhook.quota.charge import ZERO, Charge  # noqa: E402
+from kube_vgpu.webhook.quota.ledger import QuotaLedger  # noqa: E402
+from kube_vgpu.webhook.quota.shared import Answer, Ask, SharedBook  # noqa: E402
+from kube_vgpu.webhook.service import build_services  # noqa: E402
+from kube_vgpu.webhook.serving.metrics import WebhookMetrics  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_webhook", REPO / "bench" / "webhook.py")
 assert _spec is not None and _spec.loader is not None

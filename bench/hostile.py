@@ -39,8 +39,8 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from certs.issue import issue_ca, issue_serving  # noqa: E402
-from standins.apiserver import ApiServerStandin  # noqa: E402
+from kube_vgpu.certs.issue import issue_ca, issue_serving  # noqa: E402
+from kube_vgpu.standins.apiserver.server import ApiServerStandin  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_webhook", REPO / "bench" / "webhook.py")
 assert _spec is not None and _spec.loader is not None
@@ -323,7 +323,7 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         command = [
-            sys.executable, "-m", "cli", "webhook",
+            sys.executable, "-m", "kube_vgpu", "webhook",
             "--tls-cert-file", str(workdir / "tls.crt"), "--tls-key-file", str(workdir / "tls.key"),
             "--host", "127.0.0.1", "--port", str(port),
             "--kubeconfig", str(api.write_kubeconfig(workdir / "kubeconfig")),

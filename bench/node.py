@@ -23,13 +23,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from contract.config import Config, NodeConfig
-from kubeapi.client import Kube
-from node.plugin import NodePlugin, PluginSettings
-from node.simnvml import load_simulation
-from proto import deviceplugin_v1beta1_pb2 as pb
-from standins.apiserver import ApiServerStandin
-from standins.kubelet import MAX_MESSAGE_BYTES, KubeletStandin
+from kube_vgpu.contract.config import Config, NodeConfig
+from kube_vgpu.kubeapi.client import Kube
+from kube_vgpu.node.plugin import NodePlugin, PluginSettings
+from kube_vgpu.node.simnvml.api import load_simulation
+from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.kubelet.deviceplugin import MAX_MESSAGE_BYTES, KubeletStandin
 
 NODE = "bench-node"
 RESOURCE = "volcano.sh/vgpu-number"

@@ -16,13 +16,13 @@ import time
 import uuid
 from typing import Any
 
-from contract.config import ResourceNames
-from node.gpus import discover
-from node.inventory import Inventory
-from node.ledger import Ledger
-from node.metrics import Metrics
-from node.simnvml import load_simulation
-from node.usage_metrics import UsageSampler
+from kube_vgpu.contract.config import ResourceNames
+from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.metrics import Metrics
+from kube_vgpu.node.nvml.gpus import discover
+from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.simnvml.api import load_simulation
+from kube_vgpu.node.usage.metrics import UsageSampler
 
 NODE = "bench-node"
 GPUS = 8

@@ -36,11 +36,11 @@ import jsonpatch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from certs.issue import issue_ca, issue_serving  # noqa: E402
-from contract.names import QUOTA_MEMORY_LABEL  # noqa: E402
-from standins.admission_chain import admission_review, with_system_metadata  # noqa: E402
-from standins.apiserver import ApiServerStandin  # noqa: E402
-from webhook.quota_shared import object_name  # noqa: E402
+from kube_vgpu.certs.issue import issue_ca, issue_serving  # noqa: E402
+from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL  # noqa: E402
+from kube_vgpu.standins.apiserver.admission_chain import admission_review, with_system_metadata  # noqa: E402
+from kube_vgpu.standins.apiserver.server import ApiServerStandin  # noqa: E402
+from kube_vgpu.webhook.quota.shared import object_name  # noqa: E402
 
 NAMESPACE = "team-bench"
 RELEASE = "kube-vgpu"
@@ -158,7 +158,7 @@ def run(replicas: int, pods: int, concurrency: int, room: int, seed: int = 13) -
             for i in range(replicas):
                 port = _free_port()
                 command = [
-                    sys.executable, "-m", "cli", "webhook",
+                    sys.executable, "-m", "kube_vgpu", "webhook",
                     "--tls-cert-file", str(workdir / "tls.crt"), "--tls-key-file", str(workdir / "tls.key"),
                     "--host", "127.0.0.1", "--port", str(port), "--kubeconfig", str(kubeconfig),
                     "--release-namespace", RELEASE, "--log-level", "warning",

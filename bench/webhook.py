@@ -41,13 +41,19 @@ import jsonpatch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from certs.issue import issue_ca, issue_serving  # noqa: E402
-from contract.models import model_label_name, register_type  # noqa: E402
-from contract.names import HOSTNAME_LABEL, MODE_LABEL, MODEL_LABEL_PREFIX, NODE_REGISTER, UUID_LABEL_PREFIX  # noqa: E402
-from contract.register import GpuRecord, encode_register  # noqa: E402
-from standins.apiserver import ApiServerStandin  # noqa: E402
-from standins.quantity import canonical as canonical_quantity  # noqa: E402
-from webhook.review import decode_patch  # noqa: E402
+from kube_vgpu.certs.issue import issue_ca, issue_serving  # noqa: E402
+from kube_vgpu.contract.models import model_label_name, register_type  # noqa: E402
+from kube_vgpu.contract.names import (  # noqa: E402
+    HOSTNAME_LABEL,
+    MODE_LABEL,
+    MODEL_LABEL_PREFIX,
+    NODE_REGISTER,
+    UUID_LABEL_PREFIX,
+)
+from kube_vgpu.contract.register import GpuRecord, encode_register  # noqa: E402
+from kube_vgpu.standins.apiserver.quantity import canonical as canonical_quantity  # noqa: E402
+from kube_vgpu.standins.apiserver.server import ApiServerStandin  # noqa: E402
+from kube_vgpu.webhook.admission.review import decode_patch  # noqa: E402
 
 # (model, MiB, mode, GPUs per node): a mixed fleet, so selectors and mode resolution have work to do.
 FLEET = [
@@ -383,7 +389,7 @@ def start_webhook(
     if profile:
         python += ["-m", "cProfile", "-o", profile]
     command = [
-        *python, "-m", "cli", "webhook",
+        *python, "-m", "kube_vgpu", "webhook",
         "--tls-cert-file", str(workdir / "tls.crt"), "--tls-key-file", str(workdir / "tls.key"),
         "--host", "127.0.0.1", "--port", str(port),
         "--kubeconfig", str(api.write_kubeconfig(workdir / "kubeconfig")),

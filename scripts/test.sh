@@ -12,6 +12,8 @@ echo "== ruff"
 .venv/bin/ruff format --check .
 echo "== mypy (strict)"
 .venv/bin/mypy
+echo "== import layers"
+.venv/bin/lint-imports --no-cache
 echo "== pytest"
 # pytest exits 5 when it collected no test; set -e turns that (like any failure) into a failed run.
 .venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_node_support import short_tempdir
 
-from standins.apiserver import ApiServerStandin
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.node import short_tempdir
 
 # --- standins.apiserver: the stand-in Kubernetes API server -------------------------------------------
 

@@ -1,0 +1,3 @@
+"""Volcano's dynamic-MIG geometry: the device-config document, its slot arithmetic, and the one
+shipped here.
+"""

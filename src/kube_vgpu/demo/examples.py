@@ -1,0 +1,167 @@
+"""The demo's inputs: simulated nodes, namespaces, and example pods with the outcome each expects.
+
+Expectations ride on the pods as `demo.kube-vgpu.io/*` annotations, so each example is one readable
+manifest: `expect` is `allocated`, `denied` or `pending`; `expect-node`, `expect-message` (a
+substring of the denial, or of the scheduler's reason for a pending pod) and `expect-env` (comma list
+of `NAME=prefix`) refine it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from kube_vgpu.contract.names import MODES
+
+EXPECT_PREFIX = "demo.kube-vgpu.io/"
+# What an examples folder holds; every error about a missing or malformed file repeats it.
+LAYOUT = "an examples folder holds nodes.yaml, namespaces.yaml and pods/*.yaml (see examples/)"
+Expected = Literal["allocated", "denied", "pending"]
+_OUTCOMES: dict[str, Expected] = {"allocated": "allocated", "denied": "denied", "pending": "pending"}
+
+
+class ExampleError(ValueError):
+    """An example file is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One simulated node: its name, mode and the `--simulate` document of its GPUs."""
+
+    name: str
+    mode: str
+    simulation: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class NamespaceSpec:
+    """A namespace and its labels (quota labels among them)."""
+
+    name: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """How an example pod should end."""
+
+    outcome: Expected
+    node: str | None = None
+    message: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ExamplePod:
+    """A pod manifest from `pods/`, with its expectation."""
+
+    source: str
+    manifest: Mapping[str, Any]
+    expect: Expectation
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`."""
+        meta = self.manifest["metadata"]
+        return f"{meta['namespace']}/{meta['name']}"
+
+
+def _load(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ExampleError(f"{path}: cannot read it ({exc.strerror}); {LAYOUT}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ExampleError(f"{path}: not valid YAML: {exc}") from None
+
+
+def load_nodes(path: Path) -> list[NodeSpec]:
+    """Read `nodes.yaml`."""
+    doc = _load(path)
+    nodes = doc.get("nodes") if isinstance(doc, Mapping) else None
+    if not isinstance(nodes, list) or not nodes:
+        raise ExampleError(f"{path}: expected a non-empty `nodes:` list")
+    specs: list[NodeSpec] = []
+    for i, raw in enumerate(nodes):
+        where = f"{path}: nodes[{i}]"
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+            raise ExampleError(f"{where}: needs a name")
+        if raw.get("mode") not in MODES:
+            raise ExampleError(f"{where}.mode: expected one of {', '.join(MODES)}, got {raw.get('mode')!r}")
+        if not isinstance(raw.get("gpus"), list):
+            raise ExampleError(f"{where}.gpus: expected a list")
+        specs.append(
+            NodeSpec(raw["name"], raw["mode"], {"gpus": raw["gpus"], "events": raw.get("events", [])})
+        )
+    return specs
+
+
+def load_namespaces(path: Path) -> list[NamespaceSpec]:
+    """Read `namespaces.yaml`."""
+    doc = _load(path)
+    items = doc.get("namespaces") if isinstance(doc, Mapping) else None
+    if not isinstance(items, list):
+        raise ExampleError(f"{path}: expected a `namespaces:` list")
+    specs: list[NamespaceSpec] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            raise ExampleError(
+                f"{path}: namespaces[{i}]: needs a name, e.g. {{name: team-a, labels: {{...}}}}"
+            )
+        labels = item.get("labels") or {}
+        if not isinstance(labels, Mapping):
+            raise ExampleError(f"{path}: namespaces[{i}].labels: expected a mapping of label to value")
+        specs.append(NamespaceSpec(item["name"], {str(k): str(v) for k, v in labels.items()}))
+    return specs
+
+
+def _expectation(source: str, annotations: Mapping[str, str]) -> Expectation:
+    raw = annotations.get(EXPECT_PREFIX + "expect")
+    outcome = _OUTCOMES.get(raw or "")
+    if outcome is None:
+        found = "is missing" if raw is None else f"is {raw!r}"
+        raise ExampleError(
+            f"{source}: annotation {EXPECT_PREFIX}expect {found}; it must be allocated, denied or "
+            f"pending. Every example pod says how it must end in metadata.annotations: "
+            f"{EXPECT_PREFIX}expect: allocated (it starts; optionally "
+            f"expect-node and expect-env: NAME=prefix,...) or denied (the webhook refuses it; "
+            f"optionally expect-message: a part of the denial) or pending (admitted, and the scheduler "
+            f"finds no GPU for it; optionally expect-message: a part of its reason)"
+        )
+    env: list[tuple[str, str]] = []
+    for item in filter(None, (annotations.get(EXPECT_PREFIX + "expect-env") or "").split(",")):
+        name, sep, prefix = item.partition("=")
+        if not sep:
+            raise ExampleError(f"{source}: expect-env item {item!r} is not NAME=prefix")
+        env.append((name.strip(), prefix.strip()))
+    return Expectation(
+        outcome,
+        annotations.get(EXPECT_PREFIX + "expect-node"),
+        annotations.get(EXPECT_PREFIX + "expect-message"),
+        tuple(env),
+    )
+
+
+def load_pods(folder: Path) -> list[ExamplePod]:
+    """Every `*.yaml` pod in `folder`, in file-name order."""
+    pods: list[ExamplePod] = []
+    for path in sorted(folder.glob("*.yaml")):
+        manifest = _load(path)
+        if not isinstance(manifest, Mapping) or manifest.get("kind") != "Pod":
+            raise ExampleError(f"{path}: expected a Pod manifest (apiVersion: v1, kind: Pod)")
+        meta = manifest.get("metadata") or {}
+        if not isinstance(meta, Mapping) or not meta.get("name") or not meta.get("namespace"):
+            raise ExampleError(
+                f"{path}: metadata.name and metadata.namespace are required (the namespace must be "
+                "one of namespaces.yaml)"
+            )
+        pods.append(ExamplePod(path.name, manifest, _expectation(path.name, meta.get("annotations") or {})))
+    if not pods:
+        raise ExampleError(f"{folder}: no example pods (*.yaml); {LAYOUT}")
+    return pods

@@ -1,0 +1,376 @@
+"""The one place kube-vgpu touches the official `kubernetes` client: raw JSON in, raw JSON out.
+
+Objects stay plain dicts (SPEC §2: the client's typed models cost 13x the time of `json.loads` on
+large lists), so every call asks the client for its raw response (`_preload_content=False`). Calls
+are synchronous (urllib3); async callers run them in a thread. Every call has a timeout, so a hung
+API server costs a bounded wait, never a hang.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from kube_vgpu.kubeapi.permissions import Component, UndeclaredCall, Verb, declared
+
+log = logging.getLogger("kube_vgpu.kubeapi")
+
+Kind = Literal[
+    "node",
+    "namespace",
+    "pod",
+    "configmap",
+    "secret",
+    "event",
+    "mutatingwebhookconfiguration",
+    "validatingwebhookconfiguration",
+]
+PatchType = Literal["merge", "strategic", "json"]
+_CONTENT_TYPES: dict[PatchType, str] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+# Method suffixes of the generated API classes, per kind: (cluster-scoped, api attribute, suffix).
+_KINDS: dict[Kind, tuple[bool, str, str]] = {
+    "node": (True, "core", "node"),
+    "namespace": (True, "core", "namespace"),
+    "pod": (False, "core", "pod"),
+    "configmap": (False, "core", "config_map"),
+    "secret": (False, "core", "secret"),
+    "event": (False, "core", "event"),
+    "mutatingwebhookconfiguration": (True, "admission", "mutating_webhook_configuration"),
+    "validatingwebhookconfiguration": (True, "admission", "validating_webhook_configuration"),
+}
+# (API group, RBAC resource) per kind, for checking calls against `kubeapi.permissions`.
+_RBAC: dict[Kind, tuple[str, str]] = {
+    "node": ("", "nodes"),
+    "namespace": ("", "namespaces"),
+    "pod": ("", "pods"),
+    "configmap": ("", "configmaps"),
+    "secret": ("", "secrets"),
+    "event": ("", "events"),
+    "mutatingwebhookconfiguration": ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+    "validatingwebhookconfiguration": ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
+}
+DEFAULT_TIMEOUT = (5.0, 10.0)  # (connect, read) seconds
+
+
+class KubeError(Exception):
+    """Base of the errors this module raises."""
+
+
+class ApiUnavailable(KubeError):
+    """The API server could not be reached or did not answer in time."""
+
+
+class KubeConfigError(KubeError):
+    """No usable credentials: neither the given kubeconfig nor in-cluster configuration."""
+
+
+@dataclass
+class ApiError(KubeError):
+    """The API server answered with an error Status."""
+
+    status: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.reason}: {self.message}"
+
+
+def load_api_client(kubeconfig: str | None) -> k8s.ApiClient:
+    """An ApiClient from a kubeconfig file, or the in-cluster service account when none is given."""
+    configuration = k8s.Configuration()
+    try:
+        if kubeconfig:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except (ConfigException, OSError) as exc:
+        where = (
+            f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration (no --kubeconfig given)"
+        )
+        raise KubeConfigError(f"cannot load {where}: {exc}") from None
+    # Fail fast and let the caller's loop retry: urllib3's own retries would multiply timeouts.
+    configuration.retries = False
+    return k8s.ApiClient(configuration)
+
+
+def _api_error(exc: ApiException) -> ApiError:
+    body: Any = None
+    try:
+        body = json.loads(exc.body) if exc.body else None
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, Mapping):
+        return ApiError(
+            int(exc.status or 0), str(body.get("reason", exc.reason)), str(body.get("message", ""))
+        )
+    return ApiError(int(exc.status or 0), str(exc.reason), str(exc.body or ""))
+
+
+class WatchInterrupt:
+    """Ends a watch from another thread: `interrupt()` shuts the stream's socket down mid-read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._response: Any = None
+        self._interrupted = False
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether `interrupt()` was called."""
+        return self._interrupted
+
+    def attach(self, response: Any) -> None:
+        """Called by `Kube.watch` with the open stream (shut at once if already interrupted)."""
+        with self._lock:
+            self._response = response
+            if self._interrupted:
+                self._shutdown()
+
+    def interrupt(self) -> None:
+        """End the watch now (or as soon as it opens); calling it again does nothing."""
+        with self._lock:
+            if not self._interrupted:
+                self._interrupted = True
+                self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._response is not None:
+            # A stream that already ended (and went back to the pool: RuntimeError) has nothing to shut.
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                self._response.shutdown()
+
+
+class Kube:
+    """Raw-JSON access to the handful of resources kube-vgpu reads and writes.
+
+    With `component`, every call must be declared for it in `kubeapi.permissions.API_CALLS` (the
+    table the chart's RBAC is checked against), else it raises `UndeclaredCall` before any I/O.
+    """
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        timeout: tuple[float, float] = DEFAULT_TIMEOUT,
+        component: Component | None = None,
+    ) -> None:
+        self.api_client = api_client
+        self.timeout = timeout
+        self.component = component
+        self._apis: dict[str, Any] = {
+            "core": k8s.CoreV1Api(api_client),
+            "admission": k8s.AdmissionregistrationV1Api(api_client),
+        }
+
+    def close(self) -> None:
+        """Release the client's connection pool."""
+        self.api_client.close()  # type: ignore[no-untyped-call]
+
+    def _require(self, verb: Verb, kind: Kind, subresource: str = "") -> None:
+        if self.component is None:
+            return
+        group, resource = _RBAC[kind]
+        resource = f"{resource}/{subresource}" if subresource else resource
+        if not declared(self.component, verb, resource, group):
+            raise UndeclaredCall(
+                f"{self.component} calls {verb} on {resource} ({group or 'core'}), which "
+                "src/kube_vgpu/kubeapi/permissions.py does not declare for it (so its RBAC would refuse it)"
+            )
+
+    def _method(
+        self, verb: str, kind: Kind, namespace: str | None, subresource: str = ""
+    ) -> Callable[..., Any]:
+        cluster, api, suffix = _KINDS[kind]
+        if not cluster and verb == "list" and namespace is None:
+            return getattr(self._apis[api], f"list_{suffix}_for_all_namespaces")  # type: ignore[no-any-return]
+        scope = "" if cluster else "namespaced_"
+        sub = f"_{subresource}" if subresource else ""
+        return getattr(self._apis[api], f"{verb}_{scope}{suffix}{sub}")  # type: ignore[no-any-return]
+
+    def _call(self, fn: Callable[..., Any], *args: Any, timeout: Any = None, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, _preload_content=False, _request_timeout=timeout or self.timeout, **kwargs)
+        except ApiException as exc:
+            raise _api_error(exc) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailable(f"API server unreachable: {exc.__class__.__name__}: {exc}") from None
+
+    def _json(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        response = self._call(fn, *args, **kwargs)
+        try:
+            data = response.data
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailable(f"API server response broke off: {exc}") from None
+        result: dict[str, Any] = json.loads(data)
+        return result
+
+    @staticmethod
+    def _ns(namespace: str | None) -> dict[str, str]:
+        return {} if namespace is None else {"namespace": namespace}
+
+    @staticmethod
+    def _selectors(field_selector: str | None, label_selector: str | None) -> dict[str, str]:
+        return {
+            k: v for k, v in (("field_selector", field_selector), ("label_selector", label_selector)) if v
+        }
+
+    def list(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> dict[str, Any]:
+        """The raw List object (`items`, `metadata.resourceVersion`)."""
+        self._require("list", kind)
+        return self._json(
+            self._method("list", kind, namespace),
+            timeout=timeout,
+            **self._ns(namespace),
+            **self._selectors(field_selector, label_selector),
+        )
+
+    def watch(
+        self,
+        kind: Kind,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        timeout_seconds: int = 300,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        interrupt: WatchInterrupt | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Watch events (`{"type": ..., "object": {...}}`) from `resource_version` until the stream ends.
+
+        A 410 Gone arrives as an event of type ERROR whose object is a Status with code 410. With
+        `interrupt`, another thread can end a watch blocked on a silent stream (it then raises
+        ApiUnavailable, and `interrupt.interrupted` tells the two apart).
+        """
+        self._require("watch", kind)
+        response = self._call(
+            self._method("list", kind, namespace),
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            # The read timeout bounds silence on the stream; the server's own timeout ends it sooner.
+            timeout=(self.timeout[0], timeout_seconds + 30.0),
+            **self._ns(namespace),
+            **self._selectors(field_selector, label_selector),
+        )
+        if interrupt is not None:
+            interrupt.attach(response)
+        try:
+            buffer = b""
+            for chunk in response.stream(amt=65536, decode_content=True):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+            if buffer.strip():
+                yield json.loads(buffer)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiUnavailable(f"watch stream broke off: {exc}") from None
+        finally:
+            response.release_conn()
+
+    def get(
+        self,
+        kind: Kind,
+        name: str,
+        *,
+        namespace: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        self._require("get", kind)
+        try:
+            return self._json(
+                self._method("read", kind, namespace), name, timeout=timeout, **self._ns(namespace)
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch(
+        self,
+        kind: Kind,
+        name: str,
+        body: Mapping[str, Any] | builtins.list[dict[str, Any]],
+        *,
+        namespace: str | None = None,
+        patch_type: PatchType = "merge",
+        subresource: str = "",
+        timeout: float | tuple[float, float] | None = None,
+    ) -> dict[str, Any]:
+        """Patch an object (or its `status` subresource) and return the result."""
+        self._require("patch", kind, subresource)
+        return self._json(
+            self._method("patch", kind, namespace, subresource),
+            # By keyword: namespaced methods take (name, namespace, body), cluster-scoped (name, body).
+            name=name,
+            body=body,
+            timeout=timeout,
+            _content_type=_CONTENT_TYPES[patch_type],
+            **self._ns(namespace),
+        )
+
+    def create(
+        self,
+        kind: Kind,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> dict[str, Any]:
+        """Create an object and return it as stored."""
+        self._require("create", kind)
+        return self._json(
+            self._method("create", kind, namespace), body=body, timeout=timeout, **self._ns(namespace)
+        )
+
+    def replace(
+        self,
+        kind: Kind,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> builtins.dict[str, Any]:
+        """Replace an object (optimistic concurrency on `metadata.resourceVersion`)."""
+        self._require("update", kind)
+        return self._json(
+            self._method("replace", kind, namespace),
+            name=name,
+            body=body,
+            timeout=timeout,
+            **self._ns(namespace),
+        )
+
+    def create_binding(self, pod: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a Binding for a pod (used by the local Volcano stand-in, as the real scheduler does)."""
+        self._require("create", "pod", "binding")
+        return self._json(self._apis["core"].create_namespaced_pod_binding, pod, namespace, body)

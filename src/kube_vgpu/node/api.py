@@ -1,0 +1,147 @@
+"""The node plugin's Kubernetes API calls, awaited from the event loop and always bounded in time.
+
+`kubeapi.Kube` is synchronous, so each call runs on a small thread pool of its own; the HTTP read
+timeout and an asyncio deadline both equal the caller's budget, so a hung API server costs that
+budget and nothing more (the kubelet's Allocate has no deadline of its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, PatchType, WatchInterrupt
+from kube_vgpu.node.deviceplugin.selection import PodRef
+from kube_vgpu.node.events import EventRecorder
+
+_T = TypeVar("_T")
+# Never wait less than this on a connect, however little budget is left: it is the floor of a try.
+_MIN_CALL_SECONDS = 0.05
+# An Event is best effort and posted in the background: it may take this long, never more.
+EVENT_BUDGET_SECONDS = 5.0
+
+
+def json_pointer(*parts: str) -> str:
+    """An RFC 6901 pointer from raw path segments (annotation keys hold `/`)."""
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def annotation_path(key: str) -> str:
+    """The JSON pointer of one annotation."""
+    return json_pointer("metadata", "annotations", key)
+
+
+class NodeApi:
+    """Pods on this node, this node's object, and the patches the plugin writes."""
+
+    def __init__(self, kube: Kube, node_name: str, *, workers: int = 4) -> None:
+        self.kube = kube
+        self.node_name = node_name
+        self._node_selector = f"metadata.name={node_name}"
+        self._pod_selector = f"spec.nodeName={node_name}"
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kube-vgpu-api")
+        self.events = EventRecorder(self.create_event, node_name)
+
+    async def _run(self, budget: float, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        budget = max(budget, _MIN_CALL_SECONDS)
+        kwargs["timeout"] = (min(budget, 5.0), budget)
+        future = asyncio.get_running_loop().run_in_executor(
+            self._pool, functools.partial(fn, *args, **kwargs)
+        )
+        try:
+            return await asyncio.wait_for(future, budget)
+        except TimeoutError:
+            raise ApiUnavailable(f"no answer from the API server within {budget:.1f}s") from None
+
+    async def pods_on_node(self, budget: float) -> list[dict[str, Any]]:
+        """Every pod bound to this node (field selector `spec.nodeName`)."""
+        result = await self._run(budget, self.kube.list, "pod", field_selector=self._pod_selector)
+        items: list[dict[str, Any]] = result.get("items") or []
+        return items
+
+    def read_pods(self, *, timeout: Any) -> tuple[list[dict[str, Any]], str]:
+        """The pods bound to this node and the list's resourceVersion, blocking: the pod watch lists
+        with it on its own thread before watching from that version."""
+        result = self.kube.list("pod", field_selector=self._pod_selector, timeout=timeout)
+        items: list[dict[str, Any]] = result.get("items") or []
+        return items, str((result.get("metadata") or {}).get("resourceVersion", ""))
+
+    def watch_pods(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        """A blocking iterator of watch events of the pods bound to this node (on a thread of its own)."""
+        return self.kube.watch(
+            "pod",
+            resource_version,
+            field_selector=self._pod_selector,
+            timeout_seconds=timeout_seconds,
+            interrupt=interrupt,
+        )
+
+    async def node(self, budget: float) -> dict[str, Any] | None:
+        """This node's object (None when it does not exist)."""
+        node, _ = await self._run(budget, self.read_node)
+        return node
+
+    def read_node(self, *, timeout: Any) -> tuple[dict[str, Any] | None, str]:
+        """This node's object (None when it does not exist) and the list's resourceVersion, blocking:
+        the node watch lists with it on its own thread before watching from that version."""
+        result = self.kube.list("node", field_selector=self._node_selector, timeout=timeout)
+        items = result.get("items") or []
+        version = str((result.get("metadata") or {}).get("resourceVersion", ""))
+        return (items[0] if items else None), version
+
+    async def patch_pod(
+        self,
+        pod: PodRef,
+        body: Mapping[str, Any] | list[dict[str, Any]],
+        patch_type: PatchType,
+        budget: float,
+    ) -> dict[str, Any]:
+        """Patch a pod; returns it as stored."""
+        return await self._run(
+            budget, self.kube.patch, "pod", pod.name, body, namespace=pod.namespace, patch_type=patch_type
+        )
+
+    async def patch_node(
+        self,
+        body: Mapping[str, Any] | list[dict[str, Any]],
+        budget: float,
+        *,
+        patch_type: PatchType = "merge",
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """Patch this node (or its `status`); returns it as stored."""
+        return await self._run(
+            budget,
+            self.kube.patch,
+            "node",
+            self.node_name,
+            body,
+            patch_type=patch_type,
+            subresource=subresource,
+        )
+
+    async def create_event(self, event: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+        """Create one core v1 Event (see src/kube_vgpu/node/events.py)."""
+        return await self._run(EVENT_BUDGET_SECONDS, self.kube.create, "event", event, namespace=namespace)
+
+    def watch_node(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        """A blocking iterator of this node's watch events (run it on a thread of its own)."""
+        return self.kube.watch(
+            "node",
+            resource_version,
+            field_selector=self._node_selector,
+            timeout_seconds=timeout_seconds,
+            interrupt=interrupt,
+        )
+
+    def close(self) -> None:
+        """Wait for calls still on their threads (each bounded by its own timeout) and release them."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """A write lost to a concurrent one: 409 Conflict, or 422 from a failed JSON-patch `test`."""
+    return isinstance(exc, ApiError) and exc.status in (409, 422)

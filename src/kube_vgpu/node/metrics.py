@@ -1,0 +1,142 @@
+"""Prometheus metrics of the node plugin, on a registry of its own, served at `/metrics` by aiohttp.
+
+GPU and container figures are read from the inventory and the ledger at scrape time, so a container
+that is gone leaves no stale series behind; Allocate outcomes are counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.usage.metrics import UsageCollector, UsageSampler
+
+log = logging.getLogger("kube_vgpu.node.metrics")
+
+# Allocate failure reasons: a closed set, so the counter's cardinality stays bounded.
+FAILURE_REASONS = ("no_pod", "broken_pod", "rejected", "api_unavailable", "timeout", "conflict", "internal")
+
+
+class _StateCollector(Collector):
+    def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
+        self._inventory = inventory
+        self._ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._inventory.node_name
+        gpu_labels = ["node", "gpu", "model"]
+        total = GaugeMetricFamily("kube_vgpu_gpu_memory_total_mib", "GPU memory in MiB", labels=gpu_labels)
+        memory = GaugeMetricFamily(
+            "kube_vgpu_gpu_memory_allocated_mib", "MiB booked by live containers", labels=gpu_labels
+        )
+        cores = GaugeMetricFamily(
+            "kube_vgpu_gpu_cores_allocated_percent", "SM percent booked by live containers", labels=gpu_labels
+        )
+        vgpus = GaugeMetricFamily("kube_vgpu_gpu_vgpus_in_use", "vGPU slots in use", labels=gpu_labels)
+        healthy = GaugeMetricFamily(
+            "kube_vgpu_gpu_healthy", "1 when the GPU is in service", labels=gpu_labels
+        )
+        over = GaugeMetricFamily(
+            "kube_vgpu_gpu_overcommitted",
+            "1 when live allocations exceed the GPU's capacity of a resource",
+            labels=["node", "gpu", "resource"],
+        )
+        usage = self._ledger.usage()
+        overcommitted = {(o.gpu_uuid, o.resource) for o in self._ledger.overcommits()}
+        unhealthy = self._inventory.unhealthy
+        for gpu in self._inventory.gpus:
+            labels = [node, gpu.uuid, gpu.name]
+            use = usage[gpu.uuid]
+            total.add_metric(labels, gpu.memory_mib)
+            memory.add_metric(labels, use.memory_mib)
+            cores.add_metric(labels, use.cores)
+            vgpus.add_metric(labels, use.vgpus)
+            healthy.add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
+            for resource in ("memory", "cores", "vgpus"):
+                over.add_metric([node, gpu.uuid, resource], 1 if (gpu.uuid, resource) in overcommitted else 0)
+        container_labels = ["node", "namespace", "pod", "container", "gpu"]
+        limit = GaugeMetricFamily(
+            "kube_vgpu_container_memory_limit_mib",
+            "A container's memory limit on a GPU",
+            labels=container_labels,
+        )
+        share = GaugeMetricFamily(
+            "kube_vgpu_container_cores_percent", "A container's SM percent on a GPU", labels=container_labels
+        )
+        for share_of in self._ledger.containers():
+            pod = share_of.pod
+            labels = [node, pod.namespace, pod.name, share_of.container, share_of.gpu_uuid]
+            limit.add_metric(labels, share_of.memory_mib)
+            share.add_metric(labels, share_of.cores)
+        yield from (total, memory, cores, vgpus, healthy, over, limit, share)
+
+
+class Metrics:
+    """The plugin's registry: live state plus Allocate counters."""
+
+    def __init__(self, inventory: Inventory, ledger: Ledger, usage: UsageSampler | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_StateCollector(inventory, ledger))
+        self.usage = usage
+        if usage is not None:
+            self.registry.register(UsageCollector(usage))
+        self.allocations = Counter(
+            "kube_vgpu_allocations", "Allocate calls answered successfully", registry=self.registry
+        )
+        self.failures = Counter(
+            "kube_vgpu_allocation_failures",
+            "Allocate calls failed, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in FAILURE_REASONS:
+            self.failures.labels(reason)  # every reason shows from the start, at 0
+
+    def failed(self, reason: str) -> None:
+        """Count one failed Allocate."""
+        self.failures.labels(reason if reason in FAILURE_REASONS else "internal").inc()
+
+    def render(self) -> bytes:
+        """The text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class MetricsServer:
+    """`GET /metrics` on a port of its own (0 picks a free one; see `port` once started)."""
+
+    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0") -> None:
+        self._metrics = metrics
+        self._host = host  # all interfaces by default: Prometheus scrapes the pod's IP
+        self._requested_port = port
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if self._metrics.usage is not None:
+            await self._metrics.usage.refresh_async()
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self) -> None:
+        """Listen."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._requested_port)
+        await site.start()
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        log.info("event=metrics_serving port=%d", self.port)
+
+    async def stop(self) -> None:
+        """Stop listening and close connections."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()

@@ -1,0 +1,1 @@
+"""LOCAL STAND-IN for kube-apiserver: REST paths, storage, watch, admission order, quantities."""

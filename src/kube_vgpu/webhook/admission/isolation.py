@@ -1,0 +1,228 @@
+"""Ways out of the HAMi-core limits that a pod spec can ask for, refused at admission (SPEC §2.2 step 3).
+
+Pure: a pod dict and the configuration in, the first escape found (or None) out. The node plugin hands
+a vGPU container its limits through environment variables and bind mounts; a container that sets
+those variables itself, mounts over those paths, or reaches the plugin's host folders through a
+hostPath volume could replace the limits or switch HAMi-core off. Every container of a vGPU pod is
+checked, not just the ones that ask for a vGPU: with the NVIDIA runtime as the node's default, a
+sidecar that sets `NVIDIA_VISIBLE_DEVICES=all` is handed every GPU of the node with no limits at all.
+
+The protected paths come from the configuration, so they are normalised once per configuration (a
+small LRU cache keyed by the hook path itself, which never goes stale); each mount path of a review
+is normalised once and tested against every protected path at once (a set and a prefix tuple).
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kube_vgpu.contract.config import Config
+
+# Variables HAMi-core or the NVIDIA container runtime read (names are case-sensitive, as in Linux).
+RESERVED_ENV: Final[frozenset[str]] = frozenset(
+    {
+        "CUDA_DEVICE_SM_LIMIT",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        "CUDA_DISABLE_CONTROL",
+        "CUDA_OVERSUBSCRIBE",
+        "GPU_CORE_UTILIZATION_POLICY",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        # the NVIDIA runtime grants MIG configuration and monitoring through these
+        "NVIDIA_MIG_CONFIG_DEVICES",
+        "NVIDIA_MIG_MONITOR_DEVICES",
+        "LD_PRELOAD",
+    }
+)
+# `CUDA_DEVICE_MEMORY_LIMIT` and every per-device `CUDA_DEVICE_MEMORY_LIMIT_<i>`; the SM limit likewise,
+# in case a HAMi-core build reads a per-device form.
+RESERVED_ENV_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+
+# Paths the node plugin mounts into a hami-core container (node.deviceplugin.hamicore), besides the hook path.
+PLUGIN_CONTAINER_PATHS: Final[tuple[str, ...]] = ("/etc/ld.so.preload", "/tmp/vgpu", "/tmp/vgpulock")
+# Host folders the node plugin serves from, besides the configured hook path; and host folders that
+# reach every file of the node (through /proc/<pid>/, or /sys) or the kubelet's device plugin sockets.
+PLUGIN_HOST_PATHS: Final[tuple[str, ...]] = (
+    "/tmp/vgpulock",
+    "/var/lib/kubelet/device-plugins",
+    "/proc",
+    "/sys",
+)
+
+
+@dataclass(frozen=True)
+class Escape:
+    """One way out of the limits: what the pod wrote, and what to write instead."""
+
+    what: str
+    instead: str
+
+    def message(self) -> str:
+        """The denial text a user sees."""
+        return f"{self.what}: {self.instead}"
+
+
+def normalize(path: str) -> str:
+    """An absolute, `..`-free, single-slash form of a mount path, as the runtime resolves it.
+
+    `posixpath.normpath` keeps a leading `//` (POSIX lets it mean something else), which the
+    container runtime does not: `//etc/ld.so.preload` is `/etc/ld.so.preload` to runc.
+    """
+    if path.startswith("/") and "//" not in path and "/." not in path and not path.endswith("/"):
+        # Already absolute, single-slashed and free of `.`, `..` and a trailing slash (what nearly
+        # every mount path is): normpath would hand it back unchanged.
+        return path
+    joined = posixpath.normpath("/" + path)
+    return "/" + joined.lstrip("/")
+
+
+def covers(mount: str, protected: str) -> bool:
+    """Whether a mount at `mount` would replace `protected` or something inside it.
+
+    A mount on a parent folder (`/tmp`, `/etc`) is harmless: the plugin's own bind mounts are
+    deeper and land on top of it. Segments are compared, so `/tmp/vgpufoo` is not `/tmp/vgpu`.
+    """
+    mount, protected = normalize(mount), normalize(protected)
+    return mount == protected or mount.startswith(protected.rstrip("/") + "/")
+
+
+def host_overlaps(host: str, folder: str) -> bool:
+    """Whether a hostPath volume of `host` reaches `folder` (it is the folder, inside it, or above it)."""
+    host, folder = normalize(host), normalize(folder)
+    return covers(host, folder) or covers(folder, host)
+
+
+_CONTAINER_GROUPS: Final = ("initContainers", "containers", "ephemeralContainers")
+
+
+def every_container(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(`group[name]`, container) for every init, app and ephemeral container of a pod."""
+    for key, container in grouped_containers(pod):
+        yield _where(key, container), container
+
+
+def grouped_containers(pod: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(group, container) for every init, app and ephemeral container, without naming each one: the
+    `group[name]` text is only needed for a denial, and building it per container cost every review."""
+    spec = pod.get("spec") or {}
+    return [
+        (key, container)
+        for key in _CONTAINER_GROUPS
+        for container in spec.get(key) or ()
+        # Values come from JSON, so a mapping is a `dict` (a far cheaper check than the Mapping ABC).
+        if isinstance(container, dict)
+    ]
+
+
+def _where(key: str, container: Mapping[str, Any]) -> str:
+    return f"{key}[{container.get('name', '?')}]"
+
+
+def _reserved_env(name: str) -> bool:
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+def _env_escape(key: str, container: Mapping[str, Any]) -> Escape | None:
+    for entry in container.get("env") or ():
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(name, str) and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
+            return Escape(
+                f"{_where(key, container)}: env {name} is set by the node plugin for vGPU containers "
+                "(it carries the GPU memory and core limits)",
+                "remove it from env; the limits come from the container's vgpu resources",
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class _Protected:
+    """A protected path as written (for messages), normalised once, and the prefix of what is inside it."""
+
+    path: str
+    normal: str
+    inside: str
+
+    def covered_by(self, mount: str) -> bool:
+        """`covers(mount, self.path)` for a mount path already normalised."""
+        return mount == self.normal or mount.startswith(self.inside)
+
+
+@dataclass(frozen=True)
+class _Guards:
+    """What one hook path protects, prepared once per configuration (see `_guards`)."""
+
+    # The container paths as written, for messages, and normalised, for matching.
+    written: tuple[str, ...]
+    protected: tuple[_Protected, ...]
+    # Every normal form, and every inside-prefix: a mount is tested against all paths at once.
+    normals: frozenset[str]
+    insides: tuple[str, ...]
+    host_folders: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=16)
+def _guards(hook: str) -> _Guards:
+    """The paths a hook path protects, normalised once per configuration (a handful of entries), not
+    once per mount and path of every review. Keyed by the path itself, so never stale."""
+    written = (hook, *PLUGIN_CONTAINER_PATHS)
+    protected = tuple(_Protected(p, n, n.rstrip("/") + "/") for p, n in ((p, normalize(p)) for p in written))
+    return _Guards(
+        written=written,
+        protected=protected,
+        normals=frozenset(p.normal for p in protected),
+        insides=tuple(p.inside for p in protected),
+        host_folders=(hook, *PLUGIN_HOST_PATHS),
+    )
+
+
+def _mount_escape(key: str, container: Mapping[str, Any], guards: _Guards) -> Escape | None:
+    mounts = container.get("volumeMounts")
+    devices = container.get("volumeDevices")
+    if not mounts and not devices:
+        return None
+    paths = [(m.get("mountPath"), "volumeMounts") for m in mounts or () if isinstance(m, dict)]
+    paths += [(d.get("devicePath"), "volumeDevices") for d in devices or () if isinstance(d, dict)]
+    for path, field in paths:
+        if not isinstance(path, str):
+            continue
+        mount = normalize(path)
+        if mount not in guards.normals and not mount.startswith(guards.insides):
+            continue  # covers no protected path (one set lookup and one prefix test, not one per path)
+        hit = next((p.path for p in guards.protected if p.covered_by(mount)), None)
+        if hit is not None:
+            return Escape(
+                f"{_where(key, container)}: {field} path {path!r} covers {hit}, which the node plugin "
+                "mounts to enforce the vGPU limits",
+                f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
+            )
+    return None
+
+
+def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escape | None:
+    for volume in (pod.get("spec") or {}).get("volumes") or ():
+        host = volume.get("hostPath") if isinstance(volume, dict) else None
+        path = host.get("path") if isinstance(host, dict) else None
+        if not isinstance(path, str):
+            continue
+        hit = next((f for f in folders if host_overlaps(path, f)), None)
+        if hit is not None:
+            return Escape(
+                f"volume {volume.get('name', '?')!r}: hostPath {path!r} reaches {hit}, a node plugin's "
+                "host folder or one that reaches it, where HAMi-core and every container's limits live",
+                "use an emptyDir or another volume type instead",
+            )
+    return None
+
+
+def find_escape(pod: Mapping[str, Any], config: Config) -> Escape | None:
+    """The first way the pod would escape its vGPU limits, or None."""
+    guards = _guards(config.node.hook_path)
+    for key, container in grouped_containers(pod):
+        escape = _env_escape(key, container) or _mount_escape(key, container, guards)
+        if escape is not None:
+            return escape
+    return _host_path_escape(pod, guards.host_folders)

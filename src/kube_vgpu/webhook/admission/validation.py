@@ -1,0 +1,169 @@
+"""The validating decision for one pod CREATE or UPDATE (SPEC §2.2): no I/O of its own, a verdict out.
+
+Awaitable only because the quota step it calls last may record a reservation through the API
+(`webhook.quota_shared`); every rule here is plain computation on the request.
+
+The API server calls this phase exactly once per write, after every mutation, with the final object:
+name, uid and creationTimestamp filled in (facts `apiserver-admission.md` §2). So quota is decided
+here, keyed by the pod's uid, and the safety rules judge what will really be stored. It never
+patches. Pod labels exempt nothing; only a namespace label opts a namespace out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kube_vgpu.contract.config import Config
+from kube_vgpu.contract.names import OPT_OUT_LABEL, OPT_OUT_VALUE
+from kube_vgpu.contract.resources import PodRequest, RequestError, parse_pod
+from kube_vgpu.webhook.admission.gates import QuotaGate, ValidationView
+from kube_vgpu.webhook.admission.isolation import find_escape
+from kube_vgpu.webhook.admission.mutation import resolve_placement
+from kube_vgpu.webhook.admission.review import AdmissionRequest, Verdict
+from kube_vgpu.webhook.admission.safety import (
+    INVALID_ANNOTATION,
+    ISOLATION_ESCAPE,
+    MALFORMED_OBJECT,
+    QUOTA,
+    STALE_CACHE,
+    Denied,
+    check_create,
+    check_update,
+    read_pod,
+)
+from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
+from kube_vgpu.webhook.quota.charge import parse_limits, states_no_cores
+
+MISSING_UID = "missing-uid"
+# The subresource `kubectl debug` writes to add an ephemeral container to a running pod.
+EPHEMERAL_CONTAINERS = "ephemeralcontainers"
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The validating pipeline: safety on CREATE and UPDATE, quota on CREATE."""
+
+    config: Config
+    view: ValidationView
+    quota: QuotaGate
+
+    async def review(self, request: AdmissionRequest) -> Verdict:
+        """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
+        pod = request.object
+        debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
+        if pod is None or not (request.is_pod_create or request.is_pod_update or debug):
+            return Verdict(allowed=True)
+        if request.object_error:
+            # Only a caller other than the API server sends mistyped pods; no rule may meet one.
+            return Verdict(
+                allowed=False, reason=MALFORMED_OBJECT, message=f"malformed pod: {request.object_error}"
+            )
+        namespace = request.namespace or str((pod.get("metadata") or {}).get("namespace", ""))
+        namespace_labels = self.view.namespace_labels(namespace)
+        if (namespace_labels or {}).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
+            return Verdict(allowed=True)
+        try:
+            if debug:
+                self._ephemeral(pod)
+                return Verdict(allowed=True)
+            if request.is_pod_update:
+                check_update(request.old_object, pod, request.username, self.config)
+                return Verdict(allowed=True)
+            return await self._create(request, pod, namespace, namespace_labels)
+        except Denied as denial:
+            return Verdict(allowed=False, message=str(denial), reason=denial.reason)
+
+    async def _create(
+        self,
+        request: AdmissionRequest,
+        pod: Mapping[str, Any],
+        namespace: str,
+        namespace_labels: Mapping[str, str] | None,
+    ) -> Verdict:
+        pod_request = read_pod(pod, self.config.resource_names)
+        if not pod_request.asks_vgpu:
+            return Verdict(allowed=True)
+        check_create(pod, pod_request, self.config)
+        name = (pod.get("metadata") or {}).get("name")
+        # A name the cache holds: the API server will refuse this create at the storage write, so
+        # booking it would hold quota for a pod that never exists. It is still checked, as if a dry
+        # run: the pod of that name may have been deleted a moment ago, and skipping the check
+        # would let a delete-and-recreate trade a small pod for a large one.
+        taken = isinstance(name, str) and bool(name) and self.view.pod_exists(namespace, name)
+        warnings = self._charge_warnings(pod_request, namespace, namespace_labels)
+        refusal = await self._quota(request, pod_request, namespace, namespace_labels, reserve=not taken)
+        if refusal is not None:
+            raise Denied(QUOTA, refusal)
+        return Verdict(allowed=True, warnings=tuple(warnings))
+
+    def _ephemeral(self, pod: Mapping[str, Any]) -> None:
+        """`kubectl debug` on a vGPU pod: the debug container joins the pod on its GPU node, so it
+        must not set the variables or mounts that escape the limits either."""
+        try:
+            asks_vgpu = parse_pod(pod, self.config.resource_names).asks_vgpu
+        except RequestError:
+            asks_vgpu = True  # stored pods were admitted; be strict with whatever this is
+        escape = find_escape(pod, self.config) if asks_vgpu else None
+        if escape is not None:
+            raise Denied(ISOLATION_ESCAPE, escape.message())
+
+    async def _quota(
+        self,
+        request: AdmissionRequest,
+        pod_request: PodRequest,
+        namespace: str,
+        namespace_labels: Mapping[str, str] | None,
+        *,
+        reserve: bool,
+    ) -> str | None:
+        pod = request.object or {}
+        uid = (pod.get("metadata") or {}).get("uid")
+        limits = parse_limits(namespace_labels or {})
+        if (namespace_labels is None or limits.any or limits.invalid) and not self.view.fresh():
+            raise Denied(
+                STALE_CACHE,
+                f"namespace {namespace}: the webhook has not heard from the API server within "
+                f"{self.config.webhook.cache_staleness_seconds:.0f} s, so the namespace's GPU usage is "
+                "not known and quota cannot be checked; retry once the API server is reachable",
+            )
+        if not isinstance(uid, str) or not uid:
+            if not limits.any and not limits.invalid:
+                return None  # nothing to enforce, and nothing to key a reservation by
+            raise Denied(
+                MISSING_UID,
+                "request.object.metadata.uid is missing: quota is decided on the stored object, which "
+                "the API server sends only to a validating webhook; register /validate in a "
+                "ValidatingWebhookConfiguration",
+            )
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        try:
+            selectors = parse_selectors(annotations)
+        except SelectorError as exc:
+            raise Denied(INVALID_ANNOTATION, str(exc)) from None
+        placement = resolve_placement(
+            selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
+        )
+        return await self.quota.admit(
+            namespace=namespace,
+            namespace_labels=namespace_labels or {},
+            pod=pod,
+            request=pod_request,
+            largest_gpu_mib=placement.largest_gpu_mib,
+            pod_uid=uid,
+            dry_run=request.dry_run or not reserve,
+        )
+
+    def _charge_warnings(
+        self, pod_request: PodRequest, namespace: str, namespace_labels: Mapping[str, str] | None
+    ) -> list[str]:
+        if parse_limits(namespace_labels or {}).cores is None:
+            return []
+        cores = self.config.resource_names.cores
+        return [
+            f"container {c.container!r} states no {cores}: it runs with no SM limit, so it is charged "
+            f"100 per vGPU against namespace {namespace}'s vgpu-cores quota; set {cores} to charge less"
+            for c in pod_request.containers
+            if states_no_cores(c)
+        ]

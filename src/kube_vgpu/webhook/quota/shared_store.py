@@ -1,0 +1,245 @@
+"""The I/O edge of shared quota reservations: read, decide, write with a precondition, retry.
+
+One writer per quota namespace in each replica: reviews that arrive while a write is in flight wait
+and are decided together in the next write (group commit), so a burst costs a few writes, not one
+per pod, and a replica never races itself. A write carries the resourceVersion it was decided
+against; a 409 Conflict (another replica wrote first) re-reads and decides again, a bounded number
+of times within `budget_seconds`. Anything else (API slow, unreachable, refusing) refuses the
+reviews with a message saying why: the API server retries (failurePolicy Fail); nothing is ever
+admitted that was not booked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kube_vgpu.kubeapi.client import ApiError, Kube, KubeError
+from kube_vgpu.webhook.quota.charge import Charge
+from kube_vgpu.webhook.quota.shared import (
+    Answer,
+    Ask,
+    CacheState,
+    SharedStateError,
+    Unrecorded,
+    decide,
+    decode_entries,
+    encode_object,
+    in_flight,
+    object_name,
+)
+
+log = logging.getLogger("kube_vgpu.webhook.quota")
+
+# Within the API server's default webhook timeout (5 s), with room for the rest of the review.
+BUDGET_SECONDS = 3.5
+# Conflicts one batch may meet before it is refused; the budget above bounds the time anyway.
+MAX_CONFLICTS = 64
+# After a conflict, wait a random time up to this (doubling per conflict, capped), so that writers
+# that keep meeting stop retrying in lockstep and the one that just won does not always win again.
+BACKOFF_SECONDS = 0.002
+BACKOFF_CAP_SECONDS = 0.05
+CALL_TIMEOUT = (1.0, 2.5)  # (connect, read) seconds per API call
+
+
+@dataclass
+class SharedStats:
+    """Counters the benchmark and metrics read."""
+
+    reads: int = 0
+    writes: int = 0
+    conflicts: int = 0
+    failures: int = 0
+    batches: int = 0
+    asks: int = 0
+
+
+@dataclass
+class _Waiting:
+    ask: Ask
+    answer: asyncio.Future[Answer] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    abandoned: bool = False  # its review gave up waiting: a batch not yet started leaves it out
+
+
+class SharedReservations:
+    """The shared reservations of every quota namespace, as one replica reads and writes them."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        release_namespace: str,
+        *,
+        lifetime_seconds: float,
+        cache_state: Callable[[str], CacheState],
+        budget_seconds: float = BUDGET_SECONDS,
+        max_conflicts: int = MAX_CONFLICTS,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.release_namespace = release_namespace
+        self.lifetime = lifetime_seconds
+        self.cache_state = cache_state
+        self.budget = budget_seconds
+        self.max_conflicts = max_conflicts
+        self.wall = wall_clock
+        self.stats = SharedStats()
+        self._rng = random.Random()
+        # The last version of each namespace's object this replica read or wrote: the next write
+        # is tried against it first, so an uncontended replica writes without reading.
+        self._latest: dict[str, dict[str, Any] | None] = {}
+        self._queues: dict[str, list[_Waiting]] = {}
+        self._writers: dict[str, asyncio.Task[None]] = {}
+
+    async def decide(self, namespace: str, ask: Ask) -> Answer:
+        """The answer for one ask, booked in the shared object when it fits and reserves.
+
+        Raises `Unrecorded` when that could not be done within the budget.
+        """
+        waiting = _Waiting(ask)
+        self._queues.setdefault(namespace, []).append(waiting)
+        if namespace not in self._writers:
+            self._writers[namespace] = asyncio.create_task(self._drain(namespace), name=f"quota-{namespace}")
+        try:
+            # Bounded from arrival, queueing behind a write in flight included.
+            async with asyncio.timeout(self.budget):
+                return await asyncio.shield(waiting.answer)
+        except TimeoutError:
+            waiting.abandoned = True
+            if waiting.answer.done():
+                return waiting.answer.result()  # decided just in time (raises what it was refused with)
+            raise Unrecorded(f"the API server did not answer within {self.budget:.1f} s") from None
+
+    def in_flight(self, namespace: str) -> Charge:
+        """The shared reservations the cache does not account for yet, in the last version seen."""
+        try:
+            entries = decode_entries(self._latest.get(namespace), namespace)
+        except SharedStateError:
+            return Charge()
+        return in_flight(entries, self.cache_state(namespace), self.wall(), self.lifetime)
+
+    def namespaces(self) -> list[str]:
+        """The namespaces this replica remembers a version of the shared object for."""
+        return list(self._latest)
+
+    def forget(self, namespace: str) -> None:
+        """The namespace was deleted: drop the version remembered (a write in flight re-adds nothing
+        once it is done; the next decision, if any, reads afresh)."""
+        self._latest.pop(namespace, None)
+
+    async def close(self) -> None:
+        """Stop the writers (reviews still waiting are refused)."""
+        for task in list(self._writers.values()):
+            task.cancel()
+        await asyncio.gather(*self._writers.values(), return_exceptions=True)
+
+    async def _drain(self, namespace: str) -> None:
+        batch: list[_Waiting] = []
+        try:
+            while self._queues.get(namespace):
+                batch = [w for w in self._queues.pop(namespace) if not w.abandoned]
+                if not batch:
+                    continue
+                self.stats.batches += 1
+                self.stats.asks += len(batch)
+                try:
+                    async with asyncio.timeout(self.budget):
+                        answers = await self._settle(namespace, [w.ask for w in batch])
+                except Exception as exc:
+                    if not isinstance(exc, TimeoutError | Unrecorded | KubeError | SharedStateError):
+                        log.error("event=quota_shared_failed namespace=%s error=%r", namespace, repr(exc))
+                    self.stats.failures += 1
+                    self._latest.pop(namespace, None)  # an unknown outcome: read before the next write
+                    error = Unrecorded(_reason(exc, self.budget))
+                    log.warning(
+                        "event=quota_unrecorded namespace=%s reviews=%d reason=%r",
+                        namespace,
+                        len(batch),
+                        str(error),
+                    )
+                    for w in batch:
+                        if not w.answer.done() and not w.abandoned:
+                            w.answer.set_exception(error)
+                    continue
+                for w, answer in zip(batch, answers, strict=True):
+                    if not w.answer.done():
+                        w.answer.set_result(answer)
+        finally:
+            self._writers.pop(namespace, None)
+            for w in [*batch, *self._queues.pop(namespace, [])]:
+                if not w.answer.done() and not w.abandoned:
+                    w.answer.set_exception(Unrecorded("the webhook is shutting down"))
+
+    async def _settle(self, namespace: str, asks: list[Ask]) -> list[Answer]:
+        name = object_name(namespace)
+        fresh = namespace not in self._latest
+        current = await self._read(name) if fresh else self._latest[namespace]
+        conflicts = 0
+        while True:
+            entries = decode_entries(current, namespace)
+            state = self.cache_state(namespace)
+            kept, answers = decide(entries, asks, state, now=self.wall(), lifetime=self.lifetime)
+            if kept == entries:
+                if fresh:
+                    # Nothing to write, and the version decided on was current when read.
+                    self._latest[namespace] = current
+                    return answers
+                current, fresh = await self._read(name), True
+                continue
+            rv = None if current is None else str(current["metadata"]["resourceVersion"])
+            body = encode_object(namespace, self.release_namespace, kept, rv)
+            try:
+                if current is None:
+                    written = await asyncio.to_thread(
+                        self.kube.create,
+                        "configmap",
+                        body,
+                        namespace=self.release_namespace,
+                        timeout=CALL_TIMEOUT,
+                    )
+                else:
+                    written = await asyncio.to_thread(
+                        self.kube.replace,
+                        "configmap",
+                        name,
+                        body,
+                        namespace=self.release_namespace,
+                        timeout=CALL_TIMEOUT,
+                    )
+            except ApiError as exc:
+                # 404 on a PUT: someone deleted the object since it was read; read (none) and create.
+                if exc.status != 409 and not (exc.status == 404 and current is not None):
+                    raise
+                # Conflict (PUT with a stale resourceVersion) or AlreadyExists (a create raced).
+                conflicts += 1
+                self.stats.conflicts += 1
+                if conflicts > self.max_conflicts:
+                    raise Unrecorded(f"{conflicts} write conflicts in a row on {name}") from None
+                await asyncio.sleep(
+                    self._rng.uniform(0, min(BACKOFF_CAP_SECONDS, BACKOFF_SECONDS * 2**conflicts))
+                )
+                current, fresh = await self._read(name), True
+                continue
+            self.stats.writes += 1
+            self._latest[namespace] = written
+            return answers
+
+    async def _read(self, name: str) -> dict[str, Any] | None:
+        self.stats.reads += 1
+        return await asyncio.to_thread(
+            self.kube.get, "configmap", name, namespace=self.release_namespace, timeout=CALL_TIMEOUT
+        )
+
+
+def _reason(exc: BaseException, budget: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"the API server did not answer within {budget:.1f} s"
+    if isinstance(exc, SharedStateError):
+        return f"the shared reservations object is unreadable: {exc}"
+    if isinstance(exc, KubeError | Unrecorded):
+        return str(exc)
+    return f"internal error: {type(exc).__name__}"

@@ -1,0 +1,361 @@
+"""Assembling and running the webhook process: API client, cluster cache, quota, pipeline, HTTPS server.
+
+`serve()` runs until SIGTERM/SIGINT (or `stop` is set), then stops accepting, finishes the reviews
+in flight, closes keep-alive connections and stops the cache's watch threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kube_vgpu.contract.config import Config, NodeConfig
+from kube_vgpu.contract.mig.geometry import DeviceConfig, MigGeometryError, parse_device_config
+from kube_vgpu.contract.mig.shipped import default_device_config
+from kube_vgpu.contract.names import DEVICE_CONFIG_KEY
+from kube_vgpu.contract.resources import PodRequest
+from kube_vgpu.kubeapi.client import Kube, KubeError, load_api_client
+from kube_vgpu.webhook.admission.gates import QuotaGate
+from kube_vgpu.webhook.admission.mutation import Admission
+from kube_vgpu.webhook.admission.validation import Validation
+from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
+from kube_vgpu.webhook.placement.inventory import Inventory
+from kube_vgpu.webhook.quota.gate import NamespaceQuota, mig_slot_sizer, placement_sizer
+from kube_vgpu.webhook.quota.ledger import QuotaLedger
+from kube_vgpu.webhook.quota.metrics import QuotaMetrics, SharedBookMetrics
+from kube_vgpu.webhook.quota.shared import SharedBook
+from kube_vgpu.webhook.quota.shared_store import SharedReservations
+from kube_vgpu.webhook.serving.http.connection import HttpSettings
+from kube_vgpu.webhook.serving.listener import ConnectionLimits, Listener
+from kube_vgpu.webhook.serving.metrics import WebhookMetrics
+from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES, AdmissionApp, Readiness, Services
+from kube_vgpu.webhook.serving.tls import CertReloader
+
+log = logging.getLogger("kube_vgpu.webhook")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything `serve` needs besides the configuration file's content."""
+
+    tls_cert_file: Path
+    tls_key_file: Path
+    port: int = 8443
+    host: str = "0.0.0.0"
+    kubeconfig: str | None = None
+    cert_poll_seconds: float = 10.0
+    # From SIGTERM to exit: stop accepting, finish requests in flight, close every connection.
+    shutdown_timeout_seconds: float = 20.0
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # Callers must present a client certificate signed by this CA (None: any caller is served).
+    client_ca_file: Path | None = None
+    # Where the shared quota reservations live (the chart passes the pod's own namespace).
+    release_namespace: str = "default"
+
+
+class KnownNamespaceQuota:
+    """The quota step for namespaces the cache holds; vGPU pods of any other namespace are refused.
+
+    The API server refuses creates in a namespace that does not exist before any webhook is called,
+    so such a review is a forgery or a namespace created a moment ago; either way nothing is
+    reserved or remembered for it, which bounds the quota's memory by the namespaces that exist.
+    """
+
+    def __init__(self, gate: QuotaGate, known: Callable[[str], bool]) -> None:
+        self.gate = gate
+        self.known = known
+
+    async def admit(
+        self,
+        *,
+        namespace: str,
+        namespace_labels: Mapping[str, str],
+        pod: Mapping[str, Any],
+        request: PodRequest,
+        largest_gpu_mib: int | None,
+        pod_uid: str,
+        dry_run: bool,
+    ) -> str | None:
+        """The wrapped gate's answer for a known namespace; a refusal naming the namespace otherwise."""
+        if not self.known(namespace):
+            log.info("event=quota_unknown_namespace namespace=%r pod_uid=%s", namespace, pod_uid)
+            return (
+                f"namespace {namespace!r} is not in the webhook's view of the cluster yet "
+                "(created a moment ago?); retry in a few seconds"
+            )
+        return await self.gate.admit(
+            namespace=namespace,
+            namespace_labels=namespace_labels,
+            pod=pod,
+            request=request,
+            largest_gpu_mib=largest_gpu_mib,
+            pod_uid=pod_uid,
+            dry_run=dry_run,
+        )
+
+
+def build_quota(
+    cache: ClusterCache,
+    config: Config,
+    metrics: WebhookMetrics,
+    geometry: Callable[[], DeviceConfig] = default_device_config,
+    shared: Callable[[QuotaLedger], SharedBook] | None = None,
+) -> QuotaGate:
+    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events, decided
+    against the reservations every replica shares (`shared`, given the ledger it reads the cache
+    through; None: this process's ledger alone, as tests of the pure path use).
+
+    The one place the quota ledger is wired; return `webhook.gates.AllowAllQuota()` to switch it off.
+    """
+    names = config.resource_names
+    gate = NamespaceQuota(
+        names=names,
+        # One setting for both: a reservation outlives no fresh cache, and no fresh cache outlives it.
+        pending_seconds=config.webhook.cache_staleness_seconds,
+        gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
+        gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
+        slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
+    )
+
+    if shared is not None:
+        gate.shared = shared(gate.ledger)
+
+    def on_pod(event: CacheEvent) -> None:
+        if event.type == "deleted":
+            gate.ledger.pod_gone(event.obj)
+        else:
+            gate.ledger.pod_seen(event.obj)
+
+    def on_relist(kind: CachedKind) -> None:
+        if kind == "pod":
+            gate.ledger.resync(cache.objects("pod").values())
+        elif kind == "namespace":
+            listed = set(cache.objects("namespace"))
+            held = set(gate.shared.namespaces()) if gate.shared is not None else set()
+            for name in set(gate.ledger.namespaces()) | set(gate.last_limits) | held:
+                if name not in listed:
+                    gate.forget_namespace(name)
+
+    def on_namespace(event: CacheEvent) -> None:
+        name = (event.obj.get("metadata") or {}).get("name")
+        if event.type == "deleted" and isinstance(name, str):
+            gate.forget_namespace(name)
+
+    def namespaces() -> Iterator[tuple[str, Mapping[str, str]]]:
+        for name in cache.objects("namespace"):
+            yield name, cache.namespace_labels(name) or {}
+
+    cache.subscribe("pod", on_pod)
+    cache.subscribe("namespace", on_namespace)
+    cache.subscribe_relist(on_relist)
+    QuotaMetrics(gate, metrics.registry, namespaces=namespaces)
+    return KnownNamespaceQuota(gate, lambda name: cache.namespace_labels(name) is not None)
+
+
+def _gpu_memory(cache: ClusterCache, uuid: str) -> int | None:
+    gpu = cache.inventory.gpu(uuid)
+    return None if gpu is None else gpu.memory_mib
+
+
+class CacheValidationView:
+    """The live cache as the validating phase reads it."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self._cache = cache
+
+    @property
+    def inventory(self) -> Inventory:
+        """The GPU nodes."""
+        return self._cache.inventory
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The namespace's labels, None when it is not cached."""
+        return self._cache.namespace_labels(namespace)
+
+    def fresh(self) -> bool:
+        """Synced and heard from within the staleness bound."""
+        return self._cache.ready()
+
+    def pod_exists(self, namespace: str, name: str) -> bool:
+        """Whether the cache holds a pod of that name."""
+        return f"{namespace}/{name}" in self._cache.objects("pod")
+
+
+def build_services(
+    cache: ClusterCache,
+    config: Config,
+    metrics: WebhookMetrics,
+    geometry: Callable[[], DeviceConfig] = default_device_config,
+    shared: Callable[[QuotaLedger], SharedBook] | None = None,
+) -> Services:
+    """The handlers' dependencies, wired to a live cache."""
+    metrics.track_cache(cache)
+    admission = Admission(config, cache)
+    quota = build_quota(cache, config, metrics, geometry, shared)
+    validation = Validation(config, CacheValidationView(cache), quota)
+    readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
+    return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
+
+
+class WebhookServer:
+    """The running parts of one webhook process, startable and stoppable on the current event loop."""
+
+    def __init__(
+        self,
+        options: Options,
+        config: Config,
+        *,
+        kube: Kube | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.options = options
+        self.config = config
+        self.reloader = CertReloader(
+            options.tls_cert_file,
+            options.tls_key_file,
+            poll_seconds=options.cert_poll_seconds,
+            client_ca_file=options.client_ca_file,
+        )
+        self.kube = kube or Kube(load_api_client(options.kubeconfig), component="webhook")
+        self.cache = ClusterCache(
+            self.kube, staleness_seconds=config.webhook.cache_staleness_seconds, clock=clock
+        )
+        self.metrics = WebhookMetrics()
+        # Volcano's MIG geometry, read at start: what a `mig` pod's slot costs against quota.
+        self.geometry: DeviceConfig = default_device_config()
+        self.reservations: SharedReservations | None = None
+
+        def shared(ledger: QuotaLedger) -> SharedBook:
+            book = SharedReservations(
+                self.kube,
+                options.release_namespace,
+                lifetime_seconds=config.webhook.cache_staleness_seconds,
+                cache_state=ledger.cache_state,
+            )
+            SharedBookMetrics(lambda: dataclasses.asdict(book.stats), self.metrics.registry)
+            self.reservations = book
+            return book
+
+        self.services = build_services(self.cache, config, self.metrics, lambda: self.geometry, shared)
+        self.app = AdmissionApp(self.services)
+        limits = options.limits
+        self.http = HttpSettings(
+            request_timeout_seconds=limits.request_timeout_seconds,
+            idle_timeout_seconds=limits.idle_timeout_seconds,
+            max_body_bytes=MAX_BODY_BYTES,
+            refused=lambda outcome: self.metrics.reviews.labels(outcome).inc(),
+        )
+        self.listener: Listener | None = None
+        self._stopped = False
+        self._reload_task: asyncio.Task[None] | None = None
+        self.port = options.port
+
+    async def start(self) -> None:
+        """Listen (port 0 picks a free one, see `port`), start the cache and the certificate poller."""
+        self.listener = Listener(
+            self.app,
+            self.http,
+            self.reloader.context,
+            self.options.limits,
+            host=self.options.host,
+            port=self.options.port,
+        )
+        await self.listener.start()
+        self.port = self.listener.port
+        self.metrics.track_connections(self.listener)
+        await self.cache.start()
+        self.geometry = await load_mig_geometry(self.kube, self.config.node)
+        self._reload_task = asyncio.create_task(self.reloader.run(), name="tls-reload")
+        log.info("event=webhook_started address=%s:%d", self.options.host, self.port)
+
+    async def stop(self) -> None:
+        """Stop accepting, close idle keep-alive connections, let requests in flight finish, close
+        every connection (aborting what is left when the shutdown timeout is up); then stop the cache.
+        A second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.shutdown_timeout_seconds
+        drain = self.http.drain
+        listener = self.listener
+        if listener is not None:
+            await listener.close()
+        # From here every answer closes its connection; idle keep-alive connections close now, busy
+        # ones after their answer; a connection holding part of a request gets its answer too.
+        drain.draining = True
+        if listener is not None:
+            closed = listener.close_idle()
+            log.info("event=webhook_idle_closed count=%d", closed)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await drain.wait_idle()
+        except TimeoutError:
+            log.warning("event=webhook_drain_timeout in_flight=%d", drain.in_flight)
+        if listener is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await listener.wait_all_closed()  # TLS close exchanges included
+            except TimeoutError:
+                log.warning("event=webhook_connections_aborted count=%d", len(listener.connections))
+                listener.abort_all()
+        if self.reservations is not None:
+            await self.reservations.close()
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+            await asyncio.gather(self._reload_task, return_exceptions=True)
+            self._reload_task = None
+        await self.cache.stop()
+        self.kube.close()
+        log.info("event=webhook_stopped")
+
+
+async def load_mig_geometry(kube: Kube, node: NodeConfig) -> DeviceConfig:
+    """Volcano's device ConfigMap (the one the node plugin and the scheduler read), or the shipped
+    default when it is absent or unreadable; like the scheduler, the webhook reads it at start."""
+    namespace, name = node.device_config_namespace, node.device_config_name
+    try:
+        found = await asyncio.to_thread(kube.get, "configmap", name, namespace=namespace)
+        text = ((found or {}).get("data") or {}).get(DEVICE_CONFIG_KEY)
+        if isinstance(text, str):
+            geometry = parse_device_config(text)
+            log.info("event=mig_geometry_loaded configmap=%s/%s", namespace, name)
+            return geometry
+        reason = "absent"
+    except (KubeError, MigGeometryError) as exc:
+        reason = str(exc)
+    log.warning(
+        "event=mig_geometry_default configmap=%s/%s reason=%r detail=%s",
+        namespace,
+        name,
+        reason,
+        "MIG quota charges use the shipped geometry",
+    )
+    return default_device_config()
+
+
+async def serve(options: Options, config: Config, *, stop: asyncio.Event | None = None) -> int:
+    """Run the webhook until SIGTERM/SIGINT (or `stop`); returns the exit code."""
+    server = WebhookServer(options, config)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        try:
+            await server.start()
+            await stop.wait()
+            log.info("event=webhook_stopping grace_s=%.0f", options.shutdown_timeout_seconds)
+        finally:
+            await server.stop()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    return 0

@@ -1,0 +1,1 @@
+"""The webhook's HTTPS edge: TLS, the listener and its connection cap, the endpoints, metrics."""

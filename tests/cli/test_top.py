@@ -1,0 +1,148 @@
+"""`kube-vgpu top` against the stand-in API server: per node GPUs and bookings, per namespace quota."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_vgpu.cli.main import main
+from kube_vgpu.contract.names import MODE_LABEL, NODE_REGISTER, QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL
+from kube_vgpu.contract.register import GpuRecord, encode_register
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.node import CORES, COUNT, MEMORY, container, make_pod, one_gpu_pod
+
+A1 = "GPU-a1000000-0000-4000-8000-000000000001"
+A2 = "GPU-a1000000-0000-4000-8000-000000000002"
+H1 = "GPU-b1000000-0000-4000-8000-000000000001"
+
+
+def gpu_node(name: str, records: list[GpuRecord], mode: str = "hami-core") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {MODE_LABEL: mode},
+            "annotations": {NODE_REGISTER: encode_register(records)},
+        },
+    }
+
+
+def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+
+
+@pytest.fixture
+def cluster(apiserver: ApiServerStandin, tmp_path: Path) -> Path:
+    api = apiserver
+    api.put(
+        gpu_node(
+            "gpu-a100",
+            [
+                GpuRecord(A1, 10, 81920, "NVIDIA-NVIDIA A100-SXM4-80GB", True, "hami-core"),
+                # out of service: count 0, as the node plugin publishes it
+                GpuRecord(A2, 0, 81920, "NVIDIA-NVIDIA A100-SXM4-80GB", False, "hami-core"),
+            ],
+        )
+    )
+    api.put(
+        gpu_node("gpu-h100", [GpuRecord(H1, 10, 81559, "NVIDIA-NVIDIA H100 80GB HBM3", True, "hami-core")])
+    )
+    api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-only"}})
+    api.put(namespace("team-a", {QUOTA_MEMORY_LABEL: "30000", QUOTA_CORES_LABEL: "200"}))
+    api.put(namespace("team-b"))
+    api.put(namespace("idle", {QUOTA_MEMORY_LABEL: "1000"}))
+    api.put(one_gpu_pod("train", A1, mem=10240, cores=30, namespace="team-a", node="gpu-a100"))
+    api.put(one_gpu_pod("infer", A1, mem=4096, cores=20, namespace="team-b", node="gpu-a100"))
+    api.put(one_gpu_pod("h", H1, mem=2048, cores=0, namespace="team-a", node="gpu-h100"))
+    done = one_gpu_pod("done", A1, mem=50000, cores=50, namespace="team-a", node="gpu-a100")
+    done["status"] = {"phase": "Succeeded"}
+    api.put(done)
+    # not scheduled yet: charged against the quota, booked on no node
+    pending = make_pod("pending", [container("c", {COUNT: "1", MEMORY: "1000", CORES: "10"})], node="")
+    pending["metadata"]["namespace"] = "team-a"
+    pending["spec"].pop("nodeName")
+    api.put(pending)
+    api.put(make_pod("plain", [container("c")], namespace="team-b"))  # no GPU: not counted
+    return api.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+def top(kubeconfig: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    code = main(["top", "--kubeconfig", str(kubeconfig), *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_view_per_node_and_per_namespace(cluster: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = top(cluster, capsys, "-o", "json")
+    assert code == 0
+    view = json.loads(out)
+    nodes = {n["name"]: n for n in view["nodes"]}
+    assert set(nodes) == {"gpu-a100", "gpu-h100"}  # the CPU node carries no register annotation
+    a100 = nodes["gpu-a100"]
+    assert (a100["gpus"], a100["healthy_gpus"]) == (2, 1)
+    assert a100["memory_mib"] == 81920 and a100["cores"] == 100  # only the GPU in service
+    assert a100["memory_allocated_mib"] == 10240 + 4096 and a100["cores_allocated"] == 50
+    assert a100["vgpus_allocated"] == 2 and sorted(a100["pods"]) == ["team-a/train", "team-b/infer"]
+    assert nodes["gpu-h100"]["memory_allocated_mib"] == 2048
+    spaces = {s["name"]: s for s in view["namespaces"]}
+    assert set(spaces) == {"team-a", "team-b", "idle"}
+    team_a = spaces["team-a"]
+    assert team_a["pods"] == 3  # train, h, pending; the finished pod is not charged
+    assert team_a["memory_mib"] == {"used": 10240 + 2048 + 1000, "limit": 30000}
+    # "h" states vgpu-cores 0: no SM limit, so it is charged a whole GPU's cores (SPEC §2.2 step 1).
+    assert team_a["cores"] == {"used": 30 + 100 + 10, "limit": 200}
+    assert team_a["vgpus"] == {"used": 3, "limit": None}
+    assert spaces["team-b"]["memory_mib"] == {"used": 4096, "limit": None}
+    assert spaces["idle"] == {
+        "name": "idle",
+        "pods": 0,
+        "vgpus": {"used": 0, "limit": None},
+        "memory_mib": {"used": 0, "limit": 1000},
+        "cores": {"used": 0, "limit": None},
+        "uncounted": [],
+    }
+
+
+def test_text_view_is_two_tables(cluster: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = top(cluster, capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "NODE",
+        "MODE",
+        "GPUS",
+        "MEMORY(MiB)",
+        "MEMORY%",
+        "CORES(%)",
+        "CORES%",
+        "VGPUS",
+        "PODS",
+    ]
+    a100 = next(line.split() for line in lines if line.startswith("gpu-a100"))
+    assert a100 == ["gpu-a100", "hami-core", "1/2", "14336/81920", "17%", "50/100", "50%", "2/10", "2"]
+    team_a = next(line.split() for line in lines if line.startswith("team-a"))
+    assert team_a == ["team-a", "3", "3/-", "13288/30000", "140/200"]  # "h": no SM limit, 100
+
+
+def test_a_broken_register_annotation_is_named_not_fatal(
+    apiserver: ApiServerStandin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node = gpu_node("bad", [])
+    node["metadata"]["annotations"][NODE_REGISTER] = "garbage,,:::"
+    apiserver.put(node)
+    code, out, _ = top(apiserver.write_kubeconfig(tmp_path / "kc"), capsys)
+    assert code == 0 and "node bad:" in out and NODE_REGISTER in out
+
+
+def test_an_unreachable_api_server_exits_1_with_the_reason(
+    apiserver: ApiServerStandin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kc")
+    text = kubeconfig.read_text().replace(apiserver.url, "https://127.0.0.1:1")
+    kubeconfig.write_text(text)
+    code, out, err = top(kubeconfig, capsys)
+    assert code == 1 and out == "" and "cannot read the cluster" in err

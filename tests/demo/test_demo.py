@@ -1,0 +1,87 @@
+"""The demo doubles as an end-to-end test: every example pod ends as its file says, through the real parts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kube_vgpu.demo.cli import DEFAULT_EXAMPLES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE_VGPU_")}
+    return subprocess.run(
+        [sys.executable, "-m", "kube_vgpu", "demo", "--once", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_every_example_ends_as_expected() -> None:
+    result = run_demo()
+    assert result.returncode == 0, result.stdout + result.stderr
+    pods = sorted((DEFAULT_EXAMPLES / "pods").glob("*.yaml"))
+    assert f"{len(pods)} of {len(pods)} examples ended as expected." in result.stdout
+    # Each kind of outcome is shown in readable form.
+    # Quota is decided by the validating phase, after the mutating one admitted the pod.
+    assert "webhook /validate: DENIED: namespace team-small: vgpu-memory quota exceeded" in result.stdout
+    assert "env   NVIDIA_VISIBLE_DEVICES=MIG-" in result.stdout
+    assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10000m" in result.stdout
+    assert 'replace /metadata/annotations/nvidia.com/use-gputype = "[NVIDIA A100-SXM4-80GB]"' in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+    # It ends with `kube-vgpu top`: both simulated nodes, and the quota namespace with its limit.
+    top = result.stdout.split("$ kube-vgpu top\n", 1)[1].splitlines()
+    assert top[0].split()[0] == "NODE" and {"gpu-a100", "gpu-h100-mig"} <= {r.split()[0] for r in top if r}
+    assert any(r.split()[:1] == ["team-small"] and "/16384" in r for r in top)
+    # The usage path runs too: each workload's figures are read back from the plugins' /metrics,
+    # its process mapped to its container through its cgroup (MIG: per MIG device).
+    usage = result.stdout.split("Usage read from NVML", 1)[1].split("$ kube-vgpu top", 1)[0]
+    assert "not reported yet" not in usage
+    assert "team-a/plain-slice/infer" in usage and "SM 24%" in usage
+    assert "team-a/mig-slice/infer" in usage
+
+
+def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    quota = examples / "pods" / "06-over-quota.yaml"
+    # 8000 MiB fits team-small's 16 GiB quota, so the expected denial does not happen.
+    assert 'volcano.sh/vgpu-memory: "20000"' in quota.read_text()
+    quota.write_text(
+        quota.read_text().replace('volcano.sh/vgpu-memory: "20000"', 'volcano.sh/vgpu-memory: "8000"')
+    )
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "expected a denial, the webhook allowed the pod" in result.stdout
+    assert f"{len(list((examples / 'pods').glob('*.yaml'))) - 1} of" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("nodes.yaml", "mode: hami-core", "mode: turbo"), "nodes[0].mode: expected one of hami-core, mig"),
+        (("pods/01-plain-slice.yaml", "expect: allocated", "expect: maybe"), "must be allocated, denied or"),
+    ],
+)
+def test_bad_example_files_are_named_with_exit_2(
+    tmp_path: Path, edit: tuple[str, str, str], message: str
+) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    name, old, new = edit
+    path = examples / name
+    path.write_text(path.read_text().replace(old, new, 1))
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,44 @@
+"""The README lists every flag of every command, under that command's heading."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kube_vgpu.cli.main import SUBCOMMANDS, build_parser
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def commands() -> Iterator[tuple[str, list[str]]]:
+    def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from walk(sub)
+
+    for name in SUBCOMMANDS:
+        for sub in walk(build_parser(name)):
+            flags = [
+                next(o for o in a.option_strings if o.startswith("--"))
+                for a in sub._actions
+                if a.option_strings and a.dest != "help"
+            ]
+            if name in sub.prog.split() and flags:
+                yield sub.prog, flags
+
+
+COMMANDS = list(commands())
+
+
+@pytest.mark.parametrize(("prog", "flags"), COMMANDS, ids=[p for p, _ in COMMANDS])
+def test_every_flag_is_in_the_readme_under_its_command(prog: str, flags: list[str]) -> None:
+    heading = f"`{prog}`\n"
+    assert heading in README, f"README has no table for {prog}"
+    section = README.split(heading, 1)[1].split("\n\n`", 1)[0]
+    for flag in flags:
+        assert f"| `{flag}` |" in section, f"{prog} {flag} is not in the README"

@@ -1,0 +1,121 @@
+"""The chart's webhook server settings: connection bounds and shutdown passed as flags the program
+parses, a grace period above the shutdown timeout, optional client certificates and NetworkPolicy;
+rendered by the real Helm engine and validated against Kubernetes' schemas.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+
+from kube_vgpu.cli.main import build_parser
+from kube_vgpu.webhook.serving.listener import ConnectionLimits
+from tests.support.helm_render import Obj, Rendered, lint, render
+
+KUBE = "v1.31.0"
+
+
+def _render(values: Mapping[str, Any]) -> Rendered:
+    rendered = render(values, kube_version=KUBE)
+    for obj in rendered.objects:
+        if obj["apiVersion"].startswith("cert-manager"):
+            continue
+        kubernetes_validate.validate(obj, KUBE, strict=True)
+    report = lint(values, kube_version=KUBE)
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2], report
+    return rendered
+
+
+def _webhook_pod(rendered: Rendered) -> Obj:
+    deployment = next(d for d in rendered.of_kind("Deployment") if "webhook" in d["metadata"]["name"])
+    pod: Obj = deployment["spec"]["template"]
+    return pod
+
+
+def _args(rendered: Rendered) -> argparse.Namespace:
+    """The webhook container's arguments, parsed by the program's own parser."""
+    container = _webhook_pod(rendered)["spec"]["containers"][0]
+    return build_parser().parse_args(container["args"])
+
+
+def test_defaults_pass_the_programs_own_bounds_and_a_longer_grace_period() -> None:
+    rendered = _render({})
+    args = _args(rendered)
+    limits = ConnectionLimits()
+    assert args.max_connections == limits.max_connections
+    assert args.request_timeout == limits.request_timeout_seconds
+    assert args.idle_timeout == limits.idle_timeout_seconds > 90  # the API server keeps idle ones 90 s
+    assert args.client_ca_file is None
+    assert _webhook_pod(rendered)["spec"]["terminationGracePeriodSeconds"] > args.shutdown_timeout
+    assert not rendered.of_kind("NetworkPolicy")
+
+
+@pytest.mark.parametrize("shutdown", [5, 29, 45, 120])
+def test_the_grace_period_stays_above_the_shutdown_timeout(shutdown: int) -> None:
+    rendered = _render({"webhook": {"server": {"shutdownTimeoutSeconds": shutdown}}})
+    args = _args(rendered)
+    assert args.shutdown_timeout == shutdown
+    assert _webhook_pod(rendered)["spec"]["terminationGracePeriodSeconds"] > shutdown
+
+
+def test_server_bounds_reach_the_flags() -> None:
+    server = {"maxConnections": 300, "requestTimeoutSeconds": 4, "idleTimeoutSeconds": 120}
+    args = _args(_render({"webhook": {"server": server}}))
+    assert (args.max_connections, args.request_timeout, args.idle_timeout) == (300, 4, 120)
+
+
+def test_client_auth_mounts_the_ca_and_passes_the_flag() -> None:
+    values = {"webhook": {"clientAuth": {"enabled": True, "caConfigMap": "apiserver-client-ca"}}}
+    rendered = _render(values)
+    pod = _webhook_pod(rendered)
+    args = _args(rendered)
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "client-ca")
+    assert volume["configMap"]["name"] == "apiserver-client-ca"
+    assert args.client_ca_file == f"{mounts['client-ca']}/{volume['configMap']['items'][0]['path']}"
+
+
+def test_client_auth_without_a_ca_is_refused_naming_the_value() -> None:
+    with pytest.raises(helm_python.HelmError, match=r"webhook\.clientAuth\.caConfigMap"):
+        render({"webhook": {"clientAuth": {"enabled": True}}}, kube_version=KUBE)
+
+
+def test_the_network_policy_admits_only_the_listed_sources_to_the_webhook_port() -> None:
+    sources = [{"ipBlock": {"cidr": "10.0.0.0/24"}}, {"ipBlock": {"cidr": "fd00::/64"}}]
+    rendered = _render({"webhook": {"networkPolicy": {"enabled": True, "from": sources}}})
+    (policy,) = rendered.of_kind("NetworkPolicy")
+    pod = _webhook_pod(rendered)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    for deployment in rendered.of_kind("Deployment"):  # and no other workload of the chart
+        if deployment["spec"]["template"] is not pod:
+            assert not selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == sources
+    port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+
+
+def test_a_network_policy_with_no_sources_is_refused() -> None:
+    with pytest.raises(helm_python.HelmError, match=r"webhook\.networkPolicy\.from"):
+        render({"webhook": {"networkPolicy": {"enabled": True}}}, kube_version=KUBE)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"server": {"maxConnections": 0}},
+        {"server": {"shutdownTimeoutSeconds": "20"}},
+        {"server": {"unknown": 1}},
+        {"networkPolicy": {"from": "10.0.0.0/8"}},
+    ],
+)
+def test_bad_server_values_are_refused_by_the_schema(values: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmError):
+        render({"webhook": values}, kube_version=KUBE)

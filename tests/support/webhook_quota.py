@@ -1,0 +1,122 @@
+"""Builders the quota tests share: pods as admission and the cache see them, a gate on hand-moved clocks.
+
+It holds no tests; it is named like a test module so it lives among the quota's test files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kube_vgpu.contract.config import ResourceNames
+from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL
+from kube_vgpu.contract.resources import parse_pod
+from kube_vgpu.webhook.quota.gate import NamespaceQuota
+
+NAMES = ResourceNames()
+PENDING = 60.0
+_uids = itertools.count()
+
+
+@dataclass
+class Clocks:
+    """Both clocks the gate reads, moved by hand."""
+
+    mono: float = 1000.0
+    wall: float = 1_700_000_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall += seconds
+
+
+def make_pod(
+    memory: int | None = 1024,
+    *,
+    number: int | None = None,
+    percent: int | None = None,
+    cores: int | None = None,
+    name: str | None = None,
+    generate_name: str | None = None,
+    namespace: str = "team-a",
+    uid: str | None = None,
+    phase: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    deletion: tuple[str, int] | None = None,
+) -> dict[str, Any]:
+    """A one-container pod as admission sees it: vGPU limits, and the metadata asked for."""
+    limits = {
+        key: str(value)
+        for key, value in (
+            (NAMES.count, number),
+            (NAMES.memory, memory),
+            (NAMES.memory_percentage, percent),
+            (NAMES.cores, cores),
+        )
+        if value is not None
+    }
+    meta: dict[str, Any] = {"namespace": namespace, "annotations": dict(annotations or {})}
+    if name is not None:
+        meta["name"] = name
+    if generate_name is not None:
+        meta["generateName"] = generate_name
+    if uid is not None:
+        meta["uid"] = uid
+    if deletion is not None:
+        meta["deletionTimestamp"], meta["deletionGracePeriodSeconds"] = deletion
+    p: dict[str, Any] = {
+        "metadata": meta,
+        "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+    }
+    if phase is not None:
+        p["status"] = {"phase": phase}
+    return p
+
+
+def in_cache(p: Mapping[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    """The pod as the cache shows it once created: with a uid, and a name picked from generateName."""
+    meta = dict(p["metadata"])
+    meta["uid"] = meta.get("uid") or f"uid-{next(_uids)}"
+    meta["name"] = name or meta.get("name") or f"{meta.get('generateName', 'p-')}{next(_uids):05d}"
+    return {**p, "metadata": meta}
+
+
+def make_gate(clocks: Clocks | None = None, **kwargs: Any) -> NamespaceQuota:
+    """A quota gate reading `clocks` (fresh ones when not given)."""
+    clocks = clocks or Clocks()
+    return NamespaceQuota(
+        names=NAMES,
+        pending_seconds=PENDING,
+        clock=lambda: clocks.mono,
+        wall_clock=lambda: clocks.wall,
+        **kwargs,
+    )
+
+
+def admit(
+    gate: NamespaceQuota,
+    p: Mapping[str, Any],
+    labels: Mapping[str, str],
+    *,
+    gpu: int | None = 81920,
+    dry_run: bool = False,
+    review: str | None = None,
+) -> str | None:
+    """One review of `p` through the gate, as the admission pipeline calls it."""
+    return asyncio.run(
+        gate.admit(
+            namespace=p["metadata"]["namespace"],
+            namespace_labels=labels,
+            pod=p,
+            request=parse_pod(p, NAMES),
+            largest_gpu_mib=gpu,
+            pod_uid=review or f"review-{next(_uids)}",
+            dry_run=dry_run,
+        )
+    )
+
+
+MEM_80G = {QUOTA_MEMORY_LABEL: "81920"}

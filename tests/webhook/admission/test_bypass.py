@@ -1,0 +1,299 @@
+"""Every way a pod author tried to get around the rules (issue 11), through the real HTTPS webhook.
+
+Each attempt goes the way the API server would send it: a CREATE through /mutate, then the name,
+uid and creationTimestamp filled in, then /validate once (facts `apiserver-admission.md` §2); an
+edit of a running pod as an UPDATE to /validate with `oldObject` and the writer's `userInfo`. Each
+is refused with a message naming what was refused; the legitimate variants (a harmless env var or
+volume, a label change by the author, a booking written by the scheduler's identity) still pass.
+Quota-side ways in (charges, reinvocation, dry runs, stale caches): `test_webhook_bypass_quota.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_vgpu.contract.names import (
+    BIND_PHASE,
+    DEVICES_TO_ALLOCATE,
+    SCHEDULER_OWNED_ANNOTATIONS,
+    VGPU_IDS_NEW,
+)
+from kube_vgpu.standins.apiserver.admission_chain import admission_review, with_system_metadata
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.webhook_bypass import (
+    AUTHOR,
+    BOOKING,
+    NODE_PLUGIN,
+    SCHEDULER,
+    Cluster,
+    gpu_pod,
+    refused,
+    running_pod,
+    start,
+)
+
+
+@pytest.fixture
+def cluster(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[Cluster]:
+    made = start(apiserver, tmp_path)
+    with made.webhook:
+        yield made
+
+
+# --- 1. no self-service exemption ---------------------------------------------------------------
+
+
+def test_the_opt_out_label_on_a_pod_does_not_skip_quota(cluster: Cluster) -> None:
+    first = cluster.create(gpu_pod("one-gpu", "a"))
+    assert first["allowed"]
+    opted = gpu_pod("one-gpu", "b")
+    opted["metadata"]["labels"] = {"kube-vgpu.io/webhook": "ignore"}
+    answer = cluster.create(opted)
+    assert refused(answer, "one-gpu", "vgpu-number quota exceeded") and answer["phase"] == "validate"
+
+
+def test_the_opt_out_label_on_a_pod_does_not_let_unparsable_limits_through(cluster: Cluster) -> None:
+    opted = gpu_pod("one-gpu", memory="3Gi")
+    opted["metadata"]["labels"] = {"kube-vgpu.io/webhook": "ignore"}
+    assert refused(cluster.create(opted), "volcano.sh/vgpu-memory", "write 3072")
+
+
+def test_the_opt_out_label_on_a_pod_does_not_let_a_forged_booking_through(cluster: Cluster) -> None:
+    opted = gpu_pod()
+    opted["metadata"]["labels"] = {"kube-vgpu.io/webhook": "ignore"}
+    opted["metadata"]["annotations"] = {VGPU_IDS_NEW: BOOKING}
+    assert refused(cluster.create(opted), VGPU_IDS_NEW, "remove them")
+
+
+def test_unparsable_limits_are_refused_by_validation_too(cluster: Cluster) -> None:
+    # As if the mutating phase were skipped (an outage under failurePolicy Ignore elsewhere).
+    final = with_system_metadata(gpu_pod("one-gpu", memory="lots"))
+    answer = cluster.call("/validate", admission_review(final, username=AUTHOR))
+    assert refused(answer, "volcano.sh/vgpu-memory", "'lots'")
+
+
+# --- 2. scheduler-owned annotations -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", SCHEDULER_OWNED_ANNOTATIONS)
+def test_a_new_pod_carrying_a_scheduler_annotation_is_refused(cluster: Cluster, key: str) -> None:
+    forged = gpu_pod()
+    forged["metadata"]["annotations"] = {key: "x"}
+    answer = cluster.create(forged)
+    assert refused(answer, key, "written by the scheduler", "remove them")
+
+
+@pytest.mark.parametrize(
+    ("key", "old", "new"),
+    [
+        (VGPU_IDS_NEW, BOOKING, "GPU-0000,NVIDIA,1,0:;"),  # annotate --overwrite down to 1 MiB
+        (DEVICES_TO_ALLOCATE, BOOKING, "GPU-0000,NVIDIA,81920,0:;"),  # edited before Allocate
+        (BIND_PHASE, "allocating", None),  # removed
+        (VGPU_IDS_NEW, None, BOOKING),  # added
+    ],
+)
+def test_an_author_editing_a_booking_is_refused(
+    cluster: Cluster, key: str, old: str | None, new: str | None
+) -> None:
+    before = running_pod(cluster, {key: old} if old is not None else {})
+    after = copy.deepcopy(before)
+    if new is None:
+        del after["metadata"]["annotations"][key]
+    else:
+        after["metadata"]["annotations"][key] = new
+    answer = cluster.update(before, after, AUTHOR)
+    assert refused(answer, key, AUTHOR, "may not add, change or remove", "webhook.annotationWriters")
+
+
+def test_the_scheduler_and_the_node_plugin_may_write_the_booking(cluster: Cluster) -> None:
+    before = running_pod(cluster, {})
+    booked = copy.deepcopy(before)
+    booked["metadata"]["annotations"] |= {VGPU_IDS_NEW: BOOKING, DEVICES_TO_ALLOCATE: BOOKING}
+    assert cluster.update(before, booked, SCHEDULER)["allowed"]
+    consumed = copy.deepcopy(booked)
+    consumed["metadata"]["annotations"] |= {DEVICES_TO_ALLOCATE: ";", BIND_PHASE: "success"}
+    assert cluster.update(booked, consumed, NODE_PLUGIN)["allowed"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("volcano.sh/vgpu-mode", "mig"),  # re-declared: a later replica would size it afresh
+        ("nvidia.com/vgpu-mode", "mig"),
+        ("nvidia.com/use-gputype", "T4"),  # a percentage re-sized against a smaller card
+        ("volcano.sh/vgpu-use-gpuuuid", "GPU-other"),
+        ("nvidia.com/nouse-gpuuuid", "GPU-other"),
+    ],
+)
+def test_an_author_cannot_change_the_annotations_that_set_the_charge(
+    cluster: Cluster, key: str, value: str
+) -> None:
+    # Quota sizes a pod from its mode and selectors; a replica that starts later reads them afresh,
+    # so editing them after admission would re-price the pod.
+    before = running_pod(cluster, {})
+    after = copy.deepcopy(before)
+    after["metadata"]["annotations"][key] = value
+    assert refused(cluster.update(before, after, AUTHOR), key, "fixed when the pod is created")
+    assert cluster.update(before, after, SCHEDULER)["allowed"]  # the configured writers may
+
+
+def test_an_author_relabelling_or_annotating_their_pod_is_allowed(cluster: Cluster) -> None:
+    before = running_pod(cluster, {VGPU_IDS_NEW: BOOKING})
+    after = copy.deepcopy(before)
+    after["metadata"]["labels"] = {"team": "vision"}
+    after["metadata"]["annotations"]["example.com/owner"] = "alice"
+    assert cluster.update(before, after, AUTHOR)["allowed"]
+
+
+# --- 3. isolation escapes -----------------------------------------------------------------------
+
+ESCAPE_ENV = [
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_LIMIT_7",
+    "CUDA_DEVICE_SM_LIMIT",
+    "CUDA_DEVICE_SM_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_DISABLE_CONTROL",
+    "CUDA_OVERSUBSCRIBE",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "LD_PRELOAD",
+]
+
+
+@pytest.mark.parametrize("name", ESCAPE_ENV)
+def test_setting_a_limit_variable_is_refused(cluster: Cluster, name: str) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["containers"][0]["env"] = [
+        {"name": "HOME", "value": "/x"},
+        {"name": name, "value": "all"},
+    ]
+    assert refused(cluster.create(escaping), f"env {name}", "remove it from env")
+
+
+def test_a_sidecar_or_init_container_setting_them_is_refused_too(cluster: Cluster) -> None:
+    sidecar = gpu_pod()
+    sidecar["spec"]["containers"].append(
+        {"name": "side", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+    )
+    assert refused(cluster.create(sidecar), "containers[side]", "NVIDIA_VISIBLE_DEVICES")
+    init = gpu_pod()
+    init["spec"]["initContainers"] = [{"name": "warm", "env": [{"name": "LD_PRELOAD", "value": "/x.so"}]}]
+    assert refused(cluster.create(init), "initContainers[warm]", "LD_PRELOAD")
+
+
+@pytest.mark.parametrize(
+    "name", ["CUDA_VISIBLE_DEVICES_NOT", "ld_preload", "MY_CUDA_DISABLE_CONTROL", "PYTHONPATH"]
+)
+def test_harmless_variables_are_allowed(cluster: Cluster, name: str) -> None:
+    harmless = gpu_pod()
+    harmless["spec"]["containers"][0]["env"] = [{"name": name, "value": "1"}]
+    assert cluster.create(harmless)["allowed"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/ld.so.preload",
+        "/etc/ld.so.preload/",
+        "//etc/ld.so.preload",
+        "/etc/./ld.so.preload",
+        "/etc/../etc/ld.so.preload",
+        "/tmp/x/../../etc/ld.so.preload",
+        "etc/ld.so.preload",
+        "/usr/local/vgpu",
+        "/usr/local/vgpu/libvgpu.so",
+        "/usr/local/vgpu//",
+        "/tmp/vgpu",
+        "/tmp/vgpu/cache",
+        "/tmp/vgpulock",
+        "/tmp/vgpulock/lock0",
+    ],
+)
+def test_mounting_over_a_path_the_node_plugin_mounts_is_refused(cluster: Cluster, path: str) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    escaping["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
+    assert refused(cluster.create(escaping), f"volumeMounts path {path!r}", "mount the volume elsewhere")
+
+
+def test_a_block_device_at_the_preload_path_is_refused(cluster: Cluster) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["volumes"] = [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]
+    escaping["spec"]["containers"][0]["volumeDevices"] = [{"name": "v", "devicePath": "/etc/ld.so.preload"}]
+    assert refused(cluster.create(escaping), "volumeDevices path", "/etc/ld.so.preload")
+
+
+@pytest.mark.parametrize(
+    "path", ["/tmp", "/etc", "/etc/app", "/tmp/vgpufoo", "/usr/local", "/data", "/usr/local/vgpux"]
+)
+def test_harmless_mounts_are_allowed(cluster: Cluster, path: str) -> None:
+    # A parent folder is fine: the plugin's own, deeper bind mounts land on top of it.
+    harmless = gpu_pod()
+    harmless["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    harmless["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
+    assert cluster.create(harmless)["allowed"]
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "/usr/local/vgpu",
+        "/usr/local/vgpu/",
+        "/usr/local",
+        "/",
+        "/usr/local/vgpu/vgpu/containers",
+        "/tmp/vgpulock",
+        "/tmp",
+        "/proc/1/cwd/usr/local/vgpu",  # the host's files through PID 1's working folder
+        "/proc",
+        "/sys/fs/cgroup",
+        "/var/lib/kubelet/device-plugins",  # the plugin's and the kubelet's sockets
+        "/var/lib/kubelet",
+    ],
+)
+def test_a_host_path_reaching_the_node_plugins_folders_is_refused(cluster: Cluster, host: str) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["volumes"] = [{"name": "hook", "hostPath": {"path": host}}]
+    escaping["spec"]["containers"][0]["volumeMounts"] = [{"name": "hook", "mountPath": "/mnt/h"}]
+    assert refused(cluster.create(escaping), f"hostPath {host!r}", "node plugin's host folder")
+
+
+def test_an_unrelated_host_path_is_not_this_webhooks_business(cluster: Cluster) -> None:
+    # Pod Security `baseline` is what forbids hostPath in tenant namespaces (docs/security.md).
+    other = gpu_pod()
+    other["spec"]["volumes"] = [{"name": "data", "hostPath": {"path": "/srv/datasets"}}]
+    assert cluster.create(other)["allowed"]
+
+
+def test_privileged_and_hand_placed_vgpu_pods_are_refused(cluster: Cluster) -> None:
+    privileged = gpu_pod()
+    privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    assert refused(cluster.create(privileged), "privileged", "remove securityContext.privileged")
+    placed = gpu_pod()
+    placed["spec"]["nodeName"] = "a100"
+    assert refused(cluster.create(placed), "spec.nodeName", "nodeSelector")
+
+
+def test_a_debug_container_setting_a_limit_variable_is_refused(cluster: Cluster) -> None:
+    running = running_pod(cluster, {})
+
+    def debug(env: list[dict[str, str]]) -> dict[str, Any]:
+        debugged = copy.deepcopy(running)
+        debugged["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox", "env": env}]
+        review = admission_review(debugged, operation="UPDATE", old=running, username=AUTHOR)
+        review["request"]["subResource"] = "ephemeralcontainers"
+        return cluster.call("/validate", review)
+
+    answer = debug([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+    assert refused(answer, "ephemeralContainers[debug]", "env NVIDIA_VISIBLE_DEVICES")
+    assert debug([{"name": "TERM", "value": "xterm"}])["allowed"]

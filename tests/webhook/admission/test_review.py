@@ -1,0 +1,60 @@
+"""The review codec's two readers agree: orjson for ordinary bodies, the standard library (with every
+bound named) for the rest; and an answer quoting a lone surrogate is still encoded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kube_vgpu.webhook.admission.review import MalformedReview, _decode_exactly, decode_json, encode_json
+
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+def _outcome(read: Any, body: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", read(body)
+    except MalformedReview:
+        return "refused", None
+
+
+@settings(max_examples=400, deadline=None)
+@given(doc=_json)
+def test_the_fast_reader_reads_what_the_exact_reader_reads(doc: Any) -> None:
+    body = json.dumps(doc, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    assert _outcome(decode_json, body) == _outcome(_decode_exactly, body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"n": 18446744073709551616}',  # past 64 bits: orjson would make it a float
+        b'{"n": ' + b"9" * 30 + b"}",
+        b'{"n": 1e400}',
+        b'{"n": NaN}',
+        b'{"s": "\\ud800"}',  # a lone surrogate escape: read, for the pod shape check to deny
+        b'{"s": "\xed\xa0\x80"}',
+        b'{"s": "\xff"}',
+        b"\xef\xbb\xbf{}",
+        b"[" * 101 + b"]" * 101,
+        b'{"a": [1,]}',
+    ],
+)
+def test_bodies_orjson_refuses_or_might_misread_get_the_exact_answer(body: bytes) -> None:
+    assert _outcome(decode_json, body) == _outcome(_decode_exactly, body)
+
+
+def test_an_answer_quoting_a_lone_surrogate_is_encoded_as_an_escape() -> None:
+    assert json.loads(encode_json({"message": "bad \ud800 value"})) == {"message": "bad \ud800 value"}

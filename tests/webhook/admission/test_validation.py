@@ -1,0 +1,144 @@
+"""The pure validating pipeline (`webhook.validation`): what reaches the quota step, and when not."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kube_vgpu.contract.config import Config, WebhookConfig
+from kube_vgpu.contract.names import BIND_PHASE, USE_GPUTYPE, VGPU_MODE, VGPU_NODE
+from kube_vgpu.contract.resources import PodRequest
+from kube_vgpu.webhook.admission.gates import StaticView
+from kube_vgpu.webhook.admission.review import Verdict, parse_review
+from kube_vgpu.webhook.admission.validation import Validation
+from kube_vgpu.webhook.placement.inventory import Inventory
+from tests.support.webhook import A10, A100, H100, container, gpu_node, pod, review
+
+NODES = (
+    gpu_node("mixed", "hami-core", [(A10, 24576), (A100, 40960)]),
+    gpu_node("h100", "mig", [(H100, 81920)]),
+)
+LIMITED = {"default": {"quota.kube-vgpu.io/vgpu-memory": "100000"}}
+
+
+@dataclasses.dataclass
+class RecordingQuota:
+    answer: str | None = None
+    calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    async def admit(
+        self,
+        *,
+        namespace: str,
+        namespace_labels: Mapping[str, str],
+        pod: Mapping[str, Any],
+        request: PodRequest,
+        largest_gpu_mib: int | None,
+        pod_uid: str,
+        dry_run: bool,
+    ) -> str | None:
+        self.calls.append({"largest": largest_gpu_mib, "uid": pod_uid, "dry_run": dry_run, "ns": namespace})
+        return self.answer
+
+
+def validate(
+    obj: Mapping[str, Any],
+    *,
+    quota: RecordingQuota | None = None,
+    namespaces: Mapping[str, Mapping[str, str]] | None = LIMITED,
+    operation: str = "CREATE",
+    old: Mapping[str, Any] | None = None,
+    username: str = "alice",
+    dry_run: bool = False,
+    fresh: bool = True,
+    existing: Sequence[tuple[str, str]] = (),
+    config: Config | None = None,
+) -> Verdict:
+    inventory = Inventory()
+    for node in NODES:
+        inventory.upsert(node)
+    view = StaticView(inventory, namespaces, pods=frozenset(existing), is_fresh=fresh)
+    doc = review(obj, operation=operation, dry_run=dry_run)
+    doc["request"]["oldObject"] = old
+    doc["request"]["userInfo"] = {"username": username}
+    validation = Validation(config or Config(), view, quota or RecordingQuota())
+    return asyncio.run(validation.review(parse_review(json.dumps(doc).encode())))
+
+
+def final(obj: dict[str, Any], uid: str = "uid-1") -> dict[str, Any]:
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+def test_quota_is_asked_with_the_pod_uid_and_the_largest_gpu_it_may_land_on() -> None:
+    quota = RecordingQuota()
+    obj = final(pod(container(percent=50), annotations={USE_GPUTYPE: "A100,A10", VGPU_MODE: "hami-core"}))
+    assert validate(obj, quota=quota).allowed
+    assert quota.calls == [{"largest": 40960, "uid": "uid-1", "dry_run": False, "ns": "default"}]
+    mig = RecordingQuota()
+    validate(final(pod(container(percent=50), annotations={VGPU_MODE: "mig"})), quota=mig, dry_run=True)
+    assert mig.calls[0]["largest"] == 81920 and mig.calls[0]["dry_run"] is True
+
+
+def test_a_quota_refusal_is_a_denial_with_its_message() -> None:
+    verdict = validate(final(pod(container(memory=10))), quota=RecordingQuota("namespace default: over"))
+    assert not verdict.allowed and verdict.reason == "quota" and verdict.message == "namespace default: over"
+    assert verdict.patch == ()
+
+
+def test_quota_is_not_asked_for_pods_without_vgpu_or_after_earlier_denials() -> None:
+    quota = RecordingQuota()
+    assert validate(final(pod(container("cpu"))), quota=quota).allowed
+    forged = final(pod(container(memory=10), annotations={VGPU_NODE: "n"}))
+    assert validate(forged, quota=quota).reason == "forged-annotation"
+    assert quota.calls == []
+
+
+def test_an_existing_name_is_checked_but_reserves_nothing() -> None:
+    quota = RecordingQuota()
+    taken = final(pod(container(memory=10), name="taken"))
+    assert validate(taken, quota=quota, existing=[("default", "taken")]).allowed
+    assert quota.calls[0]["dry_run"] is True
+    # A deleted-and-recreated name is still held to the quota.
+    refusing = RecordingQuota("namespace default: over")
+    assert not validate(taken, quota=refusing, existing=[("default", "taken")]).allowed
+
+
+def test_a_stale_view_refuses_only_where_quota_applies_or_is_unknown() -> None:
+    obj = final(pod(container(memory=10)))
+    assert validate(obj, fresh=False).reason == "stale-cache"
+    assert validate(obj, fresh=False, namespaces={}).reason == "stale-cache"  # namespace not known
+    assert validate(obj, fresh=False, namespaces={"default": {}}).allowed
+
+
+def test_an_opted_out_namespace_is_not_validated_but_a_labelled_pod_is() -> None:
+    forged = final(pod(container(memory=10), annotations={VGPU_NODE: "n"}))
+    assert validate(forged, namespaces={"default": {"kube-vgpu.io/webhook": "ignore"}}).allowed
+    forged["metadata"]["labels"] = {"kube-vgpu.io/webhook": "ignore"}
+    assert not validate(forged).allowed
+
+
+def test_update_rules_compare_old_and_new_annotations() -> None:
+    old = final(pod(container(memory=10), annotations={BIND_PHASE: "allocating"}))
+    new = final(pod(container(memory=10), annotations={BIND_PHASE: "success"}))
+    assert validate(new, operation="UPDATE", old=old).reason == "forged-annotation"
+    writer = "system:serviceaccount:volcano-system:volcano-scheduler"
+    assert validate(new, operation="UPDATE", old=old, username=writer).allowed
+    # Without oldObject every scheduler annotation on the object counts as added.
+    assert not validate(new, operation="UPDATE", old=None, username="alice").allowed
+    # Other writers are configurable; the default is then no longer one.
+    config = Config(webhook=WebhookConfig(annotation_writers=("ops",)))
+    assert validate(new, operation="UPDATE", old=old, username="ops", config=config).allowed
+    assert not validate(new, operation="UPDATE", old=old, username=writer, config=config).allowed
+
+
+def test_no_cores_in_a_cores_quota_namespace_warns() -> None:
+    namespaces = {"default": {"quota.kube-vgpu.io/vgpu-cores": "400"}}
+    verdict = validate(
+        final(pod(container(memory=10), container("b", memory=5, cores=20))), namespaces=namespaces
+    )
+    assert verdict.allowed and len(verdict.warnings) == 1 and "'main'" in verdict.warnings[0]
+    assert not validate(final(pod(container(memory=10)))).warnings  # no cores quota: nothing to say

@@ -1,0 +1,193 @@
+"""Quota arithmetic (SPEC §2.2 step 1): a pod's charge, the namespace labels, the denial wording."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kube_vgpu.contract.config import ResourceNames
+from kube_vgpu.contract.devices import DeviceRecord, encode_pod_devices
+from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, QUOTA_NUMBER_LABEL, VGPU_IDS_NEW
+from kube_vgpu.contract.resources import parse_pod
+from kube_vgpu.webhook.quota.charge import (
+    Charge,
+    GpuSizeUnknown,
+    Limits,
+    booked_memory,
+    exceeded,
+    exceeded_message,
+    invalid_label_message,
+    parse_limits,
+    pod_charge,
+    pod_needs_gpu_size,
+    restartable_init_flags,
+)
+
+NAMES = ResourceNames()
+KEYS = {
+    "number": NAMES.count,
+    "memory": NAMES.memory,
+    "percent": NAMES.memory_percentage,
+    "cores": NAMES.cores,
+}
+
+
+def ctr(name: str, restart: str | None = None, **amounts: int) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": name,
+        "resources": {"limits": {KEYS[k]: str(v) for k, v in amounts.items()}},
+    }
+    if restart:
+        container["restartPolicy"] = restart
+    return container
+
+
+def pod(
+    *containers: dict[str, Any],
+    init: tuple[dict[str, Any], ...] = (),
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "team-a", "annotations": annotations or {}},
+        "spec": {"containers": list(containers), "initContainers": list(init)},
+    }
+
+
+def charge_of(p: dict[str, Any], gpu_mib: int | None = 81920) -> Charge:
+    request = parse_pod(p, NAMES)
+    return pod_charge(
+        request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(p), booked_mib=booked_memory(p, request)
+    )
+
+
+def test_charge_is_number_times_memory_and_number_times_cores_per_container() -> None:
+    p = pod(ctr("a", number=2, memory=3000, cores=30), ctr("b", number=1, memory=1024), ctr("plain"))
+    # "b" states no cores: it runs with no SM limit, so it is charged the whole GPU's 100.
+    assert charge_of(p) == Charge(number=3, memory_mib=2 * 3000 + 1024, cores=60 + 100)
+
+
+def test_memory_only_counts_as_one_vgpu() -> None:
+    assert charge_of(pod(ctr("a", memory=4096))) == Charge(1, 4096, 100)
+
+
+def test_cores_only_or_number_only_holds_a_whole_card_per_vgpu() -> None:
+    # Volcano books MemPercentagereq 100 when neither memory nor percentage is given.
+    assert charge_of(pod(ctr("a", number=2)), gpu_mib=40960) == Charge(2, 81920, 200)
+    assert charge_of(pod(ctr("a", cores=50)), gpu_mib=40960) == Charge(1, 40960, 50)
+
+
+@pytest.mark.parametrize(("gpu_mib", "expected"), [(40960, 2 * 10240), (81920, 2 * 20480), (24576, 2 * 6144)])
+def test_percentage_counts_against_the_gpu_size_given(gpu_mib: int, expected: int) -> None:
+    assert charge_of(pod(ctr("a", number=2, percent=25)), gpu_mib=gpu_mib).memory_mib == expected
+
+
+def test_percentage_rounds_down_per_card_like_volcano() -> None:
+    # floor(32510 * 33 / 100) = 10728 per card, not 10728.3.
+    assert charge_of(pod(ctr("a", number=3, percent=33)), gpu_mib=32510).memory_mib == 3 * 10728
+
+
+def test_percentage_without_a_gpu_size_is_refused_to_size() -> None:
+    p = pod(ctr("a", percent=50))
+    assert pod_needs_gpu_size(parse_pod(p, NAMES))
+    with pytest.raises(GpuSizeUnknown, match="'a'"):
+        charge_of(p, gpu_mib=None)
+    assert not pod_needs_gpu_size(parse_pod(pod(ctr("a", memory=10)), NAMES))
+
+
+def test_init_containers_count_as_kubernetes_does_per_resource() -> None:
+    # init: 4 vGPUs x 1000 MiB, no SM limit (400); app: 2 x (1 vGPU, 3000 MiB, 40 cores).
+    # number: max(4, 2) = 4; memory: max(4000, 6000) = 6000; cores: max(400, 80) = 400.
+    p = pod(
+        ctr("app1", number=1, memory=3000, cores=40),
+        ctr("app2", number=1, memory=3000, cores=40),
+        init=(ctr("setup", number=4, memory=1000), ctr("small", memory=500)),
+    )
+    assert charge_of(p) == Charge(number=4, memory_mib=6000, cores=400)
+
+
+def test_a_larger_init_container_than_all_apps_sets_the_charge() -> None:
+    p = pod(ctr("app", number=1, memory=1000), init=(ctr("warm", number=1, memory=30000, cores=100),))
+    assert charge_of(p) == Charge(1, 30000, 100)
+
+
+def test_sidecar_init_containers_add_to_the_app_containers() -> None:
+    # A sidecar (restartPolicy Always) keeps running: it adds to the apps and to later inits.
+    p = pod(
+        ctr("app", number=1, memory=1000),
+        init=(ctr("side", "Always", number=1, memory=2000), ctr("setup", number=1, memory=5000)),
+    )
+    assert restartable_init_flags(p) == (True, False)
+    # apps + sidecar = 2 x, 3000 MiB; setup runs beside the sidecar: 2 x, 7000 MiB.
+    assert charge_of(p) == Charge(2, 7000, 200)
+
+
+def test_scheduler_booking_replaces_the_percentage_arithmetic() -> None:
+    booking = encode_pod_devices(
+        [
+            [DeviceRecord("GPU-aaaaaaaa-0000-0000-0000-000000000001", 20480, 0)],
+            [
+                DeviceRecord("GPU-aaaaaaaa-0000-0000-0000-000000000001", 1000, 10),
+                DeviceRecord("GPU-aaaaaaaa-0000-0000-0000-000000000002", 1000, 10),
+            ],
+        ]
+    )
+    p = pod(
+        ctr("pct", percent=50),
+        ctr("cpu-only"),
+        ctr("fixed", number=2, memory=1000, cores=10),
+        annotations={VGPU_IDS_NEW: booking},
+    )
+    request = parse_pod(p, NAMES)
+    sizes = {"GPU-aaaaaaaa-0000-0000-0000-000000000001": 40960}
+    assert booked_memory(p, request, sizes.get) == {"pct": 20480, "fixed": 2000}
+    assert not pod_needs_gpu_size(request, booked_memory(p, request, sizes.get))
+    # Booked on a 40 GiB card: 20480 MiB, whatever the largest GPU in the cluster is.
+    booked = booked_memory(p, request, sizes.get)
+    assert pod_charge(request, gpu_mib=None, booked_mib=booked) == Charge(3, 22480, 100 + 20)
+    # A percentage booked on a GPU the cluster does not know cannot be checked: not believed.
+    assert booked_memory(p, request) == {}
+
+
+@pytest.mark.parametrize("booking", ["garbage", "GPU-x,NVIDIA,1,0:", ""])
+def test_a_booking_that_does_not_fit_the_spec_is_ignored(booking: str) -> None:
+    p = pod(ctr("a", percent=50), ctr("b", memory=10), annotations={VGPU_IDS_NEW: booking})
+    assert booked_memory(p, parse_pod(p, NAMES)) == {}
+
+
+def test_limits_parse_absent_zero_and_values() -> None:
+    assert parse_limits({}) == Limits()
+    assert not parse_limits({"other": "x"}).any
+    limits = parse_limits({QUOTA_NUMBER_LABEL: "0", QUOTA_MEMORY_LABEL: "81920", QUOTA_CORES_LABEL: "400"})
+    assert (limits.number, limits.memory_mib, limits.cores, limits.invalid) == (0, 81920, 400, ())
+
+
+@pytest.mark.parametrize("value", ["10Gi", "-1", "", "1.5", " 4", "four"])
+def test_a_label_that_is_not_a_non_negative_integer_is_reported(value: str) -> None:
+    limits = parse_limits({QUOTA_MEMORY_LABEL: value, QUOTA_NUMBER_LABEL: "2"})
+    assert limits.invalid == ((QUOTA_MEMORY_LABEL, value),)
+    message = invalid_label_message("team-a", limits.invalid)
+    assert "namespace team-a" in message and QUOTA_MEMORY_LABEL in message and repr(value) in message
+
+
+def test_exceeded_names_only_limited_resources_the_request_uses() -> None:
+    limits = Limits(number=4, memory_mib=1000, cores=None)
+    assert exceeded(Charge(1, 500, 900), Charge(3, 500, 0), limits) == []  # exactly at the limits
+    assert exceeded(Charge(2, 501, 900), Charge(3, 500, 0), limits) == ["vgpu-number", "vgpu-memory"]
+    # A request that adds nothing to a resource never trips it, even when usage is over.
+    assert exceeded(Charge(0, 0, 0), Charge(9, 9000, 0), limits) == []
+
+
+def test_denial_message_is_worded_as_the_issue_says() -> None:
+    usage, request = Charge(4, 65536, 0), Charge(1, 24576, 0)
+    limits = Limits(memory_mib=81920)
+    assert exceeded_message("team-a", ["vgpu-memory"], request, usage, limits) == (
+        "namespace team-a: vgpu-memory quota exceeded: requested 24576 MiB, in use 65536 MiB of 81920 MiB"
+    )
+    both = exceeded_message(
+        "team-a", ["vgpu-number", "vgpu-cores"], Charge(1, 0, 50), Charge(4, 0, 380), Limits(4, None, 400)
+    )
+    assert both == (
+        "namespace team-a: vgpu-number quota exceeded: requested 1 vGPU, in use 4 vGPUs of 4 vGPUs; "
+        "namespace team-a: vgpu-cores quota exceeded: requested 50%, in use 380% of 400%"
+    )

@@ -1,0 +1,55 @@
+"""`webhook.mig_charge`: a `mig` pod is charged the slot Volcano would give it (protocol §6.2)."""
+
+from __future__ import annotations
+
+from kube_vgpu.contract.mig.geometry import parse_device_config
+from kube_vgpu.contract.models import register_type
+from kube_vgpu.webhook.quota.mig_charge import slot_mib, slot_sizer
+
+GEOMETRY = parse_device_config(
+    """\
+nvidia:
+  resourceCountName: volcano.sh/vgpu-number
+  resourceMemoryName: volcano.sh/vgpu-memory
+  resourceMemoryPercentageName: volcano.sh/vgpu-memory-percentage
+  resourceCoreName: volcano.sh/vgpu-cores
+  knownMigGeometries:
+  - models: ["A100-PCIE-40GB"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.5gb, memory: 4864, count: 7}]
+    - group: group2
+      geometries: [{name: 2g.10gb, memory: 9856, count: 3}, {name: 1g.5gb, memory: 4864, count: 1}]
+    - group: group3
+      geometries: [{name: 3g.20gb, memory: 19968, count: 2}]
+  - models: ["H100 80GB HBM3"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.10gb, memory: 9984, count: 7}]
+"""
+)
+A100 = register_type("NVIDIA A100-PCIE-40GB")
+H100 = register_type("NVIDIA H100 80GB HBM3")
+A10 = register_type("NVIDIA A10")
+
+
+def test_a_tiny_request_is_charged_the_smallest_slot() -> None:
+    assert slot_mib(GEOMETRY, [A100], 1) == 4864
+    assert slot_mib(GEOMETRY, [A100], 4864) == 4864
+
+
+def test_the_first_group_with_a_fitting_slot_decides_as_in_volcano() -> None:
+    # group1 has nothing >= 5000, group2's smallest fitting type is 2g.10gb.
+    assert slot_mib(GEOMETRY, [A100], 5000) == 9856
+    assert slot_mib(GEOMETRY, [A100], 10000) == 19968
+
+
+def test_the_largest_slot_over_the_candidate_gpus_is_charged() -> None:
+    assert slot_mib(GEOMETRY, [A100, H100], 1) == 9984
+    assert slot_sizer(GEOMETRY, [H100, A100])(1) == 9984
+
+
+def test_unknown_geometries_and_requests_no_slot_fits_are_charged_as_asked() -> None:
+    assert slot_mib(GEOMETRY, [A10], 1) == 1
+    assert slot_mib(GEOMETRY, [], 1234) == 1234
+    assert slot_mib(GEOMETRY, [A100], 30000) == 30000

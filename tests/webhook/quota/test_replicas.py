@@ -1,0 +1,210 @@
+"""Quota exact across webhook replicas (issue 13): three `kube-vgpu webhook` processes, each with its
+own cache and API client, against one stand-in API server.
+
+1,000 concurrent creates, each mutated on one replica and validated on another at random (as the API
+server's calls through a Service land), at a namespace with room for exactly K: exactly K admitted.
+Dry runs reserve nothing; a pod validated twice (an API-server retry) on two replicas and mutated
+twice (reinvocation) counts once. Once the admitted pods exist and some are deleted, exactly the
+freed amount fits again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import socket
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL
+from kube_vgpu.standins.apiserver.admission_chain import (
+    AdmissionChain,
+    Admitted,
+    admission_review,
+    create_across,
+)
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.quota.shared import decode_entries, object_name
+from tests.support.webhook import A100, TlsFiles, container, gpu_node, write_tls
+
+REPO = Path(__file__).resolve().parents[3]
+NAMESPACE = "team-r"
+RELEASE = "kube-vgpu"
+ROOM = 50  # K: pods of 1 GiB that fit
+PODS = 1000
+FREED = 13
+REPLICAS = 3
+
+
+def burst_pod() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "burst-", "namespace": NAMESPACE},
+        "spec": {"containers": [container(memory=1024, cores=10)]},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Replica:
+    """One webhook process and the admission chain that reaches it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+        self.base = f"https://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def replicas(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[tuple[list[Replica], TlsFiles]]:
+    apiserver.put(gpu_node("a100", "hami-core", [(A100, 81920)] * 8))
+    apiserver.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE}})
+    labels = {QUOTA_MEMORY_LABEL: str(ROOM * 1024)}
+    apiserver.put(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}
+    )
+    tls = write_tls(tmp_path / "tls")
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    started: list[Replica] = []
+    try:
+        for i in range(REPLICAS):
+            port = _free_port()
+            log = tmp_path / f"webhook-{i}.log"
+            command = [
+                sys.executable, "-m", "kube_vgpu", "webhook",
+                "--tls-cert-file", str(tls.cert_file), "--tls-key-file", str(tls.key_file),
+                "--host", "127.0.0.1", "--port", str(port), "--kubeconfig", str(kubeconfig),
+                "--release-namespace", RELEASE, "--log-level", "warning",
+            ]  # fmt: skip
+            with log.open("wb") as out:
+                proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            started.append(Replica(proc, port, log))
+        yield started, tls
+    finally:
+        for replica in started:
+            replica.proc.terminate()
+        for replica in started:
+            try:
+                replica.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                replica.proc.kill()
+                replica.proc.wait()
+    for replica in started:
+        assert "Traceback" not in replica.log.read_text(), replica.log.read_text()
+
+
+async def wait_for(condition: Any, what: str, *, tries: int = 1500) -> None:
+    """Poll an async condition until it holds (bounded by tries, not by a clock)."""
+    for _ in range(tries):
+        if await condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"never saw {what}")
+
+
+async def memory_used(
+    session: aiohttp.ClientSession, replica: Replica, context: ssl.SSLContext
+) -> float | None:
+    async with session.get(f"{replica.base}/metrics", ssl=context) as response:
+        text = await response.text()
+    pattern = rf'kube_vgpu_quota_used{{namespace="{NAMESPACE}",resource="vgpu-memory"}} (\S+)'
+    found = re.search(pattern, text)
+    return float(found.group(1)) if found else None
+
+
+async def ready(session: aiohttp.ClientSession, replica: Replica, context: ssl.SSLContext) -> bool:
+    assert replica.proc.poll() is None, replica.log.read_text()
+    try:
+        async with session.get(f"{replica.base}/readyz", ssl=context) as response:
+            return response.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+@pytest.mark.slow
+async def test_three_replicas_admit_exactly_the_quota(
+    apiserver: ApiServerStandin, replicas: tuple[list[Replica], TlsFiles]
+) -> None:
+    procs, tls = replicas
+    rng = random.Random(13)
+    context = tls.client_context()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=300)) as session:
+        for replica in procs:
+            await wait_for(lambda r=replica: ready(session, r, context), f"replica {replica.port} ready")
+        chains = [AdmissionChain(session, r.base, tls.ca.cert_pem) for r in procs]
+
+        def pair() -> tuple[AdmissionChain, AdmissionChain]:
+            m = rng.randrange(REPLICAS)
+            v = (m + rng.randrange(1, REPLICAS)) % REPLICAS  # another replica
+            return chains[m], chains[v]
+
+        # Dry runs are decided and reserve nothing: all fit, and nothing is shared.
+        dry = await asyncio.gather(*(create_across(*pair(), burst_pod(), dry_run=True) for _ in range(60)))
+        assert all(a.allowed for a in dry)
+        assert apiserver.get("configmap", object_name(NAMESPACE), RELEASE) is None
+
+        async def repeated(a: AdmissionChain, b: AdmissionChain) -> list[Admitted]:
+            """One pod mutated twice (reinvocation) and validated twice, on two replicas (a retry)."""
+            admitted = await create_across(a, b, burst_pod())
+            again = await a.call("/mutate", admission_review(admitted.pod))
+            assert again["allowed"] and not again.get("patch"), "reinvocation must be a no-op"
+            retry = await (a if b is not a else b).call("/validate", admission_review(admitted.pod))
+            return [admitted, Admitted(bool(retry["allowed"]), admitted.pod)]
+
+        jobs: list[Any] = []
+        for i in range(PODS):
+            if i % 10 == 0:
+                jobs.append(repeated(*pair()))
+            elif i % 10 == 5:
+                jobs.append(create_across(*pair(), burst_pod(), dry_run=True))
+            else:
+                jobs.append(create_across(*pair(), burst_pod()))
+        results = await asyncio.gather(*jobs)
+        real: dict[str, Admitted] = {}
+        for i, result in enumerate(results):
+            if i % 10 == 5:
+                continue  # dry runs
+            for admitted in result if isinstance(result, list) else [result]:
+                if admitted.allowed:
+                    real[admitted.pod["metadata"]["uid"]] = admitted.pod
+        assert len(real) == ROOM
+        denied = {r.message for r in results if isinstance(r, Admitted) and not r.allowed and r.phase}
+        assert all("vgpu-memory quota exceeded" in m for m in denied), denied
+        obj = apiserver.get("configmap", object_name(NAMESPACE), RELEASE)
+        assert set(decode_entries(obj, NAMESPACE)) == set(real)
+
+        # The admitted pods are stored (with the uid validation saw); every replica's cache counts them.
+        pods = list(real.values())
+        for pod in pods:
+            apiserver.put(pod)
+        for replica in procs:
+            await wait_for(
+                lambda r=replica: _equals(memory_used(session, r, context), ROOM * 1024),
+                f"replica {replica.port} counting the stored pods",
+            )
+        # Some are deleted: exactly their share fits again, whichever replicas decide.
+        for pod in pods[:FREED]:
+            apiserver.delete("pod", pod["metadata"]["name"], NAMESPACE)
+        for replica in procs:
+            await wait_for(
+                lambda r=replica: _equals(memory_used(session, r, context), (ROOM - FREED) * 1024),
+                f"replica {replica.port} seeing the deletions",
+            )
+        second = await asyncio.gather(*(create_across(*pair(), burst_pod()) for _ in range(300)))
+        assert sum(a.allowed for a in second) == FREED
+
+
+async def _equals(value: Any, expected: float) -> bool:
+    return bool(await value == expected)

@@ -1,0 +1,200 @@
+"""The pure part of shared quota reservations (`webhook.quota_shared`): the object's name and codec,
+pruning, and the decision for a batch of asks against one version of the object plus the cache."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+
+import pytest
+
+from kube_vgpu.webhook.quota.charge import ZERO, Charge, Limits
+from kube_vgpu.webhook.quota.shared import (
+    MAX_ENTRIES,
+    NAMESPACE_LABEL,
+    Ask,
+    CacheState,
+    Entry,
+    SharedStateError,
+    decide,
+    decode_entries,
+    encode_object,
+    in_flight,
+    object_name,
+    prune,
+)
+
+LIFETIME = 120.0
+NOW = 1_000_000.0
+ONE = Charge(1, 1024, 10)
+LIMITS = Limits(memory_mib=4 * 1024)
+
+
+def cache(
+    pods: Charge = ZERO,
+    shown: Mapping[str, float] | None = None,
+    gone: frozenset[str] = frozenset(),
+    terminal: frozenset[str] = frozenset(),
+) -> CacheState:
+    shown = dict(shown or {})
+    return CacheState(
+        pods=pods,
+        accounts_for=lambda uid: uid in shown or uid in gone or uid in terminal,
+        released=lambda uid: uid in gone or uid in terminal,
+        shown_for=shown.get,
+    )
+
+
+def ask(uid: str, charge: Charge = ONE, *, reserve: bool = True, limits: Limits = LIMITS) -> Ask:
+    return Ask(uid, charge, limits, reserve)
+
+
+# -- name and codec ---------------------------------------------------------------------------------------
+
+
+def test_object_names_are_short_valid_and_distinct_for_any_namespace() -> None:
+    longest = "n" * 63  # the longest namespace name
+    names = {object_name(ns) for ns in ("a", "team-a", "team-b", longest, "x" * 62 + "y")}
+    assert len(names) == 5
+    for name in names:
+        assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)
+    assert object_name("team-a") == object_name("team-a")
+
+
+def test_entries_round_trip_through_the_stored_object() -> None:
+    entries = {"u1": Entry(ONE, 1_000_120), "u2": Entry(Charge(2, 0, 200), 1_000_121)}
+    obj = encode_object("team-a", "kube-vgpu", entries, "42")
+    assert obj["metadata"] == {
+        "name": object_name("team-a"),
+        "namespace": "kube-vgpu",
+        "labels": {NAMESPACE_LABEL: "team-a", "app.kubernetes.io/component": "quota-reservations"},
+        "resourceVersion": "42",
+    }
+    assert decode_entries(json.loads(json.dumps(obj)), "team-a") == entries
+    assert decode_entries(None, "team-a") == {}
+    assert "resourceVersion" not in encode_object("team-a", "kube-vgpu", {}, None)["metadata"]
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"metadata": {"labels": {NAMESPACE_LABEL: "team-b"}}, "data": {}},  # another namespace's object
+        {"metadata": {}, "data": {}},  # not ours at all
+        {"metadata": {"labels": {NAMESPACE_LABEL: "team-a"}}, "data": {"u": "1,2,3"}},
+        {"metadata": {"labels": {NAMESPACE_LABEL: "team-a"}}, "data": {"u": "1,2,3,x"}},
+        {"metadata": {"labels": {NAMESPACE_LABEL: "team-a"}}, "data": {"u": "1,2,3,4,5"}},
+        {"metadata": {"labels": {NAMESPACE_LABEL: "team-a"}}, "data": ["u"]},
+    ],
+)
+def test_an_object_that_is_not_our_reservations_fails_closed(obj: dict[str, object]) -> None:
+    with pytest.raises(SharedStateError):
+        decode_entries(obj, "team-a")
+
+
+def test_the_object_stays_small_under_a_burst() -> None:
+    # A thousand pods in flight at once, each with a worst-case-width charge.
+    entries = {
+        f"{i:08x}-0000-4000-8000-{i:012x}": Entry(Charge(16, 16 * 143_771, 1600), 1_764_000_000)
+        for i in range(1000)
+    }
+    size = len(json.dumps(encode_object("n" * 63, "kube-vgpu", entries, "123456789")))
+    assert size < 80_000  # about 75 bytes a reservation
+    per_entry = size / 1000
+    # So the cap keeps the object well under the API server's 1 MiB limit.
+    assert per_entry * MAX_ENTRIES < 1024 * 1024
+
+
+# -- pruning ------------------------------------------------------------------------------------------------
+
+
+def test_an_entry_stays_until_expired_and_the_pod_was_shown_for_the_whole_lifetime() -> None:
+    entries = {
+        "young": Entry(ONE, int(NOW) + 1),  # not expired
+        "never-created": Entry(ONE, int(NOW) - 1),  # expired, the cache never showed it
+        "seen-briefly": Entry(ONE, int(NOW) - 1),  # expired, but shown for less than the lifetime
+        "seen-long": Entry(ONE, int(NOW) - 1),  # expired and shown for longer
+        "deleted": Entry(ONE, int(NOW) + 100),  # the pod is gone: no replica may count it
+        "finished": Entry(ONE, int(NOW) + 100),  # terminal
+    }
+    state = cache(
+        shown={"seen-briefly": 5.0, "seen-long": LIFETIME, "finished": 1.0},
+        gone=frozenset({"deleted"}),
+        terminal=frozenset({"finished"}),
+    )
+    assert set(prune(entries, state, NOW, LIFETIME)) == {"young", "seen-briefly"}
+
+
+# -- the decision ------------------------------------------------------------------------------------------
+
+
+def test_usage_is_the_cache_plus_entries_the_cache_does_not_account_for() -> None:
+    entries = {"other-replica": Entry(ONE, int(NOW) + 60), "in-cache": Entry(ONE, int(NOW) + 60)}
+    state = cache(pods=Charge(1, 1024, 10), shown={"in-cache": 1.0})
+    assert in_flight(entries, state, NOW, LIFETIME) == ONE
+    kept, answers = decide(entries, [ask("new")], state, now=NOW, lifetime=LIFETIME)
+    assert answers[0].fits and answers[0].usage == Charge(2, 2048, 20)
+    assert kept["new"] == Entry(ONE, int(NOW + LIFETIME))
+    assert set(kept) == {"other-replica", "in-cache", "new"}
+
+
+def test_a_batch_admits_exactly_what_fits_in_order() -> None:
+    asks = [ask(f"p{i}") for i in range(7)]
+    kept, answers = decide({}, asks, cache(pods=ONE), now=NOW, lifetime=LIFETIME)
+    assert [a.fits for a in answers] == [True, True, True, False, False, False, False]
+    assert set(kept) == {"p0", "p1", "p2"}
+    assert answers[3].over == ("vgpu-memory",) and answers[3].usage == Charge(4, 4096, 40)
+
+
+def test_one_pod_decided_again_counts_once() -> None:
+    entries = {"p": Entry(Charge(1, 3072, 10), int(NOW) + 30)}
+    # The retry of the same pod (same uid) replaces its own entry rather than adding to it.
+    kept, answers = decide(entries, [ask("p", Charge(1, 3072, 10))], cache(), now=NOW, lifetime=LIFETIME)
+    assert answers[0].fits and answers[0].usage == Charge()
+    assert list(kept) == ["p"] and kept["p"].expires == int(NOW + LIFETIME)
+    # Twice in one batch: still one entry, and room for exactly one more 1 GiB pod.
+    kept, answers = decide(
+        {}, [ask("q", Charge(1, 3072, 10))] * 2 + [ask("r"), ask("s")], cache(), now=NOW, lifetime=LIFETIME
+    )
+    assert [a.fits for a in answers] == [True, True, True, False]
+    assert set(kept) == {"q", "r"}
+
+
+def test_dry_runs_and_existing_names_are_decided_but_book_nothing() -> None:
+    kept, answers = decide(
+        {},
+        [ask("dry", reserve=False), ask("dry2", Charge(1, 4096, 10), reserve=False)],
+        cache(),
+        now=NOW,
+        lifetime=LIFETIME,
+    )
+    assert [a.fits for a in answers] == [True, True]
+    assert kept == {}
+    full = {"x": Entry(Charge(1, 4096, 1), int(NOW) + 10)}
+    _, answers = decide(full, [ask("dry", reserve=False)], cache(), now=NOW, lifetime=LIFETIME)
+    assert not answers[0].fits
+
+
+def test_a_full_object_refuses_new_reservations_but_not_retries() -> None:
+    entries = {f"u{i}": Entry(Charge(), int(NOW) + 10) for i in range(3)}
+    unlimited = Limits(number=1000)
+    kept, answers = decide(
+        entries,
+        [
+            ask("new", limits=unlimited),
+            ask("u1", limits=unlimited),
+            ask("dry", reserve=False, limits=unlimited),
+        ],
+        cache(),
+        now=NOW,
+        lifetime=LIFETIME,
+        max_entries=3,
+    )
+    assert [(a.fits, a.full) for a in answers] == [(False, True), (True, False), (True, False)]
+    assert set(kept) == {"u0", "u1", "u2"}
+
+
+def test_expired_entries_free_their_share_for_the_next_ask() -> None:
+    entries = {f"old{i}": Entry(ONE, int(NOW) - 1) for i in range(4)}
+    kept, answers = decide(entries, [ask("new")], cache(), now=NOW, lifetime=LIFETIME)
+    assert answers[0].fits and set(kept) == {"new"}

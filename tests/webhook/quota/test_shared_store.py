@@ -1,0 +1,202 @@
+"""Shared quota reservations through the API (`webhook.quota_shared_store`), against the stand-in
+API server: several replicas' writers on one namespace never over-book, a stale version is re-read
+and decided again (409), and a slow, refusing or absent API refuses instead of admitting."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from kube_vgpu.kubeapi.client import Kube
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.quota.charge import Charge, Limits
+from kube_vgpu.webhook.quota.shared import Ask, CacheState, Unrecorded, decode_entries, object_name
+from kube_vgpu.webhook.quota.shared_store import SharedReservations
+
+NAMESPACE = "team-a"
+RELEASE = "default"
+ONE = Charge(1, 1024, 10)
+
+
+def empty_cache(namespace: str) -> CacheState:
+    return CacheState(
+        pods=Charge(), accounts_for=lambda uid: False, released=lambda uid: False, shown_for=lambda uid: None
+    )
+
+
+@pytest.fixture
+def clients(apiserver: ApiServerStandin) -> Iterator[list[Kube]]:
+    kubes = [Kube(apiserver.api_client(), component="webhook") for _ in range(3)]
+    yield kubes
+    for kube in kubes:
+        kube.close()
+
+
+def replica(kube: Kube, budget_seconds: float = 3.5) -> SharedReservations:
+    return SharedReservations(
+        kube, RELEASE, lifetime_seconds=120.0, cache_state=empty_cache, budget_seconds=budget_seconds
+    )
+
+
+def stored(apiserver: ApiServerStandin) -> dict[str, object]:
+    kube = Kube(apiserver.api_client())
+    try:
+        obj = kube.get("configmap", object_name(NAMESPACE), namespace=RELEASE)
+    finally:
+        kube.close()
+    return dict(decode_entries(obj, NAMESPACE))
+
+
+def ask(uid: str, memory_room: int, *, reserve: bool = True) -> Ask:
+    return Ask(uid, ONE, Limits(memory_mib=memory_room * 1024), reserve)
+
+
+async def test_three_replicas_book_exactly_the_room_between_them(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    replicas = [replica(k) for k in clients]
+    try:
+        answers = await asyncio.gather(
+            *(replicas[i % 3].decide(NAMESPACE, ask(f"pod-{i}", 20)) for i in range(90))
+        )
+    finally:
+        for r in replicas:
+            await r.close()
+    admitted = {f"pod-{i}" for i, a in enumerate(answers) if a.fits}
+    assert len(admitted) == 20
+    assert set(stored(apiserver)) == admitted
+    # The writers did meet: someone wrote against a version another replica had replaced.
+    assert sum(r.stats.conflicts for r in replicas) >= 1
+    # Group commit: far fewer writes than admissions asked for.
+    assert sum(r.stats.writes for r in replicas) < 90
+
+
+async def test_a_stale_local_version_is_reread_and_decided_again(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    a, b = replica(clients[0]), replica(clients[1])
+    try:
+        assert (await a.decide(NAMESPACE, ask("a1", 2))).fits
+        assert (await b.decide(NAMESPACE, ask("b1", 2))).fits  # b read a's version, then wrote
+        # a's remembered version is now stale: its write conflicts, it re-reads, and sees b1.
+        late = await a.decide(NAMESPACE, ask("a2", 2))
+        assert not late.fits and late.usage == Charge(2, 2048, 20)
+        assert a.stats.conflicts == 1
+        assert set(stored(apiserver)) == {"a1", "b1"}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_dry_runs_write_nothing(apiserver: ApiServerStandin, clients: list[Kube]) -> None:
+    r = replica(clients[0])
+    try:
+        assert (await r.decide(NAMESPACE, ask("dry", 1, reserve=False))).fits
+    finally:
+        await r.close()
+    assert r.stats.writes == 0
+    assert Kube(apiserver.api_client()).get("configmap", object_name(NAMESPACE), namespace=RELEASE) is None
+
+
+async def test_a_hung_api_refuses_within_the_budget(apiserver: ApiServerStandin, clients: list[Kube]) -> None:
+    r = replica(clients[0], 0.3)
+    apiserver.set_hang(True, [f"/api/v1/namespaces/{RELEASE}/configmaps"])
+    try:
+        with pytest.raises(Unrecorded, match=r"did not answer within 0\.3 s"):
+            await r.decide(NAMESPACE, ask("p", 5))
+    finally:
+        apiserver.set_hang(False)
+        await r.close()
+    assert r.stats.writes == 0
+
+
+async def test_a_refused_write_refuses_the_review(apiserver: ApiServerStandin, clients: list[Kube]) -> None:
+    r = replica(clients[0])
+    apiserver.deny("create", "configmaps", RELEASE)
+    try:
+        with pytest.raises(Unrecorded, match="403"):
+            await r.decide(NAMESPACE, ask("p", 5))
+    finally:
+        await r.close()
+    assert stored(apiserver) == {}
+
+
+async def test_an_unreachable_api_refuses_the_review(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    r = replica(clients[0])
+    apiserver.set_outage(True)
+    try:
+        with pytest.raises(Unrecorded, match=r"unreachable|did not answer"):
+            await r.decide(NAMESPACE, ask("p", 5))
+    finally:
+        apiserver.set_outage(False)
+        await r.close()
+
+
+async def test_an_object_that_is_not_ours_fails_closed(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    apiserver.put(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": object_name(NAMESPACE), "namespace": RELEASE},
+            "data": {"x": "y"},
+        }
+    )
+    r = replica(clients[0])
+    try:
+        with pytest.raises(Unrecorded, match="unreadable"):
+            await r.decide(NAMESPACE, ask("p", 5))
+    finally:
+        await r.close()
+
+
+async def test_a_review_waits_no_longer_than_the_budget_even_behind_a_write(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    r = replica(clients[0], 0.3)
+    apiserver.set_hang(True, [f"/api/v1/namespaces/{RELEASE}/configmaps"])
+    try:
+        first = asyncio.ensure_future(r.decide(NAMESPACE, ask("first", 5)))
+        await asyncio.sleep(0)  # the first write is under way; the second queues behind it
+        with pytest.raises(Unrecorded):
+            await r.decide(NAMESPACE, ask("second", 5))
+        with pytest.raises(Unrecorded):
+            await first
+    finally:
+        apiserver.set_hang(False)
+        await r.close()
+    # The one that gave up waiting is left out of later writes.
+    assert "second" not in stored(apiserver)
+
+
+async def test_a_bug_in_a_write_refuses_the_reviews_instead_of_leaving_them_waiting(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    def broken(namespace: str) -> CacheState:
+        raise ZeroDivisionError
+
+    r = SharedReservations(clients[0], RELEASE, lifetime_seconds=120.0, cache_state=broken)
+    try:
+        with pytest.raises(Unrecorded, match="internal error: ZeroDivisionError"):
+            await r.decide(NAMESPACE, ask("p", 5))
+    finally:
+        await r.close()
+
+
+async def test_an_object_deleted_behind_the_replicas_back_is_created_again(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    r = replica(clients[0])
+    try:
+        assert (await r.decide(NAMESPACE, ask("before", 5))).fits
+        apiserver.delete("configmap", object_name(NAMESPACE), RELEASE)
+        assert (await r.decide(NAMESPACE, ask("after", 5))).fits
+    finally:
+        await r.close()
+    # What was deleted is gone for good (an operator's choice); what came after is booked.
+    assert set(stored(apiserver)) == {"after"}

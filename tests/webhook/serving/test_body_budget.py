@@ -1,0 +1,102 @@
+"""The webhook bounds the request bodies it holds at once (SPEC §2.3: memory stays within the chart's
+limit under a flood): stalled compressed bodies cannot each hold the whole body limit."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.serving.body_budget import BodyBudget, body_reservation
+from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
+from tests.support.webhook import A100, ThreadedWebhook, container, gpu_node, pod, post, review, write_tls
+
+BOUND = 10.0
+
+
+def test_a_budget_refuses_what_does_not_fit_and_frees_what_it_held() -> None:
+    budget = BodyBudget(100)
+    assert budget.hold(60) and budget.held_bytes == 60
+    assert not budget.hold(50) and budget.held_bytes == 60  # refused: nothing reserved
+    assert budget.hold(40) and budget.held_bytes == 100
+    budget.release(40)
+    budget.release(60)
+    assert budget.held_bytes == 0
+    with pytest.raises(ValueError, match="positive"):
+        BodyBudget(0)
+
+
+@pytest.mark.parametrize(
+    ("length", "compressed", "reserved"),
+    [
+        (1000, False, 1000),
+        (1000, True, MAX_BODY_BYTES),
+        (None, False, MAX_BODY_BYTES),
+        (10**9, False, MAX_BODY_BYTES),
+    ],
+)
+def test_what_a_body_reserves(length: int | None, compressed: bool, reserved: int) -> None:
+    # A compressed body's length says nothing of its size once inflated.
+    assert body_reservation(length, compressed, MAX_BODY_BYTES) == reserved
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def webhook(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[ThreadedWebhook]:
+    apiserver.put(gpu_node("a100", "hami-core", [(A100, 81920)]))
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    with ThreadedWebhook(kubeconfig, write_tls(tmp_path / "tls")) as running:
+        yield running
+
+
+def _stalled_gzip_body(webhook: ThreadedWebhook) -> ssl.SSLSocket:
+    """A connection that sends the start of a gzip body inflating to ~3 MiB, then waits."""
+    raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+    sock = webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost")
+    bomb = gzip.compress(b" " * (3 * 1024 * 1024 - 100))
+    head = (
+        "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Content-Encoding: gzip\r\nContent-Length: {len(bomb) + 100}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + bomb)  # 100 bytes short: the server waits for the rest
+    return sock
+
+
+def test_stalled_compressed_bodies_fill_the_budget_and_others_are_refused_at_once(
+    webhook: ThreadedWebhook,
+) -> None:
+    budget = webhook.server.http.bodies
+    budget.limit_bytes = 2 * MAX_BODY_BYTES + 64 * 1024  # two worst-case bodies and some small ones
+    stalled = [_stalled_gzip_body(webhook) for _ in range(2)]
+    try:
+        _wait(lambda: webhook.read(lambda: budget.held_bytes) >= 2 * MAX_BODY_BYTES, "two bodies held")
+        small = review(pod(container(memory=1000)))
+        status, answer = post(webhook.connect(), small)
+        assert status == 200 and answer["response"]["allowed"]  # small bodies still fit
+        third = _stalled_gzip_body(webhook)
+        stalled.append(third)
+        third.settimeout(BOUND)
+        answer_bytes = third.recv(65536)
+        assert b" 429 " in answer_bytes.split(b"\r\n", 1)[0]
+        assert json.loads(answer_bytes.split(b"\r\n\r\n", 1)[1])["error"].startswith(
+            "too many request bodies"
+        )
+    finally:
+        for sock in stalled:
+            sock.close()
+    _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
+    status, _ = post(webhook.connect(), review(pod(container(memory=1000))))
+    assert status == 200

@@ -1,0 +1,279 @@
+"""Connections over real TLS (SPEC §2.3): a request that does not arrive within its deadline is closed,
+idle keep-alive connections live until the idle timeout, open connections are capped, and with
+`--client-ca-file` only callers holding a client certificate from that CA are served.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from kube_vgpu.certs.issue import Issued, issue_ca
+from kube_vgpu.cli.main import build_parser
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.cli import run
+from kube_vgpu.webhook.serving.listener import ConnectionLimits
+from tests.support.webhook import (
+    A100,
+    ThreadedWebhook,
+    TlsFiles,
+    closed_by_server,
+    container,
+    gpu_node,
+    pod,
+    post,
+    review,
+    write_tls,
+)
+
+BOUND = 10.0  # seconds any wait in these tests may take before it fails
+STRICT_DEADLINE = 1.0  # the request deadline of the `strict` webhook
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+_opened: list[socket.socket] = []
+
+
+def _close_sockets() -> None:
+    while _opened:
+        _opened.pop().close()
+
+
+@pytest.fixture(autouse=True)
+def _sockets_closed() -> Iterator[None]:
+    yield
+    _close_sockets()
+
+
+def _tls_socket(webhook: ThreadedWebhook, context: ssl.SSLContext | None = None) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+    _opened.append(raw)  # closed after the test even when the handshake fails
+    sock = (context or webhook.tls.client_context()).wrap_socket(raw, server_hostname="localhost")
+    _opened.append(sock)
+    return sock
+
+
+def _served(connect: Callable[[], ssl.SSLSocket]) -> bool:
+    """Whether a connection made by `connect` gets an answer to a request."""
+    try:
+        sock = connect()
+        sock.sendall(_request())
+        return b" 200 " in _read_response(sock)
+    except (ssl.SSLError, ConnectionError, AssertionError):
+        return False
+
+
+def _request(path: str = "/healthz") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
+
+
+def _read_response(sock: ssl.SSLSocket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, "connection closed before the answer"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head
+
+
+def _open_webhook(
+    apiserver: ApiServerStandin, tmp_path: Path, tls: TlsFiles | None = None, **overrides: object
+) -> ThreadedWebhook:
+    apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    return ThreadedWebhook(kubeconfig, tls or write_tls(tmp_path / "tls"), **overrides)
+
+
+@pytest.fixture
+def strict(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[ThreadedWebhook]:
+    """A webhook with a short request deadline and a long idle timeout."""
+    # Short enough to wait out, long enough that a request on a loaded machine is never cut.
+    limits = ConnectionLimits(
+        max_connections=50, request_timeout_seconds=STRICT_DEADLINE, idle_timeout_seconds=60
+    )
+    with _open_webhook(apiserver, tmp_path, limits=limits) as running:
+        yield running
+
+
+def test_a_connection_that_sends_nothing_is_closed(strict: ThreadedWebhook) -> None:
+    sock = _tls_socket(strict)
+    assert closed_by_server(sock)
+
+
+def test_a_connection_that_never_starts_tls_is_closed_and_frees_its_slot(strict: ThreadedWebhook) -> None:
+    raw = socket.create_connection(("127.0.0.1", strict.port), timeout=BOUND)
+    _opened.append(raw)
+    raw.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello, and nothing more
+    try:
+        closed = raw.recv(1) == b""
+    except ConnectionResetError:
+        closed = True
+    assert closed
+    listener = strict.server.listener
+    assert listener is not None
+    _wait(lambda: strict.read(lambda: len(listener.connections)) == 0, "the slot to be freed")
+
+
+def test_a_stalled_request_head_is_closed(strict: ThreadedWebhook) -> None:
+    sock = _tls_socket(strict)
+    sock.sendall(_request()[:20])
+    assert closed_by_server(sock)
+
+
+def test_a_stalled_body_is_closed_and_counted(
+    strict: ThreadedWebhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    body = json.dumps(review(pod(container(memory=1000)))).encode()
+    sock = _tls_socket(strict)
+    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body[: len(body) // 2])
+    assert closed_by_server(sock)
+    listener = strict.server.listener
+    assert listener is not None and strict.read(lambda: listener.expired) >= 1
+    conn = strict.connect()
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    assert "kube_vgpu_webhook_request_deadline_expired_total" in text
+    assert any("event=request_deadline" in r.getMessage() for r in caplog.records)
+    assert not [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+def test_an_idle_keep_alive_connection_outlives_the_request_deadline(strict: ThreadedWebhook) -> None:
+    sock = _tls_socket(strict)
+    sock.sendall(_request())
+    assert b" 200 " in _read_response(sock)
+    # Several request deadlines pass while the connection is idle; the idle timeout is 60 s.
+    time.sleep(2.5 * STRICT_DEADLINE)
+    sock.sendall(_request())
+    assert b" 200 " in _read_response(sock)
+    sock.close()
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    limits = ConnectionLimits(request_timeout_seconds=30, idle_timeout_seconds=0.5)
+    with _open_webhook(apiserver, tmp_path, limits=limits) as webhook:
+        sock = _tls_socket(webhook)
+        sock.sendall(_request())
+        assert b" 200 " in _read_response(sock)
+        assert closed_by_server(sock)
+        _close_sockets()  # before the webhook stops, which would wait for the TLS close exchange
+
+
+def test_connections_over_the_cap_are_closed_at_once(apiserver: ApiServerStandin, tmp_path: Path) -> None:
+    limits = ConnectionLimits(max_connections=3, request_timeout_seconds=30, idle_timeout_seconds=60)
+    with _open_webhook(apiserver, tmp_path, limits=limits) as webhook:
+        listener = webhook.server.listener
+        assert listener is not None
+        held = [_tls_socket(webhook) for _ in range(3)]
+        _wait(lambda: webhook.read(lambda: len(listener.connections)) == 3, "three open connections")
+        assert not _served(lambda: _tls_socket(webhook))  # closed on accept, before any TLS
+        assert webhook.read(lambda: listener.refused) >= 1
+        # The held connections still work, and a slot that frees up is used again.
+        held[0].sendall(_request())
+        assert b" 200 " in _read_response(held[0])
+        held[1].close()
+        _wait(lambda: webhook.read(lambda: len(listener.connections)) == 2, "a freed slot")
+        again = _tls_socket(webhook)
+        again.sendall(_request())
+        assert b" 200 " in _read_response(again)
+        for sock in (held[0], held[2], again):
+            sock.close()
+
+
+def _issue_client(ca: Issued, name: str) -> Issued:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca.private_key, hashes.SHA256())
+    )
+    return Issued.from_parsed(cert, key)
+
+
+def _client_context(tls: TlsFiles, client: Issued | None, directory: Path) -> ssl.SSLContext:
+    context = tls.client_context()
+    if client is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "client.crt").write_bytes(client.cert_pem)
+        (directory / "client.key").write_bytes(client.key_pem)
+        context.load_cert_chain(directory / "client.crt", directory / "client.key")
+    return context
+
+
+def test_client_ca_file_admits_only_callers_with_its_certificates(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    client_ca = issue_ca("apiserver-client-ca", 1)
+    (tmp_path / "client-ca.crt").write_bytes(client_ca.cert_pem)
+    tls = write_tls(tmp_path / "tls")
+    with _open_webhook(apiserver, tmp_path, tls, client_ca_file=tmp_path / "client-ca.crt") as webhook:
+        trusted = _client_context(tls, _issue_client(client_ca, "kube-apiserver"), tmp_path / "a")
+        assert _served(lambda: _tls_socket(webhook, trusted))
+
+        stranger = _issue_client(issue_ca("another-ca", 1), "intruder")
+        for name, context in (
+            ("no client certificate", _client_context(tls, None, tmp_path / "b")),
+            ("a certificate from another CA", _client_context(tls, stranger, tmp_path / "c")),
+        ):
+            # TLS 1.3 reports the refusal on the first read after the handshake.
+            assert not _served(lambda: _tls_socket(webhook, context)), name  # noqa: B023
+        _close_sockets()
+
+
+def test_reviews_still_work_through_the_guarded_listener(strict: ThreadedWebhook) -> None:
+    conn = strict.connect()
+    for i in range(5):
+        status, answer = post(conn, review(pod(container(memory=1000)), uid=f"u{i}"))
+        assert status == 200 and answer["response"]["uid"] == f"u{i}"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max-connections", "0", "max connections must be at least 1, got 0"),
+        ("--request-timeout", "0", "timeouts must be positive"),
+        ("--idle-timeout", "-1", "timeouts must be positive"),
+    ],
+)
+def test_bad_connection_bounds_are_refused_at_start(
+    caplog: pytest.LogCaptureFixture, flag: str, value: str, message: str
+) -> None:
+    args = build_parser().parse_args(
+        ["webhook", "--tls-cert-file", "tls.crt", "--tls-key-file", "tls.key", flag, value]
+    )
+    assert run(args) == 2
+    assert any(message in r.getMessage() for r in caplog.records)

@@ -1,0 +1,113 @@
+"""`kube-vgpu webhook` as a real process: serves HTTPS against the stand-in API server, and on SIGTERM
+stops accepting, finishes the review in flight on a keep-alive connection, closes it, exits 0.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.webhook import A100, container, gpu_node, pod, review, write_tls
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_review_in_flight_and_exits_zero(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
+    tls = write_tls(tmp_path / "tls")
+    port = _free_port()
+    log_file = tmp_path / "webhook.log"
+    command = [
+        sys.executable, "-m", "kube_vgpu", "webhook",
+        "--tls-cert-file", str(tls.cert_file), "--tls-key-file", str(tls.key_file),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--kubeconfig", str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")),
+        "--shutdown-timeout", "20",
+    ]  # fmt: skip
+    with (
+        log_file.open("wb") as log,
+        subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT) as proc,
+    ):
+        try:
+            conn = _wait_ready(port, tls.client_context(), proc)
+            body = json.dumps(review(pod(container(memory=1000)), uid="before")).encode()
+            conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
+            first = conn.getresponse()
+            assert first.status == 200 and json.loads(first.read())["response"]["uid"] == "before"
+
+            # A second review on the same keep-alive connection, its body only half sent at SIGTERM.
+            body = json.dumps(review(pod(container(memory=1000)), uid="in-flight")).encode()
+            conn.putrequest("POST", "/mutate")
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders()
+            conn.send(body[: len(body) // 2])
+            time.sleep(0.2)
+            proc.send_signal(signal.SIGTERM)
+            _wait_refused(port)  # no longer accepting
+            conn.send(body[len(body) // 2 :])
+            response = conn.getresponse()
+            answer = json.loads(response.read())
+            assert response.status == 200 and answer["response"]["uid"] == "in-flight"
+            assert answer["response"]["allowed"] and answer["response"]["patch"]
+            assert response.getheader("Connection", "").lower() == "close"
+            conn.close()
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log_file.read_text()
+    assert "event=webhook_stopped" in text and "Traceback" not in text, text
+
+
+def _wait_ready(
+    port: int, context: ssl.SSLContext, proc: subprocess.Popen[bytes]
+) -> http.client.HTTPSConnection:
+    """A keep-alive connection, once /readyz says the cache has synced."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the webhook exited early"
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        try:
+            conn.request("GET", "/readyz")
+            response = conn.getresponse()
+            response.read()
+            if response.status == 200:
+                return conn
+        except OSError:
+            pass
+        conn.close()
+        time.sleep(0.1)
+    raise AssertionError("the webhook never became ready")
+
+
+def _wait_refused(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
+        except ConnectionRefusedError:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the webhook still accepts connections after SIGTERM")
