@@ -2,13 +2,13 @@
 
 The stand-in API server (in this process) holds N GPU nodes and M vGPU pods; `kube-vgpu webhook`
 runs as a separate process pinned to one core (`taskset`) and fills its cache through the real
-client's list+watch. The floor (`../shared/perf/gowebhook.go`, or any `--floor-cmd`) runs pinned to
+client's list+watch. The floor (`bench/gofloor/gowebhook.go`, or any `--floor-cmd`) runs pinned to
 the same core with the same certificate. The Go load generator (`loadgen.go`, pinned to another
 core) sends one realistic inference-pod review over TLS keep-alive to each server in turn (A B A B),
 at concurrency 8 and 1, for `/mutate` and `/validate` (the floor only has `/mutate`; it gets the
 same body). Printed: reviews/s, p50 and p99 of both, their ratios, and the webhook's RSS.
 
-    .venv/bin/python bench/webhook.py --floor-build-script ../shared/perf/build.sh
+    .venv/bin/python bench/webhook.py   # builds the Go floor with bench/gofloor/build.sh
     .venv/bin/python bench/webhook.py --loadgen BIN/loadgen \
         --floor-cmd "BIN/gowebhook -addr {addr} -cert {cert} -key {key}"
 
@@ -352,7 +352,11 @@ def parse_args() -> argparse.Namespace:
         "--server-cpu", default="0", help="CPU list for both servers (taskset -c); '' for none"
     )
     parser.add_argument("--load-cpu", default="1", help="CPU list for the load generator; '' for none")
-    parser.add_argument("--floor-build-script", help="the floor's build.sh: builds gowebhook and loadgen")
+    parser.add_argument(
+        "--floor-build-script",
+        default=str(REPO / "bench" / "gofloor" / "build.sh"),
+        help="the floor's build.sh: builds gowebhook and loadgen",
+    )
     parser.add_argument("--loadgen", help="the Go load generator binary (else built by --floor-build-script)")
     parser.add_argument(
         "--floor-cmd",
