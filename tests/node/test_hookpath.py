@@ -109,7 +109,9 @@ def test_a_folder_in_place_of_a_file_is_not_usable(tmp_path: Path) -> None:
 async def test_the_watch_reports_changes_and_reminds_while_missing(tmp_path: Path) -> None:
     seen: list[HookPathState] = []
     now = [0.0]
-    watch = HookPathWatch(str(tmp_path), seen.append, interval=1.0, remind_seconds=100.0, clock=lambda: now[0])
+    watch = HookPathWatch(
+        str(tmp_path), seen.append, interval=1.0, remind_seconds=100.0, clock=lambda: now[0]
+    )
     await watch.check()
     assert [s.ready for s in seen] == [False]
     now[0] = 99.0
