@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from grpc import aio
 
 from kube_vgpu.contract.names import NODE_REGISTER
 from kube_vgpu.contract.register import decode_register
@@ -19,7 +20,16 @@ from kube_vgpu.node.hookpath import INSTALLER_VALUE, HookPathState, HookPathWatc
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.hamicore import install_placeholder
 from tests.node.test_events import describe_events
-from tests.support.node import NODE, RESOURCE, UUID_A, UUID_B, eventually, node_object, running_plugin
+from tests.support.node import (
+    NODE,
+    RESOURCE,
+    UUID_A,
+    UUID_B,
+    eventually,
+    node_object,
+    one_gpu_pod,
+    running_plugin,
+)
 from tests.support.node_mig import mig_sim, running_mig_plugin
 
 MEMORY = "volcano.sh/vgpu-memory"
@@ -188,6 +198,21 @@ async def test_a_node_without_hami_core_offers_nothing_until_it_appears(
         assert node_events(api, HAMI_CORE_FOUND)[0]["type"] == "Normal"
         assert f'kube_vgpu_hami_core_ready{{folder="{hook}",node="{NODE}"}} 1.0' in await metrics_text(port)
         assert h.plugin.registrations == 1  # the same registration all along
+
+
+async def test_a_pod_already_placed_there_is_refused_with_the_reason(
+    api: ApiServerStandin, kdir: Path, tmp_path: Path
+) -> None:
+    # Volcano placed it before the node's offer went to 0: it must not start without limits.
+    async with running_plugin(api, kdir, tmp_path, hami_core=False) as h:
+        uid = api.put(one_gpu_pod("early"))["metadata"]["uid"]
+        with pytest.raises(aio.AioRpcError) as refused:
+            await h.allocate(1)
+        assert f"GPU {UUID_A} is unhealthy (HAMi-core not usable in {h.hook}" in str(refused.value.details())
+        assert h.annotations("early")["volcano.sh/bind-phase"] == "failed"
+        await eventually(lambda: bool(describe_events(api, "Pod", "early", "default", uid)))
+        (event,) = describe_events(api, "Pod", "early", "default", uid)
+        assert "libvgpu.so: missing" in event["message"]
 
 
 async def test_hami_core_going_away_takes_the_offer_and_keeps_gpu_health_apart(
