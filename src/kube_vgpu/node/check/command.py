@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import socket
 import sys
 from pathlib import Path
@@ -101,8 +100,3 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(one_line_reason(report), file=sys.stderr)
     return 1
-
-
-if __name__ == "__main__":
-    logging.getLogger(__name__).error("run it as `kube-vgpu node check`")
-    sys.exit(2)
