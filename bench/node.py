@@ -29,6 +29,7 @@ from kube_vgpu.node.plugin import NodePlugin, PluginSettings
 from kube_vgpu.node.simnvml.api import load_simulation
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.deviceplugin import MAX_MESSAGE_BYTES, KubeletStandin
 
 NODE = "bench-node"
@@ -109,6 +110,7 @@ async def bench_node(gpus: int, pods: int, live: int, burst: int, work: Path) ->
     )
     nvml.nvmlInit()
     config = Config(node=NodeConfig(hook_path=str(work / "hook"), metrics_port=0))
+    install_placeholder(work / "hook")  # HAMi-core's files, as the chart's installer leaves them
     settings = PluginSettings(
         node_name=NODE,
         mode="hami-core",

@@ -698,17 +698,82 @@ def test_node_defaults_select_gpu_nodes_and_tolerate_the_gpu_taint() -> None:
     spec = ds["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert "initContainers" not in spec and "runtimeClassName" not in spec
+    assert "runtimeClassName" not in spec
 
 
-def test_hami_core_installer_copies_into_the_hook_path() -> None:
+def _installer(ds: Obj) -> Obj | None:
+    inits = ds["spec"]["template"]["spec"].get("initContainers", [])
+    assert [c["name"] for c in inits] in ([], ["install-hami-core"])
+    return inits[0] if inits else None
+
+
+def test_hami_core_is_installed_by_default() -> None:
+    r = _rendered("defaults")
+    (ds,) = r.of_kind("DaemonSet")
+    init = _installer(ds)
+    assert init is not None
+    # A release of Volcano's vGPU device-plugin image, which keeps HAMi-core in /k8s-vgpu/lib/nvidia.
+    assert init["image"] == "docker.io/projecthami/volcano-vgpu-device-plugin:v1.12.0"
+    assert init["volumeMounts"] == [{"name": "hami-core", "mountPath": "/usr/local/vgpu"}]
+    script = init["command"][-1]
+    assert "for base in libvgpu.so ld.so.preload;" in script
+    assert 'cp "/k8s-vgpu/lib/nvidia/$base" "/usr/local/vgpu/.$base.new"' in script
+    assert 'chmod 0644 "/usr/local/vgpu/.$base.new"' in script  # containers run as any uid
+    assert 'mv -f "/usr/local/vgpu/.$base.new" "/usr/local/vgpu/$base"' in script
+    assert script.index("cp ") < script.index("chmod ") < script.index("mv -f")
+    sc = init["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
+    # The hostPath the plugin checks is the one the installer fills.
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["hami-core"]["hostPath"] == {"path": "/usr/local/vgpu", "type": "DirectoryOrCreate"}
+    assert "HAMi-core: copied into /usr/local/vgpu" in r.notes
+
+
+def test_hami_core_installer_only_on_hami_core_groups() -> None:
     r = _rendered("mig-group")
-    for ds in r.of_kind("DaemonSet"):
-        (init,) = ds["spec"]["template"]["spec"]["initContainers"]
-        assert init["image"] == "docker.io/projecthami/volcano-vgpu-device-plugin:v1.12.0"
-        assert init["volumeMounts"] == [{"name": "hami-core", "mountPath": "/usr/local/vgpu"}]
-        script = init["command"][-1]
-        assert "/k8s-vgpu/lib/nvidia/*" in script and 'mv -f "/usr/local/vgpu/.$base.new"' in script
+    by_mode = {
+        ds["metadata"]["labels"]["kube-vgpu.io/node-group"]: _installer(ds) for ds in r.of_kind("DaemonSet")
+    }
+    assert by_mode["default"] is not None  # the hami-core group
+    assert by_mode["mig"] is None  # MIG slices need no HAMi-core
+
+
+def test_hami_core_installer_follows_the_hook_path_and_image_values() -> None:
+    r = render(
+        {
+            "config": {"node": {"hookPath": "/opt/hami"}},
+            "node": {"hamiCoreInstaller": {"image": {"repository": "registry.local/hami", "tag": "v9"}}},
+        },
+        kube_version="v1.31.0",
+    )
+    (ds,) = r.of_kind("DaemonSet")
+    init = _installer(ds)
+    assert init is not None and init["image"] == "registry.local/hami:v9"
+    assert 'mv -f "/opt/hami/.$base.new" "/opt/hami/$base"' in init["command"][-1]
+    assert init["volumeMounts"] == [{"name": "hami-core", "mountPath": "/opt/hami"}]
+
+
+def test_hami_core_installer_can_be_turned_off() -> None:
+    r = render({"node": {"hamiCoreInstaller": {"enabled": False}}}, kube_version="v1.31.0")
+    (ds,) = r.of_kind("DaemonSet")
+    assert _installer(ds) is None
+    assert "initContainers" not in ds["spec"]["template"]["spec"]
+    # The plugin still mounts the folder and checks it; the notes say what is then the admin's job.
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    assert {"name": "hami-core", "mountPath": "/usr/local/vgpu"} in container["volumeMounts"]
+    assert "HAMi-core: NOT installed by the chart" in r.notes and "HAMiCoreMissing" in r.notes
+
+
+def test_node_check_in_the_pod_sees_the_plugin_settings(rendered: Rendered, case: Case) -> None:
+    # `kubectl exec <pod> -- kube-vgpu node check` gets no args: the variables carry them.
+    node = case.merged()["node"]
+    for group, ds in zip(node["groups"], rendered.of_kind("DaemonSet"), strict=True):
+        (container,) = ds["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        args = container["args"]
+        assert env["KUBE_VGPU_MODE"] == group["mode"] and f"--mode={group['mode']}" in args
+        assert f"--kubelet-dir={env['KUBE_VGPU_KUBELET_DIR']}" in args
+        assert f"--config={env['KUBE_VGPU_CONFIG']}" in args
 
 
 def test_node_groups_must_not_collide() -> None:

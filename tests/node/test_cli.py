@@ -18,6 +18,7 @@ from kube_vgpu.contract.names import NODE_REGISTER
 from kube_vgpu.node import cli as node_cli
 from kube_vgpu.node.deviceplugin.server import socket_name
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 from tests.support.node import NODE, RESOURCE, free_port, node_object, simulation
 
@@ -47,7 +48,9 @@ async def test_runs_on_simulated_gpus_and_stops_on_sigterm(
 ) -> None:
     apiserver.put(node_object())
     (tmp_path / "sim.yaml").write_text(yaml.safe_dump(simulation()))
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"node": {"metricsPort": free_port()}}))
+    install_placeholder(tmp_path / "hook")
+    config = {"node": {"metricsPort": free_port(), "hookPath": str(tmp_path / "hook")}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     env = {**os.environ, "KUBE_VGPU_NODE_NAME": NODE}
     async with KubeletStandin(kdir) as kubelet:

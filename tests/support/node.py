@@ -28,6 +28,7 @@ from kube_vgpu.node.plugin import NodePlugin, PluginSettings
 from kube_vgpu.node.simnvml.api import SimulatedNvml, load_simulation
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 
 NODE = "gpu-node-1"
@@ -178,8 +179,13 @@ class Harness:
         return await self.kubelet.allocate(RESOURCE, ids, deadline=deadline)
 
 
-def plugin_settings(kubelet_dir: Path, tmp: Path, *, mode: str = "hami-core", **node: Any) -> PluginSettings:
-    """Production settings with short waits, files under `tmp`."""
+def plugin_settings(
+    kubelet_dir: Path, tmp: Path, *, mode: str = "hami-core", hami_core: bool = True, **node: Any
+) -> PluginSettings:
+    """Production settings with short waits, files under `tmp`; with `hami_core`, the hookPath
+    (`tmp/hook`) holds HAMi-core's files (stand-ins), as the chart's installer leaves a node."""
+    if hami_core:
+        install_placeholder(tmp / "hook")
     node_config = {
         "allocate_timeout_seconds": 2.0,
         "hook_path": str(tmp / "hook"),
@@ -198,6 +204,7 @@ def plugin_settings(kubelet_dir: Path, tmp: Path, *, mode: str = "hami-core", **
         probe_interval_seconds=0.1,
         watch_timeout_seconds=5,
         metrics_port=0,
+        hook_path_poll_seconds=0.1,
     )
 
 
@@ -211,6 +218,7 @@ async def running_plugin(
     nvml: SimulatedNvml | None = None,
     start_kubelet: bool = True,
     on_register: Callable[[pb.RegisterRequest], None] | None = None,
+    hami_core: bool = True,
     **node: Any,
 ) -> AsyncIterator[Harness]:
     """Start kubelet stand-in and plugin (the Node must exist in `api`); stop both afterwards.
@@ -224,7 +232,7 @@ async def running_plugin(
         nvml.nvmlInit()
     kube = Kube(api.api_client(), component="node")
     kubelet = KubeletStandin(kubelet_dir, on_register=on_register)
-    plugin = NodePlugin(plugin_settings(kubelet_dir, tmp, **node), nvml, kube)
+    plugin = NodePlugin(plugin_settings(kubelet_dir, tmp, hami_core=hami_core, **node), nvml, kube)
     try:
         if start_kubelet:
             await kubelet.start()

@@ -75,7 +75,9 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str
         if not long_flags or action.dest == "help":
             continue
         variable = ENV_PREFIX + long_flags[0][2:].upper().replace("-", "_")
-        if variable in environ:
+        # A flag that defaults to nothing repeats one of its parent's (`node check --mode`): the
+        # parent reads the variable, and the repeat must not overwrite a flag given before it.
+        if variable in environ and action.default is not argparse.SUPPRESS:
             value = environ[variable]
             if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
                 action.default = value.lower() in ("1", "true", "yes", "on")

@@ -31,6 +31,7 @@ from kube_vgpu.kubeapi.permissions import Component
 from kube_vgpu.node.plugin import NodePlugin, PluginSettings
 from kube_vgpu.node.simnvml.api import load_simulation
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.admission import KubeletAdmission
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 from kube_vgpu.standins.volcano.config import volcano_from_cluster
@@ -139,6 +140,8 @@ class LocalCluster:
         await kubelet.start()
         nvml = load_simulation(dict(spec.simulation), spec.name)
         nvml.nvmlInit()
+        # What the chart's HAMi-core installer leaves on a node (stand-in files: nothing runs CUDA here).
+        install_placeholder(Path(self.config.node.hook_path))
         settings = PluginSettings(
             node_name=spec.name,
             mode=spec.mode,

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,27 +26,61 @@ DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 log = logging.getLogger("kube_vgpu.node")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The node plugin's flags (each also readable from KUBE_VGPU_<FLAG>)."""
+def _shared_arguments(parser: argparse.ArgumentParser, *, again: bool) -> None:
+    """The flags the plugin and `node check` share. `again`: on the check's parser, where they
+    default to nothing, so a flag given before `check` (or its variable) is kept unless repeated."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if again else value
+
+    same = " (as for `kube-vgpu node`)" if again else ""
     parser.add_argument(
-        "--node-name", required=True, help="this node's name (the DaemonSet passes spec.nodeName)"
+        "--node-name",
+        default=default(None),
+        help="this node's name (the DaemonSet passes spec.nodeName); required to serve, "
+        f"`check` falls back to the host name{same}",
     )
     parser.add_argument(
-        "--mode", default=HAMI_CORE, choices=list(MODES), help="how GPUs are shared on this node"
+        "--mode",
+        default=default(HAMI_CORE),
+        choices=list(MODES),
+        help=f"how GPUs are shared on this node{same}",
     )
     parser.add_argument(
-        "--kubelet-dir", default=DEFAULT_KUBELET_DIR, help="the kubelet's device-plugin folder"
+        "--kubelet-dir",
+        default=default(DEFAULT_KUBELET_DIR),
+        help=f"the kubelet's device-plugin folder{same}",
     )
-    parser.add_argument("--config", default=None, help="configuration file (YAML); default: every default")
+    parser.add_argument(
+        "--config",
+        default=default(None),
+        help=f"configuration file (YAML); default: every default{same}",
+    )
     parser.add_argument(
         "--simulate",
-        default=None,
-        help="run over a simulated NVML described by this YAML file (no GPU needed)",
+        default=default(None),
+        help=f"run over a simulated NVML described by this YAML file (no GPU needed){same}",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The node plugin's flags (each also readable from KUBE_VGPU_<FLAG>) and `node check`."""
+    _shared_arguments(parser, again=False)
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file; default: in-cluster credentials")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="how much to log"
     )
+    from kube_vgpu.node.check import command as check_command
+
+    actions = parser.add_subparsers(dest="node_command", required=False, metavar="[check]")
+    check = actions.add_parser(
+        "check",
+        help="report what the plugin would see and offer on this node, read-only; "
+        "exit 1 when the node cannot serve its mode",
+        description=check_command.__doc__,
+    )
+    _shared_arguments(check, again=True)
+    check_command.add_arguments(check)
 
 
 def _load_nvml(args: argparse.Namespace) -> Any:
@@ -71,7 +106,15 @@ async def _serve(plugin: NodePlugin) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM: 0 on a clean stop, 1 when NVML or the GPUs fail, 2 on bad input."""
+    """Serve until SIGTERM: 0 on a clean stop, 1 when NVML or the GPUs fail, 2 on bad input.
+    `node check` instead: see `node.check.command`."""
+    if getattr(args, "node_command", None) == "check":
+        from kube_vgpu.node.check import command as check_command
+
+        return check_command.run(args)
+    if not args.node_name:
+        print("kube-vgpu node: error: the following arguments are required: --node-name", file=sys.stderr)
+        return 2
     configure_logging(args.log_level)
     try:
         config = load_config(args.config)

@@ -1,4 +1,5 @@
-"""Kubernetes Events the node plugin records: a GPU out of service or back, an Allocate refused.
+"""Kubernetes Events the node plugin records: a GPU out of service or back, HAMi-core missing or
+found, an Allocate refused.
 
 They are core v1 Events in the shape client-go's recorder writes (`involvedObject`, `source`,
 `firstTimestamp`, `count`), the shape `kubectl describe pod|node` lists: an operator who runs
@@ -29,6 +30,8 @@ EventType = Literal["Normal", "Warning"]
 GPU_UNHEALTHY = "GPUUnhealthy"
 GPU_RECOVERED = "GPURecovered"
 ALLOCATE_FAILED = "VGPUAllocateFailed"
+HAMI_CORE_MISSING = "HAMiCoreMissing"
+HAMI_CORE_FOUND = "HAMiCoreFound"
 # A message long enough to name the pod, the figures and the fix; anything past it is cut.
 MAX_MESSAGE = 1024
 # At most this many events in flight: a storm of refusals must not pile up tasks without bound.
@@ -171,6 +174,15 @@ class EventRecorder:
             "Normal" if healthy else "Warning",
             GPU_RECOVERED if healthy else GPU_UNHEALTHY,
             gpu_health_message(uuid, model, healthy, why, quiet_seconds),
+        )
+
+    def hami_core(self, ready: bool, message: str) -> None:
+        """HAMi-core in hookPath became unusable (Warning, repeated while it lasts) or usable (Normal)."""
+        self.record(
+            node_reference(self._node),
+            "Normal" if ready else "Warning",
+            HAMI_CORE_FOUND if ready else HAMI_CORE_MISSING,
+            message,
         )
 
     def allocate_refused(self, pod: PodRef | None, refusal: str) -> None:

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.hookpath import HookPathWatch
 from kube_vgpu.node.nvml.inventory import Inventory
 from kube_vgpu.node.usage.metrics import UsageCollector, UsageSampler
 
@@ -78,6 +79,23 @@ class _StateCollector(Collector):
         yield from (total, memory, cores, vgpus, healthy, over, limit, share)
 
 
+class _HookPathCollector(Collector):
+    def __init__(self, node_name: str, watch: HookPathWatch) -> None:
+        self._node = node_name
+        self._watch = watch
+
+    def collect(self) -> Iterator[Metric]:
+        ready = GaugeMetricFamily(
+            "kube_vgpu_hami_core_ready",
+            "1 when HAMi-core (libvgpu.so, ld.so.preload) in hookPath can serve containers; while 0 "
+            "the node offers no hami-core capacity",
+            labels=["node", "folder"],
+        )
+        state = self._watch.state
+        ready.add_metric([self._node, self._watch.folder], 1 if state is not None and state.ready else 0)
+        yield ready
+
+
 class Metrics:
     """The plugin's registry: live state plus Allocate counters."""
 
@@ -98,6 +116,10 @@ class Metrics:
         )
         for reason in FAILURE_REASONS:
             self.failures.labels(reason)  # every reason shows from the start, at 0
+
+    def watch_hook_path(self, node_name: str, watch: HookPathWatch) -> None:
+        """Serve `kube_vgpu_hami_core_ready` from `watch` (hami-core nodes only)."""
+        self.registry.register(_HookPathCollector(node_name, watch))
 
     def failed(self, reason: str) -> None:
         """Count one failed Allocate."""

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from kube_vgpu.contract.config import Config
-from kube_vgpu.contract.names import MIG
+from kube_vgpu.contract.names import HAMI_CORE, MIG
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.allocator import Allocator
@@ -37,6 +37,7 @@ from kube_vgpu.node.deviceplugin.server import (
     socket_identity,
     socket_name,
 )
+from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, found_message, missing_message
 from kube_vgpu.node.metrics import Metrics, MetricsServer
 from kube_vgpu.node.mig.start import reconcile_interval, start_mig
 from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml, check_inventory, discover
@@ -66,6 +67,10 @@ class PluginSettings:
     watch_timeout_seconds: int = 300
     # None: the configured metricsPort; 0 picks a free port (tests).
     metrics_port: int | None = None
+    # How often a hami-core node looks for HAMi-core in hookPath, and how often the Warning Event
+    # is recorded again while it is missing (under the API server's default one-hour event TTL).
+    hook_path_poll_seconds: float = 10.0
+    hook_path_remind_seconds: float = 1800.0
 
 
 class NodePlugin:
@@ -96,6 +101,7 @@ class NodePlugin:
         self.usage: UsageSampler | None = None
         self.metrics_server: MetricsServer | None = None
         self.health: HealthMonitor | None = None
+        self.hook_path: HookPathWatch | None = None
         self.server: PluginServer | None = None
         self.registrations = 0
 
@@ -179,6 +185,16 @@ class NodePlugin:
             probe_interval=s.probe_interval_seconds,
         )
         self.health.start()
+        if s.mode == HAMI_CORE:
+            # Checked before the first publish, so a node without HAMi-core never offers capacity.
+            self.hook_path = HookPathWatch(
+                node.hook_path,
+                self._hook_path_changed,
+                interval=s.hook_path_poll_seconds,
+                remind_seconds=s.hook_path_remind_seconds,
+            )
+            metrics.watch_hook_path(s.node_name, self.hook_path)
+            await self.hook_path.check()
 
         # The annotation must be on the node before the kubelet learns of the resource.
         if not await publisher.publish_first(self._stop):
@@ -190,6 +206,8 @@ class NodePlugin:
         self._spawn(publisher.run(), "publisher")
         self._spawn(self._kubelet_link(), "kubelet")
         self._spawn(self._ledger_loop(), "ledger")
+        if self.hook_path is not None:
+            self._spawn(self.hook_path.run(), "hook-path")
         if mig is not None:
             self._spawn(
                 mig.run(
@@ -199,6 +217,24 @@ class NodePlugin:
             )
         self._watch_thread = loop.run_in_executor(None, publisher.watch_forever, loop)
         self._pod_watch_thread = loop.run_in_executor(None, self.pod_watch.watch_forever, loop)
+
+    def _hook_path_changed(self, state: HookPathState) -> None:
+        """HAMi-core became (un)usable, or is still missing: hold or release the node's offer, say so."""
+        assert self.inventory is not None
+        name = self.settings.node_name
+        if state.ready:
+            log.info("event=hami_core_ready node=%s folder=%s", name, state.folder)
+            if self.inventory.set_hold(None):
+                self.api.events.hami_core(True, found_message(state, name))
+            return
+        log.warning(
+            "event=hami_core_missing node=%s folder=%s problem=%r: no hami-core capacity offered",
+            name,
+            state.folder,
+            state.problem,
+        )
+        self.inventory.set_hold(f"HAMi-core not usable in {state.folder}: {state.problem}")
+        self.api.events.hami_core(False, missing_message(state, name))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coroutine, name=f"kube-vgpu-{name}")

@@ -246,7 +246,7 @@ class Allocator:
             claim.records,
             claim.annotations,
             inventory.by_uuid,
-            inventory.unhealthy,
+            {uuid: inventory.reason(uuid) or "" for uuid in inventory.unhealthy},
             self._mode,
             container=claim.container,
             names=self._names,

@@ -110,14 +110,15 @@ def claim_problem(
     records: ContainerDevices,
     annotations: Mapping[str, Any],
     gpus: Mapping[str, GpuInfo],
-    unhealthy: Collection[str],
+    unhealthy: Collection[str] | Mapping[str, str],
     node_mode: str,
     *,
     container: Mapping[str, Any] | None = None,
     names: ResourceNames | None = None,
 ) -> str | None:
     """The first reason the container's device records cannot be honoured, or None. With `container`
-    and `names`, the booking is also checked against the container's own limits."""
+    and `names`, the booking is also checked against the container's own limits. `unhealthy` may map
+    each GPU out of service to why (named in the refusal)."""
     for key in (VGPU_MODE, VGPU_MODE_ALIAS):
         wanted = annotations.get(key)
         if wanted is not None and wanted != node_mode:
@@ -135,7 +136,8 @@ def claim_problem(
             return f"GPU {record.gpu_uuid} is given twice to one container"
         seen.add(record.gpu_uuid)
         if gpu.uuid in unhealthy:
-            return f"GPU {gpu.uuid} is unhealthy"
+            why = unhealthy.get(gpu.uuid) if isinstance(unhealthy, Mapping) else None
+            return f"GPU {gpu.uuid} is unhealthy" + (f" ({why})" if why else "")
         if record.used_mem > gpu.memory_mib:
             return f"{record.used_mem} MiB asked on GPU {gpu.uuid}, which has {gpu.memory_mib} MiB"
         if record.used_cores > CORES_PER_GPU:

@@ -18,7 +18,13 @@ log = logging.getLogger("kube_vgpu.node.inventory")
 
 
 class Inventory:
-    """GPUs (fixed at start) plus the set of unhealthy ones, versioned."""
+    """GPUs (fixed at start) plus the set of unhealthy ones, versioned.
+
+    Besides each GPU's own health there is one node-wide hold: while it is set (HAMi-core missing
+    on a hami-core node), every GPU counts as unhealthy, with the hold's reason, so the device
+    list, the register annotation, capacity and metrics all drop the node's offer by the one path
+    an XID takes; lifting it restores exactly the GPUs that are healthy on their own.
+    """
 
     def __init__(self, gpus: Sequence[GpuInfo], split_count: int, node_name: str) -> None:
         self.gpus: tuple[GpuInfo, ...] = tuple(gpus)
@@ -27,6 +33,7 @@ class Inventory:
         self.node_name = node_name
         self.version = 0
         self._unhealthy: dict[str, str] = {}
+        self._hold: str | None = None
         self._changed: asyncio.Event | None = None
         self._closed = False
         self._listeners: list[Callable[[], None]] = []
@@ -34,15 +41,42 @@ class Inventory:
     @property
     def unhealthy(self) -> frozenset[str]:
         """UUIDs of the GPUs currently out of service."""
+        if self._hold is not None:
+            return frozenset(self.by_uuid)
         return frozenset(self._unhealthy)
 
     def reason(self, uuid: str) -> str | None:
         """Why a GPU is unhealthy, or None when it is healthy."""
+        if self._hold is not None and uuid in self.by_uuid:
+            return self._hold
         return self._unhealthy.get(uuid)
+
+    @property
+    def hold(self) -> str | None:
+        """Why the whole node is out of service, or None."""
+        return self._hold
+
+    def set_hold(self, reason: str | None) -> bool:
+        """Take every GPU out of service for `reason`, or (None) lift the hold; returns whether the
+        offer changed."""
+        if (reason is None) == (self._hold is None):
+            self._hold = reason  # a new reason for a hold already in place changes no offer
+            return False
+        self._hold = reason
+        log.warning(
+            "event=node_hold node=%s held=%s reason=%r",
+            self.node_name,
+            str(reason is not None).lower(),
+            reason or "",
+        )
+        self._bump()
+        for listener in list(self._listeners):
+            listener()
+        return True
 
     def devices(self) -> list[Device]:
         """The current full ListAndWatch device list."""
-        return device_list(self.gpus, self._unhealthy, self.split_count)
+        return device_list(self.gpus, self.unhealthy, self.split_count)
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` (on the loop) after every health change."""
