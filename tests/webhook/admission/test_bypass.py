@@ -435,3 +435,32 @@ def test_mounts_beside_the_nvidia_device_list_are_allowed(cluster: Cluster, path
     harmless["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
     harmless["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
     assert cluster.create(harmless)["allowed"]
+
+
+# --- 5. issue 22: pods that cost everyone ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "words"),
+    [
+        ("containers", ("20000 containers", "the limit is 256 (webhook.maxContainers)")),
+        ("volumes", ("spec.volumes has 40000 volumes", "the limit is 1024 (webhook.maxVolumes)")),
+    ],
+)
+def test_a_dry_run_pod_too_large_to_review_cheaply_is_refused_by_both_phases(
+    cluster: Cluster, shape: str, words: tuple[str, ...]
+) -> None:
+    # Issue 22's pods: legal, 1.5-2.3 MiB, and dry runs never reach the API server's size limit.
+    heavy = gpu_pod()
+    if shape == "containers":
+        each = heavy["spec"]["containers"][0]
+        heavy["spec"]["containers"] = [{**each, "name": f"c{i}"} for i in range(20_000)]
+    else:
+        heavy["spec"]["volumes"] = [
+            {"name": f"h{i}", "hostPath": {"path": f"/srv/{i}"}} for i in range(40_000)
+        ]
+    for path in ("/mutate", "/validate"):
+        answer = cluster.call(
+            path, admission_review(with_system_metadata(heavy), username=AUTHOR, dry_run=True)
+        )
+        assert refused(answer, *words)

@@ -28,6 +28,8 @@ NO_MATCHING_GPU = "no-matching-gpu"
 ISOLATION_ESCAPE = "isolation-escape"
 QUOTA = "quota"
 STALE_CACHE = "stale-cache"
+# A pod over a work limit (selectors and affinity, or containers, volumes, mounts and env entries).
+OVER_LIMIT = "over-limit"
 
 
 class Denied(Exception):

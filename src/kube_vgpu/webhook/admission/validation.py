@@ -24,6 +24,7 @@ from kube_vgpu.webhook.admission.review import AdmissionRequest, Verdict
 from kube_vgpu.webhook.admission.safety import (
     INVALID_ANNOTATION,
     MALFORMED_OBJECT,
+    OVER_LIMIT,
     QUOTA,
     STALE_CACHE,
     Denied,
@@ -54,6 +55,8 @@ class Validation:
         debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
         if pod is None or not (request.is_pod_create or request.is_pod_update or debug):
             return Verdict(allowed=True)
+        if request.over_limit:
+            return Verdict(allowed=False, reason=OVER_LIMIT, message=request.over_limit)
         if request.object_error:
             # Only a caller other than the API server sends mistyped pods; no rule may meet one.
             return Verdict(
