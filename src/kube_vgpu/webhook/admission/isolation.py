@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -107,12 +107,6 @@ def host_overlaps(host: str, folder: str) -> bool:
 _CONTAINER_GROUPS: Final = ("initContainers", "containers", "ephemeralContainers")
 
 
-def every_container(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(`group[name]`, container) for every init, app and ephemeral container of a pod."""
-    for key, container in grouped_containers(pod):
-        yield _where(key, container), container
-
-
 def grouped_containers(pod: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(group, container) for every init, app and ephemeral container, without naming each one: the
     `group[name]` text is only needed for a denial, and building it per container cost every review."""
@@ -137,7 +131,7 @@ def _reserved_env(name: str) -> bool:
 def _env_escape(key: str, container: Mapping[str, Any]) -> Escape | None:
     for entry in container.get("env") or ():
         name = entry.get("name") if isinstance(entry, dict) else None
-        if isinstance(name, str) and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
+        if isinstance(name, str) and _reserved_env(name):
             return Escape(
                 f"{_where(key, container)}: env {name} is set by the node plugin for vGPU containers "
                 "(it carries the GPU memory and core limits)",
