@@ -128,6 +128,8 @@ def test_normalize_leaves_a_clean_absolute_path_as_it_is(written: str) -> None:
         ("/a//b", "/a/b"),
         ("//a", "/a"),
         ("/.", "/"),
+        ("/Xdata/", "/Xdata"),  # only slashes are stripped from the front, not the segment's letters
+        ("//X/", "/X"),
     ],
 )
 def test_normalize_resolves_each_kind_of_detour(written: str, resolved: str) -> None:
@@ -135,6 +137,7 @@ def test_normalize_resolves_each_kind_of_detour(written: str, resolved: str) -> 
 
 
 def test_covers_normalises_both_sides() -> None:
+    assert not covers("/opt/Y", "/opt/X")  # only a slash is stripped from the protected path's end
     assert covers("/tmp//vgpu/", "/tmp/vgpu")
     assert covers("/tmp/vgpu/x", "/tmp/vgpu/")
     assert covers("/tmp/vgpu", "//tmp/vgpu")

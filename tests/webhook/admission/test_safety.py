@@ -226,9 +226,17 @@ def test_changed_annotations_finds_adds_changes_and_removals_in_the_order_given(
 
 
 def test_an_update_touching_nothing_owned_is_allowed() -> None:
-    old = annotated({key: "x" for key in SCHEDULER_OWNED_ANNOTATIONS})
-    new = annotated({key: "x" for key in SCHEDULER_OWNED_ANNOTATIONS} | {"team": "vision"})
-    check_update(old, new, "alice", CONFIG)
+    kept = dict.fromkeys(SCHEDULER_OWNED_ANNOTATIONS + PLACEMENT_ANNOTATIONS, "x")
+    check_update(annotated(kept), annotated(kept | {"team": "vision"}), "alice", CONFIG)
+
+
+def test_every_changed_annotation_is_named() -> None:
+    owned = SCHEDULER_OWNED_ANNOTATIONS[:2]
+    refused = denial(check_update, annotated({}), annotated(dict.fromkeys(owned, "x")), "alice", CONFIG)
+    assert str(refused).startswith(f"annotation(s) {owned[0]}, {owned[1]} belong to the scheduler")
+    placement = PLACEMENT_ANNOTATIONS[:2]
+    refused = denial(check_update, annotated({}), annotated(dict.fromkeys(placement, "x")), "alice", CONFIG)
+    assert str(refused).startswith(f"annotation(s) {placement[0]}, {placement[1]} are fixed when")
 
 
 @pytest.mark.parametrize("key", SCHEDULER_OWNED_ANNOTATIONS)

@@ -169,8 +169,8 @@ class _Guards:
 def _inside(path: str) -> str:
     """The prefix of what is inside `path`: by segment, except the NVIDIA runtime's root, which the
     runtime itself matches by plain prefix (`/var/run/nvidia-container-devicesX` counts too)."""
-    normal = normalize(path)
-    return normal if normal == NVIDIA_DEVICE_LIST_ROOT else normal.rstrip("/") + "/"
+    normal = normalize(path)  # never ends in "/": none of the protected paths is "/" itself
+    return normal if normal == NVIDIA_DEVICE_LIST_ROOT else normal + "/"
 
 
 @functools.lru_cache(maxsize=16)
@@ -205,18 +205,19 @@ def _mount_escape(key: str, container: Mapping[str, Any], guards: _Guards) -> Es
         mount = normalize(path)
         if mount not in guards.normals and not mount.startswith(guards.insides):
             continue  # covers no protected path (one set lookup and one prefix test, not one per path)
-        hit = next((p.path for p in guards.protected if p.covered_by(mount)), None)
-        if hit is not None:
-            why = (
-                "where the NVIDIA container runtime reads which GPUs to hand out (a mount there can "
-                "ask for every GPU of the node)"
-                if hit == NVIDIA_DEVICE_LIST_ROOT
-                else "which the node plugin mounts to enforce the vGPU limits"
-            )
-            return Escape(
-                f"{_where(key, container)}: {field} path {path!r} covers {hit}, {why}",
-                f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
-            )
+        # One of them covers it (the test above says so); no default, so a broken invariant is a
+        # loud internal error, which denies the pod, rather than a mount let through.
+        hit = next(p.path for p in guards.protected if p.covered_by(mount))
+        why = (
+            "where the NVIDIA container runtime reads which GPUs to hand out (a mount there can "
+            "ask for every GPU of the node)"
+            if hit == NVIDIA_DEVICE_LIST_ROOT
+            else "which the node plugin mounts to enforce the vGPU limits"
+        )
+        return Escape(
+            f"{_where(key, container)}: {field} path {path!r} covers {hit}, {why}",
+            f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
+        )
     return None
 
 
