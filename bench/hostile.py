@@ -9,6 +9,7 @@ its RSS with N idle connections open (the connection cap closes those over it).
     .venv/bin/python bench/hostile.py                     # 100,000 reviews, 5,000 idle connections
     .venv/bin/python bench/hostile.py --quick             # 5,000 reviews, 1,500 idle connections
     .venv/bin/python bench/hostile.py --paths /mutate,/validate
+    .venv/bin/python bench/hostile.py --tenant-flood      # one namespace floods, another's p50/p99
 
 Every body is a pure function of (--seed, its index), so a failing body can be regenerated.
 """
@@ -20,6 +21,7 @@ import asyncio
 import gzip
 import importlib.util
 import json
+import multiprocessing
 import random
 import signal
 import socket
@@ -268,6 +270,165 @@ async def time_review(url: str, context: ssl.SSLContext, body: bytes, repeat: in
     return statistics.median(times), r.status, outcome[:160]
 
 
+# --- tenant flood: one namespace's heavy dry-run reviews against another's ordinary ones ----------
+
+FLOOD_NAMESPACE, ORDINARY_NAMESPACE = "team-a", "team-b"
+
+
+def heavy_reviews() -> list[tuple[str, bytes]]:
+    """The flooding namespace's dry-run CREATEs: (what, body). Issue 22's two pods (20,000
+    containers, 1.8 MiB; 40,000 hostPath volumes), and the heaviest shape the default limits let
+    through whole (256 containers of 100 mounts each), which every rule then walks."""
+    limits = {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1k"}
+
+    def review(what: str, spec: dict[str, Any]) -> tuple[str, bytes]:
+        obj = {"metadata": {"name": what, "namespace": FLOOD_NAMESPACE}, "spec": spec}
+        request = {
+            "uid": f"flood-{what}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": FLOOD_NAMESPACE,
+            "name": what,
+            "object": obj,
+            "dryRun": True,
+        }
+        return what, _json(envelope(request))
+
+    wide = [
+        {"name": f"c{i}", "resources": {"limits": {"volcano.sh/vgpu-memory": "1k"}}} for i in range(20_000)
+    ]
+    hosts = [{"name": f"h{i}", "hostPath": {"path": f"/srv/data/{i}"}} for i in range(40_000)]
+    mounts = [{"name": f"v{j}", "mountPath": f"/data/{j}"} for j in range(100)]
+    under = [{"name": f"c{i}", "resources": {"limits": limits}, "volumeMounts": mounts} for i in range(256)]
+    volumes = [{"name": f"v{j}", "emptyDir": {}} for j in range(100)]
+    return [
+        review("containers-20000", {"containers": wide}),
+        review(
+            "hostpaths-40000",
+            {"containers": [{"name": "c", "resources": {"limits": limits}}], "volumes": hosts},
+        ),
+        review("under-limits", {"containers": under, "volumes": volumes}),
+    ]
+
+
+def ordinary_review(index: int) -> bytes:
+    """Another namespace's everyday pod: one vGPU container, a dry run, as the API server sends it."""
+    doc = valid_review(random.Random(index), index)
+    doc["request"]["namespace"] = ORDINARY_NAMESPACE
+    doc["request"]["object"]["metadata"]["namespace"] = ORDINARY_NAMESPACE
+    doc["request"]["dryRun"] = True
+    return _json(doc)
+
+
+async def _post(session: aiohttp.ClientSession, url: str, path: str, body: bytes) -> tuple[float, str]:
+    """(seconds, outcome) of one review."""
+    started = time.perf_counter()
+    try:
+        async with session.post(url + path, data=body, headers={"Content-Type": "application/json"}) as r:
+            raw = await r.read()
+    except aiohttp.ClientError as exc:
+        return time.perf_counter() - started, f"HTTP none ({type(exc).__name__})"
+    elapsed = time.perf_counter() - started
+    if r.status != 200:
+        return elapsed, f"HTTP {r.status}"
+    answer = json.loads(raw)["response"]
+    return elapsed, "allowed" if answer["allowed"] else "denied: " + answer["status"]["message"][:60]
+
+
+async def _flood(url: str, ca_pem: str, flooders: int, seconds: float) -> Counter[str]:
+    """`flooders` connections sending heavy dry runs at full speed, alternating /mutate and /validate."""
+    heavy = heavy_reviews()
+    outcomes: Counter[str] = Counter()
+    context = ssl.create_default_context(cadata=ca_pem)
+    connector = aiohttp.TCPConnector(ssl=context, limit=flooders)
+    timeout = aiohttp.ClientTimeout(total=120)
+    stop = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def worker(sent: int) -> None:
+            while time.perf_counter() < stop:
+                what, body = heavy[sent % len(heavy)]
+                _, outcome = await _post(session, url, ("/mutate", "/validate")[sent // len(heavy) % 2], body)
+                outcomes[f"{what}: {outcome}"] += 1
+                sent += 1
+
+        await asyncio.gather(*(worker(w) for w in range(flooders)))
+    return outcomes
+
+
+def _flood_process(url: str, ca_pem: str, flooders: int, seconds: float, out: Any) -> None:
+    """The flooding tenant, a client process of its own (as another tenant's pods would be)."""
+    out.put(dict(asyncio.run(_flood(url, ca_pem, flooders, seconds))))
+
+
+async def tenant_flood(
+    url: str, ca_pem: str, *, flooders: int, ordinary: int, seconds: float
+) -> dict[str, Any]:
+    """One namespace floods (`flooders` connections of heavy dry runs, in a process of its own) while
+    `ordinary` connections of another namespace send everyday reviews; the latter's latencies are
+    measured alone first (for half as long) and then during the flood."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    outcomes: Counter[str] = Counter()
+    connector = aiohttp.TCPConnector(ssl=context, limit=ordinary)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
+
+        async def everyday(worker: int, stop: float, latencies: list[float]) -> None:
+            index = worker * 1_000_000
+            while time.perf_counter() < stop:
+                elapsed, outcome = await _post(
+                    session, url, ("/mutate", "/validate")[index % 2], ordinary_review(index)
+                )
+                if outcome.startswith("HTTP"):
+                    outcomes[f"ordinary: {outcome}"] += 1
+                latencies.append(elapsed)
+                index += 1
+
+        alone: list[float] = []
+        stop = time.perf_counter() + seconds / 2
+        await asyncio.gather(*(everyday(w, stop, alone) for w in range(ordinary)))
+        spawn = multiprocessing.get_context("spawn")
+        results = spawn.Queue()
+        flood = spawn.Process(target=_flood_process, args=(url, ca_pem, flooders, seconds, results))
+        flood.start()
+        await asyncio.sleep(2.0)  # the flood process starting up (imports) and its bodies built
+        during: list[float] = []
+        stop = time.perf_counter() + seconds - 4.0
+        await asyncio.gather(*(everyday(w, stop, during) for w in range(ordinary)))
+        outcomes.update(await asyncio.to_thread(results.get, True, seconds + 120))
+        await asyncio.to_thread(flood.join, 30)
+    sizes = {what: len(body) for what, body in heavy_reviews()}
+    return {"alone": alone, "during": during, "outcomes": outcomes, "sizes": sizes}
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def print_tenant_flood(figures: dict[str, Any], flooders: int, ordinary: int, seconds: float) -> bool:
+    """Print the flood's figures; True when the ordinary reviews' p99 stayed under one second."""
+    sizes = ", ".join(f"{w} {size / 2**20:.2f} MiB" for w, size in figures["sizes"].items())
+    print(f"tenant flood: {flooders} connections of {FLOOD_NAMESPACE} sending heavy dry runs ({sizes})")
+    print(
+        f"  to /mutate and /validate for {seconds:.0f} s; "
+        f"{ordinary} connections of {ORDINARY_NAMESPACE} meanwhile"
+    )
+    for label in ("alone", "during"):
+        latencies = figures[label]
+        p50, p99 = _percentile(latencies, 0.5) * 1000, _percentile(latencies, 0.99) * 1000
+        worst = max(latencies, default=float("nan")) * 1000
+        print(
+            f"  {ORDINARY_NAMESPACE} reviews {label:>6}: {len(latencies)} answered, p50 {p50:.1f} ms, "
+            f"p99 {p99:.1f} ms, max {worst:.1f} ms, over 5 s: {sum(t > 5 for t in latencies)}"
+        )
+    for outcome, count in sorted(figures["outcomes"].items()):
+        print(f"  {count:6d} x {outcome}")
+    return _percentile(figures["during"], 0.99) < 1.0
+
+
 def open_idle(port: int, context: ssl.SSLContext, count: int) -> tuple[list[ssl.SSLSocket], int]:
     """Open `count` TLS connections that each send one request and then stay idle; (open, refused)."""
     held: list[ssl.SSLSocket] = []
@@ -300,6 +461,14 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
     parser.add_argument("--worst-containers", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="5,000 reviews and 1,500 idle connections")
     parser.add_argument("--webhook-arg", action="append", default=[], help="extra flag for the webhook")
+    parser.add_argument(
+        "--tenant-flood",
+        action="store_true",
+        help="only the tenant flood: heavy dry runs against ordinary reviews",
+    )
+    parser.add_argument("--flooders", type=int, default=24, help="tenant flood: the flooding connections")
+    parser.add_argument("--ordinary", type=int, default=2, help="tenant flood: the ordinary connections")
+    parser.add_argument("--flood-seconds", type=float, default=30.0, help="tenant flood: how long it floods")
     args = parser.parse_args()
     if args.quick:
         args.reviews, args.idle = 5000, 1500
@@ -335,6 +504,19 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         held: list[ssl.SSLSocket] = []
         try:
             asyncio.run(bench_webhook.wait_ready(url, context, proc, 120))
+            if args.tenant_flood:
+                figures = asyncio.run(
+                    tenant_flood(
+                        url,
+                        ca.cert_pem.decode(),
+                        flooders=args.flooders,
+                        ordinary=args.ordinary,
+                        seconds=args.flood_seconds,
+                    )
+                )
+                return (
+                    0 if print_tenant_flood(figures, args.flooders, args.ordinary, args.flood_seconds) else 1
+                )
             rss_before, _ = bench_webhook.rss_mib(proc.pid)
             classes, failures, seconds = asyncio.run(
                 fuzz(url, context, paths, args.reviews, seed=args.seed, concurrency=args.concurrency)

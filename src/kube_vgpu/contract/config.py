@@ -54,6 +54,13 @@ class WebhookConfig:
     max_selector_items: int = 128
     max_affinity_terms: int = 128
     max_affinity_expressions: int = 2048
+    # Bounded work per review (SPEC §2.3): containers (init, app and ephemeral together), volumes,
+    # volumeMounts plus volumeDevices per container, env entries per container. Every rule walks
+    # these lists; the limits are checked, by their lengths alone, before any rule does.
+    max_containers: int = 256
+    max_volumes: int = 1024
+    max_mounts_per_container: int = 256
+    max_env_per_container: int = 1024
     deny_privileged: bool = True
     # /readyz turns false, and quota decisions are refused, when the cluster cache has heard nothing
     # from the API for this long; a quota reservation whose pod the cache has not shown lives exactly

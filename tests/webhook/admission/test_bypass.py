@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from kube_vgpu.contract.config import Config, NodeConfig, WebhookConfig
 from kube_vgpu.contract.names import (
     BIND_PHASE,
     DEVICES_TO_ALLOCATE,
@@ -297,3 +298,169 @@ def test_a_debug_container_setting_a_limit_variable_is_refused(cluster: Cluster)
     answer = debug([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
     assert refused(answer, "ephemeralContainers[debug]", "env NVIDIA_VISIBLE_DEVICES")
     assert debug([{"name": "TERM", "value": "xterm"}])["allowed"]
+
+
+# --- 4. issue 22: debug containers, the library path, the NVIDIA runtime's device list ----------
+
+
+def _debug(cluster: Cluster, debug_container: dict[str, Any]) -> dict[str, Any]:
+    """`kubectl debug` on a running vGPU pod: an UPDATE of pods/ephemeralcontainers to /validate."""
+    running = running_pod(cluster, {})
+    debugged = copy.deepcopy(running)
+    debugged["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox", **debug_container}]
+    review = admission_review(debugged, operation="UPDATE", old=running, username=AUTHOR)
+    review["request"]["subResource"] = "ephemeralcontainers"
+    return cluster.call("/validate", review)
+
+
+@pytest.mark.parametrize(
+    ("security", "words"),
+    [
+        ({"privileged": True}, ("privileged", "remove securityContext.privileged")),
+        ({"capabilities": {"add": ["SYS_ADMIN"]}}, ("SYS_ADMIN", "capabilities.add")),
+        ({"capabilities": {"add": ["ALL"]}}, ("ALL", "capabilities.add")),
+        ({"capabilities": {"add": ["NET_RAW", "CAP_SYS_ADMIN"]}}, ("CAP_SYS_ADMIN",)),
+        ({"capabilities": {"add": ["all"]}}, ("all", "capabilities.add")),
+    ],
+)
+def test_a_privileged_debug_container_is_refused(
+    cluster: Cluster, security: dict[str, Any], words: tuple[str, ...]
+) -> None:
+    answer = _debug(cluster, {"securityContext": security})
+    assert refused(answer, "'debug'", *words)
+    assert answer["status"]["message"].startswith("container 'debug'")
+
+
+def test_a_debug_container_with_harmless_security_settings_is_allowed(cluster: Cluster) -> None:
+    # Other capabilities and a non-root user are Pod Security's business, as at CREATE.
+    allowed = {"securityContext": {"privileged": False, "capabilities": {"add": ["NET_RAW", "SYS_PTRACE"]}}}
+    assert _debug(cluster, allowed)["allowed"]
+
+
+def test_a_debug_container_mounting_over_the_device_list_is_refused(cluster: Cluster) -> None:
+    mount = {"volumeMounts": [{"name": "v", "mountPath": "/var/run/nvidia-container-devices/all"}]}
+    assert refused(_debug(cluster, mount), "ephemeralContainers[debug]", "NVIDIA container runtime")
+
+
+def test_a_privileged_debug_container_is_allowed_when_deny_privileged_is_off(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    # The same switch as at CREATE: one code path, one setting.
+    config = Config(webhook=WebhookConfig(annotation_writers=(SCHEDULER, NODE_PLUGIN), deny_privileged=False))
+    made = start(apiserver, tmp_path, config)
+    with made.webhook:
+        assert _debug(made, {"securityContext": {"privileged": True}})["allowed"]
+
+
+@pytest.fixture
+def moved_hook(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster whose node plugin serves HAMi-core from another HOST folder (`node.hookPath`)."""
+    config = Config(
+        webhook=WebhookConfig(annotation_writers=(SCHEDULER, NODE_PLUGIN)),
+        node=NodeConfig(hook_path="/var/lib/vgpu"),
+    )
+    made = start(apiserver, tmp_path, config)
+    with made.webhook:
+        yield made
+
+
+@pytest.mark.parametrize(
+    ("volume", "mount"),
+    [
+        ({"emptyDir": {}}, {"mountPath": "/usr/local/vgpu/libvgpu.so"}),
+        (
+            {"configMap": {"name": "fake-lib"}},
+            {"mountPath": "/usr/local/vgpu/libvgpu.so", "subPath": "libvgpu.so"},
+        ),
+        ({"emptyDir": {}}, {"mountPath": "/usr/local/vgpu"}),
+        ({"emptyDir": {}}, {"mountPath": "/usr/local//vgpu/./libvgpu.so"}),
+        ({"emptyDir": {}}, {"mountPath": "/etc/ld.so.preload", "subPath": "empty"}),
+        ({"emptyDir": {}}, {"mountPath": "/tmp/vgpu"}),
+    ],
+)
+def test_the_library_path_is_protected_whatever_the_hook_path(
+    moved_hook: Cluster, volume: dict[str, Any], mount: dict[str, Any]
+) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["volumes"] = [{"name": "v", **volume}]
+    escaping["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", **mount}]
+    answer = moved_hook.create(escaping)
+    assert refused(answer, f"volumeMounts path {mount['mountPath']!r}", "which the node plugin mounts")
+
+
+@pytest.mark.parametrize(
+    "host", ["/var/lib/vgpu", "/var/lib/vgpu/vgpu/containers", "/var/lib", "/tmp/vgpulock"]
+)
+def test_the_moved_host_folder_is_still_refused_as_a_host_path(moved_hook: Cluster, host: str) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["volumes"] = [{"name": "hook", "hostPath": {"path": host}}]
+    escaping["spec"]["containers"][0]["volumeMounts"] = [{"name": "hook", "mountPath": "/mnt/h"}]
+    assert refused(moved_hook.create(escaping), f"hostPath {host!r}", "node plugin's host folder")
+
+
+def test_the_hook_paths_name_inside_a_container_is_an_ordinary_path(moved_hook: Cluster) -> None:
+    # /var/lib/vgpu is a HOST folder: a container's own emptyDir there replaces nothing.
+    harmless = gpu_pod()
+    harmless["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    harmless["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": "/var/lib/vgpu"}]
+    assert moved_hook.create(harmless)["allowed"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/var/run/nvidia-container-devices/all",
+        "/var/run/nvidia-container-devices/GPU-0000",
+        "/var/run/nvidia-container-devices",
+        "/var/run//nvidia-container-devices/./all",
+        "/var/run/x/../nvidia-container-devices/0",
+        "/var/run/nvidia-container-devicesall",  # the runtime matches by plain prefix
+    ],
+)
+def test_a_mount_in_the_nvidia_device_list_is_refused(cluster: Cluster, path: str) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["volumes"] = [{"name": "null", "hostPath": {"path": "/dev/null"}}]
+    escaping["spec"]["containers"].append(
+        {"name": "side", "image": "busybox", "volumeMounts": [{"name": "null", "mountPath": path}]}
+    )
+    answer = cluster.create(escaping)
+    assert refused(
+        answer, "containers[side]", f"{path!r}", "NVIDIA container runtime", "mount the volume elsewhere"
+    )
+
+
+@pytest.mark.parametrize("path", ["/var/run", "/var/run/secrets/app", "/var/run/nvidia-container"])
+def test_mounts_beside_the_nvidia_device_list_are_allowed(cluster: Cluster, path: str) -> None:
+    harmless = gpu_pod()
+    harmless["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    harmless["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
+    assert cluster.create(harmless)["allowed"]
+
+
+# --- 5. issue 22: pods that cost everyone ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "words"),
+    [
+        ("containers", ("20000 containers", "the limit is 256 (webhook.maxContainers)")),
+        ("volumes", ("spec.volumes has 40000 volumes", "the limit is 1024 (webhook.maxVolumes)")),
+    ],
+)
+def test_a_dry_run_pod_too_large_to_review_cheaply_is_refused_by_both_phases(
+    cluster: Cluster, shape: str, words: tuple[str, ...]
+) -> None:
+    # Issue 22's pods: legal, 1.5-2.3 MiB, and dry runs never reach the API server's size limit.
+    heavy = gpu_pod()
+    if shape == "containers":
+        each = heavy["spec"]["containers"][0]
+        heavy["spec"]["containers"] = [{**each, "name": f"c{i}"} for i in range(20_000)]
+    else:
+        heavy["spec"]["volumes"] = [
+            {"name": f"h{i}", "hostPath": {"path": f"/srv/{i}"}} for i in range(40_000)
+        ]
+    for path in ("/mutate", "/validate"):
+        answer = cluster.call(
+            path, admission_review(with_system_metadata(heavy), username=AUTHOR, dry_run=True)
+        )
+        assert refused(answer, *words)

@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kube_vgpu.webhook.admission.review import MalformedReview, _decode_exactly, decode_json, encode_json
+from kube_vgpu.webhook.admission.review import (
+    MAX_NESTING,
+    MalformedReview,
+    _decode_exactly,
+    _depth_of,
+    decode_json,
+    encode_json,
+    nesting_depth,
+)
 
 _json = st.recursive(
     st.none()
@@ -58,3 +66,31 @@ def test_bodies_orjson_refuses_or_might_misread_get_the_exact_answer(body: bytes
 
 def test_an_answer_quoting_a_lone_surrogate_is_encoded_as_an_escape() -> None:
     assert json.loads(encode_json({"message": "bad \ud800 value"})) == {"message": "bad \ud800 value"}
+
+
+_tricky_text = st.text(alphabet='[]{}"\\\\ab\n\u00e9', max_size=10)
+_nested = st.recursive(
+    st.none() | st.integers(-5, 5) | _tricky_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_tricky_text, inner, max_size=3),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(doc=_nested, depth=st.integers(0, 120))
+def test_the_byte_depth_of_a_body_is_its_nesting_depth(doc: Any, depth: int) -> None:
+    # Strings full of brackets, quotes and backslashes, nested up to past the limit.
+    text = "[" * depth + json.dumps(doc, ensure_ascii=False) + "]" * depth
+    assert _depth_of(text.encode()) == nesting_depth(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(doc=_nested, depth=st.integers(90, 110))
+def test_a_body_of_many_brackets_is_read_as_the_exact_reader_reads_it(doc: Any, depth: int) -> None:
+    # Over MAX_NESTING brackets: the depth is measured in bytes before orjson may read it.
+    padding = ", ".join(["[]"] * 20)  # so even a scalar doc makes more than MAX_NESTING brackets
+    body = (
+        "[" * depth + json.dumps([doc] * 30, ensure_ascii=False)[:-1] + f", {padding}]" + "]" * depth
+    ).encode()
+    assert body.count(b"[") + body.count(b"{") > MAX_NESTING
+    assert _outcome(decode_json, body) == _outcome(_decode_exactly, body)

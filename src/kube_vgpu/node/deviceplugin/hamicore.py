@@ -11,14 +11,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kube_vgpu.contract.container_paths import (
+    CACHE_IN_CONTAINER,
+    DEFAULT_LOCK_HOST_DIR,
+    LIBRARY_IN_CONTAINER,
+    LOCK_IN_CONTAINER,
+    PRELOAD_IN_CONTAINER,
+)
 from kube_vgpu.contract.devices import ContainerDevices
 from kube_vgpu.node.nvml.gpus import GpuInfo
 
-LIBRARY_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
-PRELOAD_IN_CONTAINER = "/etc/ld.so.preload"
-CACHE_IN_CONTAINER = "/tmp/vgpu"
-LOCK_IN_CONTAINER = "/tmp/vgpulock"
-DEFAULT_LOCK_DIR = "/tmp/vgpulock"
+# The in-container paths are the contract's (the webhook protects the same ones); the host lock
+# folder is the node plugin's to change.
+DEFAULT_LOCK_DIR = DEFAULT_LOCK_HOST_DIR
 
 
 @dataclass(frozen=True)

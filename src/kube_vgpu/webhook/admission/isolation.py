@@ -7,20 +7,27 @@ hostPath volume could replace the limits or switch HAMi-core off. Every containe
 checked, not just the ones that ask for a vGPU: with the NVIDIA runtime as the node's default, a
 sidecar that sets `NVIDIA_VISIBLE_DEVICES=all` is handed every GPU of the node with no limits at all.
 
-The protected paths come from the configuration, so they are normalised once per configuration (a
-small LRU cache keyed by the hook path itself, which never goes stale); each mount path of a review
-is normalised once and tested against every protected path at once (a set and a prefix tuple).
+The in-container paths are fixed (`contract.container_paths`, which the node plugin mounts from);
+the configured hook path is a HOST folder, so it only widens the hostPath check. Both are normalised
+once per configuration (a small LRU cache keyed by the hook path itself, which never goes stale);
+each mount path of a review is normalised once and tested against every protected path at once (a
+set and a prefix tuple).
 """
 
 from __future__ import annotations
 
 import functools
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from kube_vgpu.contract.config import Config
+from kube_vgpu.contract.container_paths import (
+    DEFAULT_LOCK_HOST_DIR,
+    NVIDIA_DEVICE_LIST_ROOT,
+    PLUGIN_CONTAINER_PATHS,
+)
 
 # Variables HAMi-core or the NVIDIA container runtime read (names are case-sensitive, as in Linux).
 RESERVED_ENV: Final[frozenset[str]] = frozenset(
@@ -42,12 +49,13 @@ RESERVED_ENV: Final[frozenset[str]] = frozenset(
 # in case a HAMi-core build reads a per-device form.
 RESERVED_ENV_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
 
-# Paths the node plugin mounts into a hami-core container (node.deviceplugin.hamicore), besides the hook path.
-PLUGIN_CONTAINER_PATHS: Final[tuple[str, ...]] = ("/etc/ld.so.preload", "/tmp/vgpu", "/tmp/vgpulock")
+# In-container paths no volume of a vGPU pod may cover: what the node plugin mounts for HAMi-core,
+# and the NVIDIA runtime's device-list root (matched by plain prefix, as the runtime matches it).
+PROTECTED_CONTAINER_PATHS: Final[tuple[str, ...]] = (*PLUGIN_CONTAINER_PATHS, NVIDIA_DEVICE_LIST_ROOT)
 # Host folders the node plugin serves from, besides the configured hook path; and host folders that
 # reach every file of the node (through /proc/<pid>/, or /sys) or the kubelet's device plugin sockets.
 PLUGIN_HOST_PATHS: Final[tuple[str, ...]] = (
-    "/tmp/vgpulock",
+    DEFAULT_LOCK_HOST_DIR,
     "/var/lib/kubelet/device-plugins",
     "/proc",
     "/sys",
@@ -99,12 +107,6 @@ def host_overlaps(host: str, folder: str) -> bool:
 _CONTAINER_GROUPS: Final = ("initContainers", "containers", "ephemeralContainers")
 
 
-def every_container(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(`group[name]`, container) for every init, app and ephemeral container of a pod."""
-    for key, container in grouped_containers(pod):
-        yield _where(key, container), container
-
-
 def grouped_containers(pod: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """(group, container) for every init, app and ephemeral container, without naming each one: the
     `group[name]` text is only needed for a denial, and building it per container cost every review."""
@@ -129,7 +131,7 @@ def _reserved_env(name: str) -> bool:
 def _env_escape(key: str, container: Mapping[str, Any]) -> Escape | None:
     for entry in container.get("env") or ():
         name = entry.get("name") if isinstance(entry, dict) else None
-        if isinstance(name, str) and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
+        if isinstance(name, str) and _reserved_env(name):
             return Escape(
                 f"{_where(key, container)}: env {name} is set by the node plugin for vGPU containers "
                 "(it carries the GPU memory and core limits)",
@@ -147,7 +149,7 @@ class _Protected:
     inside: str
 
     def covered_by(self, mount: str) -> bool:
-        """`covers(mount, self.path)` for a mount path already normalised."""
+        """Whether a mount path, already normalised, is this path or inside it."""
         return mount == self.normal or mount.startswith(self.inside)
 
 
@@ -164,12 +166,23 @@ class _Guards:
     host_folders: tuple[str, ...]
 
 
+def _inside(path: str) -> str:
+    """The prefix of what is inside `path`: by segment, except the NVIDIA runtime's root, which the
+    runtime itself matches by plain prefix (`/var/run/nvidia-container-devicesX` counts too)."""
+    normal = normalize(path)  # never ends in "/": none of the protected paths is "/" itself
+    return normal if normal == NVIDIA_DEVICE_LIST_ROOT else normal + "/"
+
+
 @functools.lru_cache(maxsize=16)
 def _guards(hook: str) -> _Guards:
-    """The paths a hook path protects, normalised once per configuration (a handful of entries), not
-    once per mount and path of every review. Keyed by the path itself, so never stale."""
-    written = (hook, *PLUGIN_CONTAINER_PATHS)
-    protected = tuple(_Protected(p, n, n.rstrip("/") + "/") for p, n in ((p, normalize(p)) for p in written))
+    """The paths protected under a hook path, normalised once per configuration (a handful of
+    entries), not once per mount and path of every review. Keyed by the path itself, so never stale.
+
+    The hook path is where HAMi-core lives on the HOST: it is refused as a hostPath, while the paths
+    refused inside the container are the fixed ones the node plugin mounts, whatever the hook path.
+    """
+    written = PROTECTED_CONTAINER_PATHS
+    protected = tuple(_Protected(p, normalize(p), _inside(p)) for p in written)
     return _Guards(
         written=written,
         protected=protected,
@@ -192,13 +205,19 @@ def _mount_escape(key: str, container: Mapping[str, Any], guards: _Guards) -> Es
         mount = normalize(path)
         if mount not in guards.normals and not mount.startswith(guards.insides):
             continue  # covers no protected path (one set lookup and one prefix test, not one per path)
-        hit = next((p.path for p in guards.protected if p.covered_by(mount)), None)
-        if hit is not None:
-            return Escape(
-                f"{_where(key, container)}: {field} path {path!r} covers {hit}, which the node plugin "
-                "mounts to enforce the vGPU limits",
-                f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
-            )
+        # One of them covers it (the test above says so); no default, so a broken invariant is a
+        # loud internal error, which denies the pod, rather than a mount let through.
+        hit = next(p.path for p in guards.protected if p.covered_by(mount))
+        why = (
+            "where the NVIDIA container runtime reads which GPUs to hand out (a mount there can "
+            "ask for every GPU of the node)"
+            if hit == NVIDIA_DEVICE_LIST_ROOT
+            else "which the node plugin mounts to enforce the vGPU limits"
+        )
+        return Escape(
+            f"{_where(key, container)}: {field} path {path!r} covers {hit}, {why}",
+            f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
+        )
     return None
 
 

@@ -23,6 +23,7 @@ from kube_vgpu.contract.names import (
     VGPU_MODE,
 )
 from kube_vgpu.contract.resources import PodRequest
+from kube_vgpu.webhook.admission.bounds import WorkBounds
 from kube_vgpu.webhook.admission.gates import ClusterView
 from kube_vgpu.webhook.admission.patch import PatchBuilder, pointer
 from kube_vgpu.webhook.admission.review import AdmissionRequest, Verdict
@@ -31,6 +32,7 @@ from kube_vgpu.webhook.admission.safety import (
     MALFORMED_OBJECT,
     NO_MATCHING_GPU,
     OTHER_SCHEDULER,
+    OVER_LIMIT,
     Denied,
     check_create,
     read_pod,
@@ -55,8 +57,6 @@ from kube_vgpu.webhook.placement.selectors import (
 
 DEFAULT_SCHEDULER = "default-scheduler"
 
-# Denial reason (the `reason` label of the denials metric) for a pod over a work limit.
-OVER_LIMIT = "over-limit"
 
 __all__ = ["Admission", "Denied", "Placement", "resolve_placement"]
 
@@ -113,6 +113,11 @@ class Admission:
     view: ClusterView
 
     @functools.cached_property
+    def bounds(self) -> WorkBounds:
+        """The per-review work limits the HTTP edge parses reviews with (`review.parse_review`)."""
+        return WorkBounds.of(self.config.webhook)
+
+    @functools.cached_property
     def _limits(self) -> Limits:
         """The work limits, read from the configuration once rather than per review."""
         return Limits.of(self.config.webhook)
@@ -121,6 +126,8 @@ class Admission:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
         if not request.is_pod_create or request.object is None:
             return Verdict(allowed=True)
+        if request.over_limit:
+            return Verdict(allowed=False, reason=OVER_LIMIT, message=request.over_limit)
         if request.object_error:
             # Only a caller other than the API server sends mistyped pods; no rule may meet one.
             return Verdict(

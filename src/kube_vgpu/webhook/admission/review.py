@@ -19,6 +19,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 import jsonpatch
 import orjson
 
+from kube_vgpu.webhook.admission.bounds import DEFAULT_BOUNDS, WorkBounds, work_problem
 from kube_vgpu.webhook.admission.pod_shape import is_namespace_name, is_unicode_text, pod_problem
 
 API_VERSION: Literal["admission.k8s.io/v1"] = "admission.k8s.io/v1"
@@ -40,6 +41,9 @@ _DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 # and searching, two C passes (a regular expression costs several times more on a 3 KB body).
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_DIGITS = b"0" * 17
+# Every byte but quotes and brackets, deleted to measure the nesting of a large body (see `_depth_of`).
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_QUOTED = re.compile(rb'"[^"]*+"')
 
 
 class MalformedReview(ValueError):
@@ -103,6 +107,8 @@ class AdmissionRequest:
 
     # What is wrong with the shape of the pod ("" when nothing): a denial, not a 400.
     object_error: str = ""
+    # The work limit the pod passes ("" when none): a denial, decided before its shape is walked.
+    over_limit: str = ""
 
     @property
     def is_pod_create(self) -> bool:
@@ -137,6 +143,20 @@ def nesting_depth(text: str) -> int:
     return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
 
 
+def _depth_of(body: bytes) -> int:
+    """`nesting_depth` of a body, in passes of C a large body needs (tens of times faster than the
+    regular expression over the whole text, which cost as much as decoding a 2 MB pod).
+
+    Escapes are dropped first, `\\\\` pairs then `\\"`, left to right as JSON pairs them; then every
+    byte but quotes and brackets; what is left between two quotes was inside a string. Two quotes in a
+    row hold no bracket between them, whichever string they open or close, so they go first (most
+    strings hold no bracket), leaving the regular expression little to read.
+    """
+    skeleton = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    brackets = _QUOTED.sub(b"", skeleton.replace(b'""', b"")).decode("ascii")
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+
+
 def _bounded_int(digits: str) -> int:
     if len(digits) > MAX_NUMBER_CHARS:
         raise MalformedReview(
@@ -164,16 +184,18 @@ def decode_json(body: bytes) -> Any:
     non-JSON constants; orjson also refuses lone surrogates, which the exact path passes on for the
     pod's shape check to deny.
     """
+    # Few brackets cannot nest deeply; a large pod has thousands, and is measured in C passes.
     few_brackets = body.count(b"[") + body.count(b"{") <= MAX_NESTING
-    if few_brackets and _LONG_DIGITS not in body.translate(_DIGITS_TO_ZERO):
+    depth = None if few_brackets else _depth_of(body)
+    if (depth is None or depth <= MAX_NESTING) and _LONG_DIGITS not in body.translate(_DIGITS_TO_ZERO):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
             pass
-    return _decode_exactly(body)
+    return _decode_exactly(body, depth)
 
 
-def _decode_exactly(body: bytes) -> Any:
+def _decode_exactly(body: bytes, depth: int | None = None) -> Any:
     """`decode_json` with the standard library: slower, every bound checked with its own reason."""
     try:
         text = body.decode("utf-8")
@@ -183,8 +205,10 @@ def _decode_exactly(body: bytes) -> Any:
             "send the AdmissionReview as UTF-8 JSON"
         ) from None
     # Counting brackets is far cheaper than measuring depth, and few bodies have many.
-    openers = text.count("[") + text.count("{")
-    if openers > MAX_NESTING and (depth := nesting_depth(text)) > MAX_NESTING:
+    if depth is None:
+        openers = text.count("[") + text.count("{")
+        depth = nesting_depth(text) if openers > MAX_NESTING else 0
+    if depth > MAX_NESTING:
         raise MalformedReview(
             f"body nests {depth} levels deep; an AdmissionReview nests at most {MAX_NESTING}"
         )
@@ -198,8 +222,12 @@ def _decode_exactly(body: bytes) -> Any:
         raise MalformedReview(f"body is not JSON: {str(exc)[:200]}") from None
 
 
-def parse_review(body: bytes) -> AdmissionRequest:
-    """Parse an AdmissionReview v1 request body; raise MalformedReview naming what is wrong."""
+def parse_review(body: bytes, bounds: WorkBounds = DEFAULT_BOUNDS) -> AdmissionRequest:
+    """Parse an AdmissionReview v1 request body; raise MalformedReview naming what is wrong.
+
+    A pod over one of `bounds` is marked `over_limit` and its shape is not walked: the limits are
+    read from list lengths alone, so such a review costs little more than its decoding.
+    """
     doc = decode_json(body)
     if not isinstance(doc, dict):
         raise MalformedReview("body is not a JSON object")
@@ -250,14 +278,19 @@ def parse_review(body: bytes) -> AdmissionRequest:
         old_object=old,
         username=_text((user_info or {}).get("username"), "request.userInfo.username"),
     )
-    if parsed.is_pod_create or parsed.is_pod_update:
-        if obj is None:
-            raise MalformedReview(f"request.object is missing for a Pod {operation}")
-        problem = pod_problem(obj)
-    elif obj is not None and kind["kind"] == "Pod" and parsed.sub_resource == "ephemeralcontainers":
-        problem = pod_problem(obj)  # `kubectl debug`: the object is the whole Pod
-    else:
-        problem = None
+    debug = obj is not None and kind["kind"] == "Pod" and parsed.sub_resource == "ephemeralcontainers"
+    if (parsed.is_pod_create or parsed.is_pod_update) and obj is None:
+        raise MalformedReview(f"request.object is missing for a Pod {operation}")
+    if obj is None or not (parsed.is_pod_create or parsed.is_pod_update or debug):
+        return parsed
+    # `kubectl debug` sends the whole Pod as the object; an UPDATE's oldObject is walked as well.
+    over = work_problem(obj, bounds)
+    if not over and old is not None:
+        old_over = work_problem(old, bounds)
+        over = f"oldObject: {old_over}" if old_over else None
+    if over:
+        return dataclasses.replace(parsed, over_limit=over)
+    problem = pod_problem(obj)
     if not problem and parsed.is_pod_update and old is not None:
         # Without a readable oldObject every scheduler-owned annotation counts as added.
         old_problem = pod_problem(old)

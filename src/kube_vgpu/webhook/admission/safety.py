@@ -28,6 +28,8 @@ NO_MATCHING_GPU = "no-matching-gpu"
 ISOLATION_ESCAPE = "isolation-escape"
 QUOTA = "quota"
 STALE_CACHE = "stale-cache"
+# A pod over a work limit (selectors and affinity, or containers, volumes, mounts and env entries).
+OVER_LIMIT = "over-limit"
 
 
 class Denied(Exception):
@@ -73,6 +75,16 @@ def check_create(pod: Mapping[str, Any], pod_request: PodRequest, config: Config
             f"annotation(s) {', '.join(forged)} are written by the scheduler when it places a pod; "
             "a new pod must not carry them: remove them",
         )
+    check_containers(pod, config)
+
+
+def check_containers(pod: Mapping[str, Any], config: Config) -> None:
+    """Refuse a vGPU pod any of whose containers (init, app and ephemeral) is privileged, adds a
+    capability that undoes the node plugin's mounts, or escapes its limits through env or volumes.
+
+    The one check of a pod's containers: run at CREATE, and on `kubectl debug` (an UPDATE of
+    `pods/ephemeralcontainers`), where the debug container joins the GPU pod on its node.
+    """
     if config.webhook.deny_privileged:
         # Every container of a vGPU pod: a privileged sidecar shares the pod with the GPU container
         # and can reach its mounts and every GPU of the node.

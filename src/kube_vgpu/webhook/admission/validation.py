@@ -19,16 +19,16 @@ from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import OPT_OUT_LABEL, OPT_OUT_VALUE
 from kube_vgpu.contract.resources import PodRequest, RequestError, parse_pod
 from kube_vgpu.webhook.admission.gates import QuotaGate, ValidationView
-from kube_vgpu.webhook.admission.isolation import find_escape
 from kube_vgpu.webhook.admission.mutation import resolve_placement
 from kube_vgpu.webhook.admission.review import AdmissionRequest, Verdict
 from kube_vgpu.webhook.admission.safety import (
     INVALID_ANNOTATION,
-    ISOLATION_ESCAPE,
     MALFORMED_OBJECT,
+    OVER_LIMIT,
     QUOTA,
     STALE_CACHE,
     Denied,
+    check_containers,
     check_create,
     check_update,
     read_pod,
@@ -55,6 +55,8 @@ class Validation:
         debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
         if pod is None or not (request.is_pod_create or request.is_pod_update or debug):
             return Verdict(allowed=True)
+        if request.over_limit:
+            return Verdict(allowed=False, reason=OVER_LIMIT, message=request.over_limit)
         if request.object_error:
             # Only a caller other than the API server sends mistyped pods; no rule may meet one.
             return Verdict(
@@ -100,14 +102,15 @@ class Validation:
 
     def _ephemeral(self, pod: Mapping[str, Any]) -> None:
         """`kubectl debug` on a vGPU pod: the debug container joins the pod on its GPU node, so it
-        must not set the variables or mounts that escape the limits either."""
+        gets every check a container gets at CREATE (privilege and capabilities included), through
+        the same code. The pod-level rules of CREATE (nodeName, the scheduler's annotations) do not
+        apply: a running pod has both, written by the scheduler."""
         try:
             asks_vgpu = parse_pod(pod, self.config.resource_names).asks_vgpu
         except RequestError:
             asks_vgpu = True  # stored pods were admitted; be strict with whatever this is
-        escape = find_escape(pod, self.config) if asks_vgpu else None
-        if escape is not None:
-            raise Denied(ISOLATION_ESCAPE, escape.message())
+        if asks_vgpu:
+            check_containers(pod, self.config)
 
     async def _quota(
         self,

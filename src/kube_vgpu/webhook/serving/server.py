@@ -28,6 +28,7 @@ from kube_vgpu.webhook.admission.review import (
     parse_review,
 )
 from kube_vgpu.webhook.admission.validation import Validation
+from kube_vgpu.webhook.fairness import FairTurns
 from kube_vgpu.webhook.serving.http.message import Handler, Request, Response, error_response, json_response
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
@@ -71,11 +72,13 @@ def _pod_name(request: AdmissionRequest) -> str:
 class AdmissionApp:
     """The routes of the webhook, for `webhook.http.connection.HttpConnection`."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, turns: FairTurns | None = None) -> None:
         self.services = services
+        # Large reviews take turns between namespaces (`webhook.fairness`); small ones run at once.
+        self.turns = turns or FairTurns()
         self._routes: dict[tuple[str, str], Handler] = {
-            ("POST", MUTATE_PATH): self.mutate,
-            ("POST", VALIDATE_PATH): self.validate,
+            ("POST", MUTATE_PATH): lambda http: self.turns.run(http.body, lambda: self.mutate(http)),
+            ("POST", VALIDATE_PATH): lambda http: self.turns.run(http.body, lambda: self.validate(http)),
             ("GET", "/healthz"): self.healthz,
             ("GET", "/readyz"): self.readyz,
             ("GET", "/metrics"): self.metrics,
@@ -117,7 +120,7 @@ class AdmissionApp:
     def _parse(self, http: Request) -> AdmissionRequest | Response:
         """The request's AdmissionReview, or the 400 answer (JSON reason) for a body that is not one."""
         try:
-            return parse_review(http.body)
+            return parse_review(http.body, self.services.admission.bounds)
         except MalformedReview as exc:
             self.services.metrics.reviews.labels("malformed").inc()
             log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
