@@ -12,6 +12,7 @@ from typing import Any
 from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
 from kube_vgpu.kubeapi.client import KubeConfigError
+from kube_vgpu.kubeapi.flags import add_cluster_arguments
 from kube_vgpu.webhook.service import Options, serve
 from kube_vgpu.webhook.serving.listener import ConnectionLimits
 from kube_vgpu.webhook.serving.tls import TlsFilesError
@@ -24,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
     parser.add_argument("--config", default=None, help="configuration file (YAML); default: every default")
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file; default: in-cluster credentials")
+    add_cluster_arguments(parser)
     parser.add_argument(
         "--cert-poll-seconds",
         type=float,
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             host=args.host,
             kubeconfig=args.kubeconfig,
+            kube_context=args.context,
             cert_poll_seconds=args.cert_poll_seconds,
             shutdown_timeout_seconds=args.shutdown_timeout,
             limits=ConnectionLimits(
