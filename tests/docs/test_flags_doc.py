@@ -1,4 +1,4 @@
-"""The README lists every flag of every command, under that command's heading."""
+"""docs/configuration.md lists every flag of every command, under that command's heading."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from kube_vgpu.cli.main import SUBCOMMANDS, build_parser
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
 
 
 def commands() -> Iterator[tuple[str, list[str]]]:
@@ -36,9 +36,9 @@ COMMANDS = list(commands())
 
 
 @pytest.mark.parametrize(("prog", "flags"), COMMANDS, ids=[p for p, _ in COMMANDS])
-def test_every_flag_is_in_the_readme_under_its_command(prog: str, flags: list[str]) -> None:
+def test_every_flag_is_in_the_configuration_doc_under_its_command(prog: str, flags: list[str]) -> None:
     heading = f"`{prog}`\n"
-    assert heading in README, f"README has no table for {prog}"
-    section = README.split(heading, 1)[1].split("\n\n`", 1)[0]
+    assert heading in DOC, f"docs/configuration.md has no table for {prog}"
+    section = DOC.split(heading, 1)[1].split("\n\n`", 1)[0]
     for flag in flags:
-        assert f"| `{flag}` |" in section, f"{prog} {flag} is not in the README"
+        assert f"| `{flag}` |" in section, f"{prog} {flag} is not in docs/configuration.md"
