@@ -169,3 +169,11 @@ def test_every_command_that_talks_to_a_cluster_takes_context(
         main([*argv, "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--context NAME" in out and "$KUBECONFIG, else ~/.kube/config" in out
+
+
+def test_a_broken_kubeconfig_is_one_line_naming_it(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (home / ".kube").mkdir()
+    (home / ".kube" / "config").write_text("clusters: [\n")
+    code, err = top(capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"kubeconfig {home / '.kube' / 'config'}: not valid YAML:" in err and "(line 2, column 1)" in err

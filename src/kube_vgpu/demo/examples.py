@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from kube_vgpu.contract.names import MODES
+from kube_vgpu.contract.yamltext import yaml_problem
 from kube_vgpu.node.simnvml.config import SimulationError, parse_simulation
 
 EXPECT_PREFIX = "demo.kube-vgpu.io/"
@@ -80,7 +81,7 @@ def _load(path: Path) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ExampleError(f"{path}: not valid YAML: {exc}") from None
+        raise ExampleError(f"{path}: {yaml_problem(exc)}") from None
 
 
 def load_nodes(path: Path) -> list[NodeSpec]:

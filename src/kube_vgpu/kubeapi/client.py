@@ -25,6 +25,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from kube_vgpu.contract.yamltext import yaml_problem
 from kube_vgpu.kubeapi.permissions import Component, UndeclaredCall, Verb, declared
 
 log = logging.getLogger("kube_vgpu.kubeapi")
@@ -107,14 +108,14 @@ def kubeconfig_files(
         return "--kubeconfig", [flag], []
     listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
     if listed:
-        found = [p for p in listed if os.path.isfile(os.path.expanduser(p))]
+        found = [p for p in listed if os.path.exists(os.path.expanduser(p))]
         return (
             "$KUBECONFIG",
             found,
             ["--kubeconfig (not given)", f"$KUBECONFIG {environ['KUBECONFIG']} (no such file)"],
         )
     default = os.path.join(home, ".kube", "config")
-    if os.path.isfile(default):
+    if os.path.exists(default):
         return "~/.kube/config", [default], []
     return (
         "~/.kube/config",
@@ -130,8 +131,10 @@ def _current_context(paths: builtins.list[str]) -> str | None:
         try:
             with open(os.path.expanduser(path), encoding="utf-8") as stream:
                 document = yaml.safe_load(stream)
-        except (OSError, yaml.YAMLError) as exc:
-            raise KubeConfigError(f"cannot read kubeconfig {path}: {exc}") from None
+        except OSError as exc:
+            raise KubeConfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise KubeConfigError(f"kubeconfig {path}: {yaml_problem(exc)}") from None
         if isinstance(document, Mapping) and document.get("current-context"):
             return str(document["current-context"])
     return None
@@ -148,7 +151,7 @@ def load_api_client(
     environ = os.environ if environ is None else environ
     configuration = k8s.Configuration()
     source, files, tried = kubeconfig_files(kubeconfig, environ, os.path.expanduser("~"))
-    if source == "--kubeconfig" and not os.path.isfile(os.path.expanduser(files[0])):
+    if source == "--kubeconfig" and not os.path.exists(os.path.expanduser(files[0])):
         raise KubeConfigError(f"--kubeconfig {files[0]}: no such file")
     if files:
         where = f"kubeconfig {os.pathsep.join(files)} (from {source})"

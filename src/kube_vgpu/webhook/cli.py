@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """The loop the webhook serves on: uvloop where it is installed (its TLS and transports cost a
-    review less CPU than asyncio's; see the README's benchmark), else asyncio's own."""
+    review less CPU than asyncio's; see docs/benchmarks.md), else asyncio's own."""
     try:
         import uvloop
     except ImportError:
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     log = logging.getLogger("kube_vgpu.webhook")
     try:
+        check_flags(args)
         config = load_config(args.config)
         options = Options(
             tls_cert_file=Path(args.tls_cert_file),
@@ -115,3 +117,18 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, KubeConfigError, TlsFilesError, OSError, ValueError) as exc:
         log.error("event=webhook_failed error=%r", str(exc))
         return 2
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse numbers the server would only trip over later (a port past 65535 fails deep in bind,
+    a NaN timeout never fires); raises ValueError naming the flag and the value."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be 0-65535 (0: any free port), got {args.port}")
+    for flag, value, least in (
+        ("--cert-poll-seconds", args.cert_poll_seconds, 0.01),
+        ("--shutdown-timeout", args.shutdown_timeout, 0.0),
+        ("--request-timeout", args.request_timeout, 0.001),
+        ("--idle-timeout", args.idle_timeout, 0.001),
+    ):
+        if not (math.isfinite(value) and value >= least):
+            raise ValueError(f"{flag} must be a number of seconds, at least {least:g}, got {value}")
