@@ -29,12 +29,18 @@ FOREIGN = [
 
 def links(text: str) -> list[str]:
     """Relative link targets (no scheme, no pure #anchor), without their anchor."""
-    found = []
-    for target in LINK.findall(text):
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-            continue
-        found.append(target.split("#", 1)[0])
-    return found
+    return [target.split("#", 1)[0] for target in anchored_links(text) if not target.startswith("#")]
+
+
+def anchored_links(text: str) -> list[str]:
+    """Relative link targets as written (no scheme), anchors kept."""
+    return [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+def slugs(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as '-'."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
 def repo_paths(text: str) -> list[str]:
@@ -51,6 +57,11 @@ def repo_paths(text: str) -> list[str]:
 def missing(page: Path) -> list[str]:
     text = page.read_text(encoding="utf-8")
     problems = [f"link {t}" for t in links(text) if not (page.parent / t).exists()]
+    for target in anchored_links(text):
+        path, _, anchor = target.partition("#")
+        linked = page.parent / path if path else page
+        if anchor and linked.suffix == ".md" and linked.exists() and anchor not in slugs(linked):
+            problems.append(f"anchor {target}")
     problems += [f"path `{p}`" for p in repo_paths(text) if not (REPO / p).exists()]
     problems += [f"cites {m.group(0)!r}" for rule in FOREIGN for m in rule.finditer(text)]
     return problems
@@ -64,12 +75,14 @@ def test_every_reference_is_in_the_repository(page: Path) -> None:
 def test_the_checker_finds_each_kind_of_dangling_reference(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
-        "See [x](nope.md), [ok](page.md#top), [web](https://volcano.sh), `scripts/nope.sh`, "
+        "# Top\nSee [x](nope.md), [ok](page.md#top), [web](https://volcano.sh), [gone](#nowhere), "
+        "`scripts/nope.sh`, "
         "`scripts/test.sh`, `volcano.sh/vgpu-memory`, SPEC §2, facts `a.md`, protocol Appendix C, "
         "../shared/perf/x, /work/main/README.md\n"
     )
     assert missing(page) == [
         "link nope.md",
+        "anchor #nowhere",
         "path `scripts/nope.sh`",
         "cites 'SPEC'",
         "cites 'facts'",
