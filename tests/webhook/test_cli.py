@@ -23,8 +23,8 @@ def check(*flags: str) -> None:
     [
         (["--port", "65536"], "--port must be 0-65535 (0: any free port), got 65536"),
         (["--port", "-1"], "--port must be 0-65535"),
-        (["--request-timeout", "nan"], "--request-timeout must be a number of seconds"),
-        (["--idle-timeout", "inf"], "--idle-timeout must be a number of seconds"),
+        (["--request-timeout", "nan"], "--request-timeout must be a finite number of seconds, got nan"),
+        (["--idle-timeout", "inf"], "--idle-timeout must be a finite number of seconds, got inf"),
         (["--shutdown-timeout", "-0.5"], "--shutdown-timeout must be a number of seconds, at least 0"),
         (["--cert-poll-seconds", "0"], "--cert-poll-seconds must be a number of seconds, at least 0.01"),
     ],
@@ -42,6 +42,7 @@ def test_out_of_range_numbers_are_refused(flags: list[str], says: str) -> None:
         ["--shutdown-timeout", "0"],
         ["--cert-poll-seconds", "0.01"],
         ["--request-timeout", "0.001"],
+        ["--idle-timeout", "1e9"],
     ],
 )
 def test_the_limits_themselves_are_accepted(flags: list[str]) -> None:

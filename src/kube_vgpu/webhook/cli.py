@@ -127,8 +127,10 @@ def check_flags(args: argparse.Namespace) -> None:
     for flag, value, least in (
         ("--cert-poll-seconds", args.cert_poll_seconds, 0.01),
         ("--shutdown-timeout", args.shutdown_timeout, 0.0),
-        ("--request-timeout", args.request_timeout, 0.001),
-        ("--idle-timeout", args.idle_timeout, 0.001),
     ):
         if not (math.isfinite(value) and value >= least):
             raise ValueError(f"{flag} must be a number of seconds, at least {least:g}, got {value}")
+    # ConnectionLimits refuses values below zero; NaN and infinity pass its comparisons.
+    for flag, value in (("--request-timeout", args.request_timeout), ("--idle-timeout", args.idle_timeout)):
+        if not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number of seconds, got {value}")
