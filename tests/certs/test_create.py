@@ -279,7 +279,7 @@ def test_a_missing_namespace_or_kubeconfig_is_one_line(
     flags = ["certs", "create", "--service", "s", "--namespace", "absent", "--secret-name", "x"]
     code = main([*flags, "--kubeconfig", str(missing)])
     assert code == EXIT_UNREACHABLE
-    assert f"cannot load kubeconfig {missing}" in capsys.readouterr().err
+    assert f"--kubeconfig {missing}: no such file" in capsys.readouterr().err
     code = main([*flags, "--kubeconfig", str(tmp_path / "kubeconfig")])
     assert code == EXIT_NOT_FOUND
     assert 'namespaces "absent" not found' in capsys.readouterr().err

@@ -101,6 +101,18 @@ def test_valid_files_are_left_alone_and_force_renews_with_the_same_ca(
     assert (tmp_path / "ca.crt").read_bytes() == before["ca.crt"][1]
 
 
+def test_the_log_says_why_files_were_written_and_never_reason_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="kube_vgpu.certs"):
+        assert write(tmp_path, "localhost") == 0
+        assert write(tmp_path, "localhost") == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "kube_vgpu.certs"]
+    assert lines[0].startswith("event=files_written") and "reason='no certificates stored yet'" in lines[0]
+    assert lines[1] == f"event=files_valid directory={tmp_path} action=keep"
+    assert not any("None" in line for line in lines)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from kube_vgpu.cli.main import _chosen, apply_env_defaults, build_parser
+from kube_vgpu.cli.main import _chosen, apply_env_defaults, build_parser, main
 
 
 def test_flags_default_to_their_environment_variables() -> None:
@@ -41,3 +41,117 @@ def test_running_certs_does_not_import_grpc() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# --- environment variables: a flag wins, a bad variable is named, a variable a flag overrides is ignored
+
+
+def run_main(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], env: dict[str, str], argv: list[str]
+) -> tuple[int, str]:
+    """`kube-vgpu ARGV` as far as its flags: exit code 2 and stderr when refused, else 0 and ''."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parser = build_parser(_chosen(argv))
+    apply_env_defaults(parser, dict(env))
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(str(exc.code)), capsys.readouterr().err
+    return 0, capsys.readouterr().err
+
+
+WEBHOOK = ["webhook", "--tls-cert-file", "c", "--tls-key-file", "k"]
+SERVICE_LINK = {"KUBE_VGPU_PORT": "tcp://10.96.0.5:443"}
+
+
+def test_a_service_link_variable_is_ignored_when_the_flag_is_given() -> None:
+    # Kubernetes injects KUBE_VGPU_PORT=tcp://IP:PORT into pods for a Service named kube-vgpu.
+    parser = build_parser("webhook")
+    apply_env_defaults(parser, dict(SERVICE_LINK))
+    assert parser.parse_args([*WEBHOOK, "--port", "8443"]).port == 8443
+
+
+def test_a_service_link_variable_without_the_flag_is_named_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = run_main(monkeypatch, capsys, SERVICE_LINK, WEBHOOK)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "KUBE_VGPU_PORT='tcp://10.96.0.5:443': expected an integer" in err
+    assert "service link" in err and "--port" in err
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "says"),
+    [
+        (
+            {"KUBE_VGPU_LOG_LEVEL": "verbose"},
+            ["node", "--node-name", "n"],
+            "KUBE_VGPU_LOG_LEVEL='verbose': expected one of debug, info, warning, error",
+        ),
+        (
+            {"KUBE_VGPU_MODE": "gpu"},
+            ["node", "--node-name", "n"],
+            "KUBE_VGPU_MODE='gpu': expected one of hami-core, mig",
+        ),
+        ({"KUBE_VGPU_ONCE": "yes-please"}, ["demo"], "KUBE_VGPU_ONCE='yes-please': expected true or false"),
+        (
+            {"KUBE_VGPU_DAYS": "a year"},
+            ["certs", "write", "--out", "o", "--host", "h"],
+            "expected an integer",
+        ),
+        ({"KUBE_VGPU_REQUEST_TIMEOUT": "10s"}, WEBHOOK, "KUBE_VGPU_REQUEST_TIMEOUT='10s': expected a number"),
+    ],
+)
+def test_a_bad_variable_is_refused_naming_it_and_its_value(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    env: dict[str, str],
+    argv: list[str],
+    says: str,
+) -> None:
+    code, err = run_main(monkeypatch, capsys, env, argv)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "dest", "expected"),
+    [
+        (
+            {"KUBE_VGPU_LOG_LEVEL": "verbose"},
+            ["node", "--node-name", "n", "--log-level", "debug"],
+            "log_level",
+            "debug",
+        ),
+        ({"KUBE_VGPU_MODE": "gpu"}, ["node", "--node-name", "n", "--mode", "mig"], "mode", "mig"),
+        ({"KUBE_VGPU_ONCE": "yes-please"}, ["demo", "--once"], "once", True),
+        ({"KUBE_VGPU_ONCE": "yes"}, ["demo"], "once", True),
+        ({"KUBE_VGPU_ONCE": "off"}, ["demo"], "once", False),
+        ({"KUBE_VGPU_ONCE": "0"}, ["demo"], "once", False),
+        ({"KUBE_VGPU_PORT": "9443"}, WEBHOOK, "port", 9443),
+        (
+            {"KUBE_VGPU_HOST": "a.example,10.0.0.1"},
+            ["certs", "write", "--out", "o"],
+            "host",
+            ["a.example", "10.0.0.1"],
+        ),
+        ({"KUBE_VGPU_HOST": "a.example"}, ["certs", "write", "--out", "o", "--host", "b"], "host", ["b"]),
+    ],
+)
+def test_a_flag_wins_and_a_good_variable_is_read_as_the_flag(
+    env: dict[str, str], argv: list[str], dest: str, expected: object
+) -> None:
+    parser = build_parser(_chosen(argv))
+    apply_env_defaults(parser, env)
+    assert getattr(parser.parse_args(argv), dest) == expected
+
+
+def test_a_bad_variable_through_main_exits_2_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBE_VGPU_MODE", "gpu")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["node", "--node-name", "n"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("kube-vgpu node: error: argument --mode: KUBE_VGPU_MODE='gpu'")

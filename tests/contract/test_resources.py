@@ -48,6 +48,9 @@ def test_requests_are_read_when_limits_are_absent() -> None:
         ({"memory": "3Gi"}, "write 3072, not 3Gi"),
         ({"memory": "512Mi"}, "write 512, not 512Mi"),
         ({"memory": "3G"}, "larger than 2147483647"),
+        # 3G was meant as 3 GB: told the MiB to write, as 3Gi is.
+        ({"memory": "3G"}, "volcano.sh/vgpu-memory is a number of MiB: write 3000, not 3G"),
+        ({"memory": "1.5T"}, "write 1500000, not 1.5T"),
         ({"memory": str(2**31)}, "larger than 2147483647"),
         ({"number": "0"}, "at least 1"),
         ({"percent": "101"}, "1 to 100"),
@@ -63,6 +66,14 @@ def test_malformed_values_name_container_key_and_value(amounts: dict[str, str], 
         parse_container(vgpu(**amounts), NAMES, init=False)
     message = str(info.value)
     assert fragment in message and "'main'" in message and "volcano.sh/vgpu-" in message
+
+
+def test_the_decimal_hint_is_for_memory_sizes_only() -> None:
+    # Not memory: no MiB to suggest. A huge number without a suffix: nothing to convert.
+    for amounts in ({"cores": "3G"}, {"memory": str(2**31)}):
+        with pytest.raises(RequestError) as info:
+            parse_container(vgpu(**amounts), NAMES, init=False)
+        assert "write" not in str(info.value)
 
 
 def test_pod_lists_init_containers_first() -> None:

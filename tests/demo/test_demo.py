@@ -72,6 +72,26 @@ def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
     [
         (("nodes.yaml", "mode: hami-core", "mode: turbo"), "nodes[0].mode: expected one of hami-core, mig"),
         (("pods/01-plain-slice.yaml", "expect: allocated", "expect: maybe"), "must be allocated, denied or"),
+        # A typo, a zero count and a negative size in a node's GPUs: named with the file and node
+        # before anything starts (they used to surface as a traceback from inside a running plugin).
+        (
+            ("nodes.yaml", "memoryMiB: 81920", "memoryMB: 81920"),
+            "nodes.yaml: nodes[0] (node gpu-a100): gpus[0]: unknown key 'memoryMB'",
+        ),
+        (
+            ("nodes.yaml", "count: 4", "count: 0"),
+            "nodes.yaml: nodes[0] (node gpu-a100): gpus[0].count: expected an integer >= 1, got 0",
+        ),
+        (
+            ("nodes.yaml", "memoryMiB: 81559", "memoryMiB: -5"),
+            "nodes.yaml: nodes[1] (node gpu-h100-mig): gpus[0].memoryMiB: expected an integer >= 1, got -5",
+        ),
+        (("nodes.yaml", "    mode: mig", "    mode: mig\n    gpu: []"), "nodes[1]: unknown key 'gpu'"),
+        # The API server refuses a pod in a namespace that does not exist; the demo says so up front.
+        (
+            ("pods/01-plain-slice.yaml", "namespace: team-a", "namespace: team-z"),
+            "01-plain-slice.yaml: metadata.namespace 'team-z' is not in namespaces.yaml",
+        ),
     ],
 )
 def test_bad_example_files_are_named_with_exit_2(
@@ -83,5 +103,27 @@ def test_bad_example_files_are_named_with_exit_2(
     path = examples / name
     path.write_text(path.read_text().replace(old, new, 1))
     result = run_demo("--examples", str(examples))
-    assert result.returncode == 2
+    assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_closed_stdout_ends_the_demo_quietly() -> None:
+    # `kube-vgpu demo --once | head -2`: the reader leaves after two lines.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBE_VGPU_")}
+    with subprocess.Popen(
+        [sys.executable, "-m", "kube_vgpu", "demo", "--once"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as demo:
+        assert demo.stdout is not None and demo.stderr is not None
+        first = demo.stdout.readline()
+        demo.stdout.close()
+        errors = demo.stderr.read()
+        code = demo.wait(timeout=120)
+    assert first.startswith("kube-vgpu demo:")
+    assert errors == "", errors
+    assert code == 141  # what a shell reports for a writer ended by a closed pipe

@@ -669,7 +669,9 @@ def test_node_daemonsets_one_per_group(rendered: Rendered, case: Case) -> None:
         spec = ds["spec"]["template"]["spec"]
         assert _selects(ds["spec"]["selector"], ds["spec"]["template"]["metadata"]["labels"])
         assert spec["priorityClassName"] == "system-node-critical"
-        assert spec["nodeSelector"] == group.get("nodeSelector", node["nodeSelector"])
+        # An empty node.nodeSelector stands for the GPU-node label, which the template supplies.
+        default_selector = node["nodeSelector"] or {"nvidia.com/gpu.present": "true"}
+        assert spec["nodeSelector"] == group.get("nodeSelector", default_selector)
         assert spec["tolerations"] == group.get("tolerations", node["tolerations"])
         assert spec.get("runtimeClassName", "") == node["runtimeClassName"]
         (container,) = spec["containers"]

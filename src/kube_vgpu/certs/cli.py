@@ -20,6 +20,7 @@ from kube_vgpu.certs.files import ensure_files
 from kube_vgpu.certs.plan import DEFAULT_CA_DAYS, DEFAULT_DAYS, RENEW_BEFORE, Action
 from kube_vgpu.contract.logformat import configure_logging
 from kube_vgpu.kubeapi.client import Kube, KubeConfigError, load_api_client
+from kube_vgpu.kubeapi.flags import add_cluster_arguments
 from kube_vgpu.kubeapi.permissions import Component
 
 log = logging.getLogger("kube_vgpu.certs")
@@ -29,12 +30,6 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _HOSTNAME = re.compile(
     r"^(\*\.)?[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*\.?$"
 )
-
-
-def _add_kubeconfig(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--kubeconfig", metavar="FILE", help="kubeconfig file (default: the pod's in-cluster service account)"
-    )
 
 
 def _add_validity(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--secret-name", required=True, help="Secret to hold tls.crt, tls.key, ca.crt, ca.key"
     )
     _add_validity(create)
-    _add_kubeconfig(create)
+    add_cluster_arguments(create)
     create.set_defaults(_certs=_run_create)
 
     patch = actions.add_parser(
@@ -82,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     patch.add_argument("--namespace", required=True, help="namespace of the Secret")
     patch.add_argument("--secret-name", required=True, help="Secret holding ca.crt")
-    _add_kubeconfig(patch)
+    add_cluster_arguments(patch)
     patch.set_defaults(_certs=_run_patch)
 
     write = actions.add_parser(
@@ -131,9 +126,9 @@ def _what_was_issued(action: Action) -> str:
     return "new CA and serving certificate" if action == "reissue" else "new serving certificate, CA kept"
 
 
-def _kube(kubeconfig: str | None, component: Component) -> Kube:
+def _kube(args: argparse.Namespace, component: Component) -> Kube:
     try:
-        return Kube(load_api_client(kubeconfig), component=component)
+        return Kube(load_api_client(args.kubeconfig, args.context), component=component)
     except KubeConfigError as exc:
         raise UnreachableError(str(exc)) from None
 
@@ -143,7 +138,7 @@ def _run_create(args: argparse.Namespace) -> str:
     _check_name("--namespace", args.namespace, _DNS_LABEL, "a DNS label", 63)
     _check_name("--secret-name", args.secret_name, _DNS_SUBDOMAIN, "a DNS subdomain", 253)
     _check_validity(args)
-    kube = _kube(args.kubeconfig, "certs-create")
+    kube = _kube(args, "certs-create")
     try:
         outcome = ensure_secret(
             kube,
@@ -166,7 +161,7 @@ def _run_patch(args: argparse.Namespace) -> str:
     _check_name("--webhook-name", args.webhook_name, _DNS_SUBDOMAIN, "a DNS subdomain", 253)
     _check_name("--namespace", args.namespace, _DNS_LABEL, "a DNS label", 63)
     _check_name("--secret-name", args.secret_name, _DNS_SUBDOMAIN, "a DNS subdomain", 253)
-    kube = _kube(args.kubeconfig, "certs-patch")
+    kube = _kube(args, "certs-patch")
     try:
         outcome = patch_ca_bundle(
             kube, webhook_name=args.webhook_name, namespace=args.namespace, secret_name=args.secret_name

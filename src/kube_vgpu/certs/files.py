@@ -89,11 +89,8 @@ def ensure_files(
         plan = decide(replace(findings, serving_problem="re-issue forced"), days=days, now=now)
     if plan.action != "keep":
         write_material(directory, build(plan, findings, hosts, days=days, ca_days=ca_days, now=now))
-    log.info(
-        "event=files_%s directory=%s action=%s reason=%r",
-        "valid" if plan.action == "keep" else "written",
-        directory,
-        plan.action,
-        plan.reason,
-    )
+    if plan.action == "keep":
+        log.info("event=files_valid directory=%s action=keep", directory)
+    else:
+        log.info("event=files_written directory=%s action=%s reason=%r", directory, plan.action, plan.reason)
     return plan

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 ENV_PREFIX = "KUBE_VGPU_"
 
@@ -64,8 +64,75 @@ class Subcommand(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class FromEnv(str):
+    """A flag's default read from its environment variable: the variable's text, remembering its name.
+
+    argparse converts a string default through the flag's `type` only when the flag is not given, so
+    a variable that the command line overrides is never read: `KUBE_VGPU_PORT=tcp://10.96.0.5:443`
+    (the service link Kubernetes injects for a Service named kube-vgpu) does not matter with `--port`.
+    """
+
+    variable: str
+
+    def __new__(cls, text: str, variable: str) -> FromEnv:
+        made = super().__new__(cls, text)
+        made.variable = variable
+        return made
+
+
+def _env_reader(action: argparse.Action) -> Callable[[str], object]:
+    """The flag's `type`, which reads a FromEnv default as the flag would read its value, checking
+    choices (argparse checks them for given values only) and naming the variable when it refuses."""
+    original: Callable[[str], object] | None = action.type if callable(action.type) else None
+    flag = action.option_strings[-1]
+    boolean = isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction)
+
+    def refuse(text: FromEnv, expected: str) -> argparse.ArgumentTypeError:
+        hint = ""
+        if text.startswith("tcp://"):
+            hint = (
+                "; it looks like a Kubernetes service link for a Service named kube-vgpu: give "
+                f"{flag} on the command line, or set enableServiceLinks: false on the pod"
+            )
+        return argparse.ArgumentTypeError(f"{text.variable}={str(text)!r}: expected {expected}{hint}")
+
+    def one(text: FromEnv, item: str) -> object:
+        try:
+            value = original(item) if original is not None else item
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            name = getattr(original, "__name__", "")
+            raise refuse(text, {"int": "an integer", "float": "a number"}.get(name, f"a {name}")) from None
+        if action.choices is not None and value not in action.choices:
+            raise refuse(text, f"one of {', '.join(map(str, action.choices))}")
+        return value
+
+    def read(value: str) -> object:
+        if not isinstance(value, FromEnv):
+            return original(value) if original is not None else value
+        if boolean:
+            word = value.strip().lower()
+            if word not in _TRUE + _FALSE:
+                raise refuse(value, "true or false (or 1/0, yes/no, on/off)")
+            return (word in _TRUE) == isinstance(action, argparse._StoreTrueAction)
+        if action.nargs in ("+", "*"):
+            items = [one(value, item) for item in value.split(",") if item]
+            if action.nargs == "+" and not items:
+                raise refuse(value, "one value or more, separated by commas")
+            return items
+        return one(value, value)
+
+    # argparse names the type in its own messages ("invalid int value").
+    read.__name__ = getattr(original, "__name__", "str")
+    return read
+
+
 def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str] | dict[str, str]) -> None:
-    """Make every optional flag of `parser` (and its subparsers) default to its environment variable."""
+    """Make every optional flag of `parser` (and its subparsers) default to its environment variable,
+    read (and checked) only when the flag is not given."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
@@ -78,20 +145,18 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str
         # A flag that defaults to nothing repeats one of its parent's (`node check --mode`): the
         # parent reads the variable, and the repeat must not overwrite a flag given before it.
         if variable in environ and action.default is not argparse.SUPPRESS:
-            value = environ[variable]
-            if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
-                action.default = value.lower() in ("1", "true", "yes", "on")
-            elif action.nargs in ("+", "*"):
-                action.default = [
-                    action.type(v) if callable(action.type) else v for v in value.split(",") if v
-                ]
-                action.required = False
-            else:
-                convert: Callable[[str], object] = action.type if callable(action.type) else str
-                action.default = convert(value)
-                action.required = False
+            action.default = FromEnv(environ[variable], variable)
+            action.type = _env_reader(action)
+            action.required = False
         if action.help and action.help is not argparse.SUPPRESS:
             action.help = f"{action.help} [env {variable}]"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the error and where to read more, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -100,7 +165,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     Importing one part per run keeps start-up light (`certs` need not load gRPC) and keeps one
     part's import problem from stopping the others.
     """
-    parser = argparse.ArgumentParser(prog="kube-vgpu", description="GPU sharing for Kubernetes.")
+    parser = Parser(prog="kube-vgpu", description="GPU sharing for Kubernetes.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, summary) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=summary, description=summary)
@@ -129,7 +194,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args._run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
     return code
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`kube-vgpu demo | head`): end quietly, as `cat` does.
+
+    Python would otherwise report the failed flush of stdout again at exit; pointing stdout at
+    /dev/null lets that flush succeed. 141 is what a shell reports for a process ended by SIGPIPE.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

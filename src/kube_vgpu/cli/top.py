@@ -10,6 +10,7 @@ import sys
 from kube_vgpu.cli.top_view import ClusterView, cluster_view, render_text
 from kube_vgpu.contract.config import ConfigError, ResourceNames, load_config
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, KubeConfigError, load_api_client
+from kube_vgpu.kubeapi.flags import add_cluster_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,9 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["text", "json"],
         help="output format",
     )
-    parser.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster credentials)"
-    )
+    add_cluster_arguments(parser)
     parser.add_argument(
         "--config",
         default=None,
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the view: 0, or 1 when the API cannot be read, 2 on bad input."""
     try:
         config = load_config(args.config)
-        kube = Kube(load_api_client(args.kubeconfig))
+        kube = Kube(load_api_client(args.kubeconfig, args.context))
     except (ConfigError, KubeConfigError) as exc:
         print(f"kube-vgpu top: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ import yaml
 
 from kube_vgpu.contract.config_rules import RULES, rule_problem
 from kube_vgpu.contract.names import HAMI_CORE, MODES, Mode
+from kube_vgpu.contract.yamltext import yaml_problem
 
 OtherSchedulerPolicy = Literal["allow", "deny"]
 _Section = TypeVar("_Section")
@@ -182,7 +183,7 @@ def parse_config(text: str, *, source: str = "config") -> Config:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{source}: {yaml_problem(exc)}") from None
     if raw is None:
         return Config()
     if not isinstance(raw, Mapping):

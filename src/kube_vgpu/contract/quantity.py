@@ -98,6 +98,16 @@ def has_binary_suffix(raw: object) -> bool:
     return isinstance(raw, str) and len(raw) <= MAX_TEXT and bool((m := _GRAMMAR.match(raw)) and m["binary"])
 
 
+def mib_from_decimal(text: str) -> int | None:
+    """The MiB to write for decimal-suffixed text that reads as bytes (`3G` meant 3 GB: 3000), when
+    the suffix is G or larger and the result is a whole number; None otherwise."""
+    match = _GRAMMAR.match(text) if len(text) <= MAX_TEXT else None
+    if match is None or match["decimal"] not in ("G", "T", "P", "E"):
+        return None
+    mib = _EXACT.scaleb(Decimal(match["number"]), DECIMAL_SUFFIXES[match["decimal"]] - 6)
+    return int(mib) if mib == mib.to_integral_value() and mib > 0 else None
+
+
 def mib_from_binary(text: str) -> int | None:
     """The MiB that binary-suffixed text (`3Gi`) meant as bytes, when that is a whole number."""
     match = _GRAMMAR.match(text)

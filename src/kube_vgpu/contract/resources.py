@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
-from kube_vgpu.contract.quantity import QuantityError, has_binary_suffix, mib_from_binary, parse_whole
+from kube_vgpu.contract.quantity import (
+    QuantityError,
+    has_binary_suffix,
+    mib_from_binary,
+    mib_from_decimal,
+    parse_whole,
+)
 
 
 class RequestError(ValueError):
@@ -82,6 +88,12 @@ def _quantity(container: str, key: str, raw: object, names: ResourceNames) -> in
     except QuantityError as exc:
         if key == names.memory and has_binary_suffix(raw):
             raise _binary_memory(container, key, raw) from None
+        mib = mib_from_decimal(raw) if key == names.memory and isinstance(raw, str) else None
+        if mib is not None:
+            # `3G` is 3 billion MiB here; whoever wrote it meant 3 GB.
+            raise RequestError(
+                container, key, raw, f"{exc}; {key} is a number of MiB: write {mib}, not {raw}"
+            ) from None
         raise RequestError(container, key, raw, str(exc)) from None
     # A parsed quantity says whether it was written with a binary suffix, so the common case (a
     # plain number) reads the text once, not again through the grammar.

@@ -20,7 +20,13 @@ from kube_vgpu.cli.top_view import render_text
 from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
 from kube_vgpu.demo.cluster import DemoError, LocalCluster, demo_config
-from kube_vgpu.demo.examples import ExampleError, load_namespaces, load_nodes, load_pods
+from kube_vgpu.demo.examples import (
+    ExampleError,
+    check_pod_namespaces,
+    load_namespaces,
+    load_nodes,
+    load_pods,
+)
 from kube_vgpu.demo.flow import PodFlow, check
 from kube_vgpu.demo.report import render
 from kube_vgpu.demo.workload import start_workloads, usage_report
@@ -67,6 +73,7 @@ async def _demo(args: argparse.Namespace) -> int:
     nodes = load_nodes(examples / "nodes.yaml")
     namespaces = load_namespaces(examples / "namespaces.yaml")
     pods = load_pods(examples / "pods")
+    check_pod_namespaces(pods, namespaces, examples / "pods")
     config_file = examples_config(examples, args.config)
     with tempfile.TemporaryDirectory(prefix="kube-vgpu-demo-") as tmp:
         workdir = Path(tmp)

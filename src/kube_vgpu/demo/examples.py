@@ -16,12 +16,15 @@ from typing import Any, Literal
 import yaml
 
 from kube_vgpu.contract.names import MODES
+from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.node.simnvml.config import SimulationError, parse_simulation
 
 EXPECT_PREFIX = "demo.kube-vgpu.io/"
 # What an examples folder holds; every error about a missing or malformed file repeats it.
 LAYOUT = "an examples folder holds nodes.yaml, namespaces.yaml and pods/*.yaml (see examples/)"
 Expected = Literal["allocated", "denied", "pending"]
 _OUTCOMES: dict[str, Expected] = {"allocated": "allocated", "denied": "denied", "pending": "pending"}
+_NODE_KEYS = ("name", "mode", "gpus", "events")
 
 
 class ExampleError(ValueError):
@@ -78,7 +81,7 @@ def _load(path: Path) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ExampleError(f"{path}: not valid YAML: {exc}") from None
+        raise ExampleError(f"{path}: {yaml_problem(exc)}") from None
 
 
 def load_nodes(path: Path) -> list[NodeSpec]:
@@ -92,13 +95,25 @@ def load_nodes(path: Path) -> list[NodeSpec]:
         where = f"{path}: nodes[{i}]"
         if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
             raise ExampleError(f"{where}: needs a name")
+        unknown = sorted(str(k) for k in raw if k not in _NODE_KEYS)
+        if unknown:
+            raise ExampleError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(_NODE_KEYS)})")
         if raw.get("mode") not in MODES:
             raise ExampleError(f"{where}.mode: expected one of {', '.join(MODES)}, got {raw.get('mode')!r}")
         if not isinstance(raw.get("gpus"), list):
             raise ExampleError(f"{where}.gpus: expected a list")
-        specs.append(
-            NodeSpec(raw["name"], raw["mode"], {"gpus": raw["gpus"], "events": raw.get("events", [])})
-        )
+        simulation = {"gpus": raw["gpus"], "events": raw.get("events", [])}
+        try:
+            # Checked here, as the node plugin's --simulate file is, so a typo is named with its file
+            # and node before anything starts (rather than failing inside a running plugin).
+            parse_simulation(simulation, raw["name"])
+        except SimulationError as exc:
+            raise ExampleError(f"{where} (node {raw['name']}): {exc}") from None
+        specs.append(NodeSpec(raw["name"], raw["mode"], simulation))
+    names = [spec.name for spec in specs]
+    duplicate = next((name for name in names if names.count(name) > 1), None)
+    if duplicate is not None:
+        raise ExampleError(f"{path}: node name {duplicate!r} appears twice; each node needs its own")
     return specs
 
 
@@ -119,6 +134,19 @@ def load_namespaces(path: Path) -> list[NamespaceSpec]:
             raise ExampleError(f"{path}: namespaces[{i}].labels: expected a mapping of label to value")
         specs.append(NamespaceSpec(item["name"], {str(k): str(v) for k, v in labels.items()}))
     return specs
+
+
+def check_pod_namespaces(pods: list[ExamplePod], namespaces: list[NamespaceSpec], folder: Path) -> None:
+    """Refuse a pod whose namespace `namespaces.yaml` does not list (the API server would refuse to
+    create it, so the webhook would never see it)."""
+    known = {spec.name for spec in namespaces}
+    for pod in pods:
+        namespace = pod.manifest["metadata"]["namespace"]
+        if namespace not in known:
+            raise ExampleError(
+                f"{folder / pod.source}: metadata.namespace {namespace!r} is not in namespaces.yaml "
+                f"(which lists {', '.join(sorted(known)) or 'none'}); add it there or change the pod"
+            )
 
 
 def _expectation(source: str, annotations: Mapping[str, str]) -> Expectation:

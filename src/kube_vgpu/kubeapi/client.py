@@ -12,17 +12,20 @@ import builtins
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from kube_vgpu.contract.yamltext import yaml_problem
 from kube_vgpu.kubeapi.permissions import Component, UndeclaredCall, Verb, declared
 
 log = logging.getLogger("kube_vgpu.kubeapi")
@@ -92,19 +95,88 @@ class ApiError(KubeError):
         return f"{self.status} {self.reason}: {self.message}"
 
 
-def load_api_client(kubeconfig: str | None) -> k8s.ApiClient:
-    """An ApiClient from a kubeconfig file, or the in-cluster service account when none is given."""
-    configuration = k8s.Configuration()
-    try:
-        if kubeconfig:
-            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except (ConfigException, OSError) as exc:
-        where = (
-            f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration (no --kubeconfig given)"
+def kubeconfig_files(
+    flag: str | None, environ: Mapping[str, str], home: str
+) -> tuple[str, builtins.list[str], builtins.list[str]]:
+    """Where kubectl would read a kubeconfig: (the source, its existing files, what was passed over).
+
+    kubectl's order: `--kubeconfig` alone when given (it must exist); else every file `$KUBECONFIG`
+    lists (a path list; missing files are skipped) and nothing else; else `~/.kube/config`. No file
+    found means the in-cluster service account comes next.
+    """
+    if flag:
+        return "--kubeconfig", [flag], []
+    listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if listed:
+        found = [p for p in listed if os.path.exists(os.path.expanduser(p))]
+        return (
+            "$KUBECONFIG",
+            found,
+            ["--kubeconfig (not given)", f"$KUBECONFIG {environ['KUBECONFIG']} (no such file)"],
         )
-        raise KubeConfigError(f"cannot load {where}: {exc}") from None
+    default = os.path.join(home, ".kube", "config")
+    if os.path.exists(default):
+        return "~/.kube/config", [default], []
+    return (
+        "~/.kube/config",
+        [],
+        ["--kubeconfig (not given)", "$KUBECONFIG (not set)", f"{default} (no such file)"],
+    )
+
+
+def _current_context(paths: builtins.list[str]) -> str | None:
+    # kubectl takes current-context from the first file that sets one; the client's merger would
+    # take the last, so the context is chosen here and handed to it.
+    for path in paths:
+        try:
+            with open(os.path.expanduser(path), encoding="utf-8") as stream:
+                document = yaml.safe_load(stream)
+        except OSError as exc:
+            raise KubeConfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise KubeConfigError(f"kubeconfig {path}: {yaml_problem(exc)}") from None
+        if isinstance(document, Mapping) and document.get("current-context"):
+            return str(document["current-context"])
+    return None
+
+
+def load_api_client(
+    kubeconfig: str | None, context: str | None = None, *, environ: Mapping[str, str] | None = None
+) -> k8s.ApiClient:
+    """An ApiClient for the cluster kubectl would talk to: `--kubeconfig`, else `$KUBECONFIG`, else
+    `~/.kube/config`, else the in-cluster service account; `context` picks a kubeconfig context.
+
+    Raises KubeConfigError naming every place that was tried when none gives credentials.
+    """
+    environ = os.environ if environ is None else environ
+    configuration = k8s.Configuration()
+    source, files, tried = kubeconfig_files(kubeconfig, environ, os.path.expanduser("~"))
+    if source == "--kubeconfig" and not os.path.exists(os.path.expanduser(files[0])):
+        raise KubeConfigError(f"--kubeconfig {files[0]}: no such file")
+    if files:
+        where = f"kubeconfig {os.pathsep.join(files)} (from {source})"
+        try:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.pathsep.join(files),
+                context=context or _current_context(files),
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        except (ConfigException, OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
+            chosen = f" context {context!r}:" if context else ""
+            raise KubeConfigError(f"cannot use {where}:{chosen} {exc}") from None
+    else:
+        if context:
+            raise KubeConfigError(
+                f"--context {context} needs a kubeconfig, and none was found: tried {', '.join(tried)}"
+            )
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (ConfigException, OSError) as exc:
+            tried.append(f"in-cluster service account ({exc})")
+            raise KubeConfigError(
+                f"no cluster to talk to: tried {', '.join(tried)}; pass --kubeconfig FILE or set $KUBECONFIG"
+            ) from None
     # Fail fast and let the caller's loop retry: urllib3's own retries would multiply timeouts.
     configuration.retries = False
     return k8s.ApiClient(configuration)

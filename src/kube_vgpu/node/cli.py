@@ -18,6 +18,7 @@ from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
 from kube_vgpu.contract.names import HAMI_CORE, MODES
 from kube_vgpu.kubeapi.client import Kube, KubeConfigError, load_api_client
+from kube_vgpu.kubeapi.flags import add_cluster_arguments
 from kube_vgpu.node.mig.config import MigConfigError
 from kube_vgpu.node.nvml.gpus import DiscoveryError
 from kube_vgpu.node.plugin import NodePlugin, PluginSettings
@@ -66,7 +67,7 @@ def _shared_arguments(parser: argparse.ArgumentParser, *, again: bool) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The node plugin's flags (each also readable from KUBE_VGPU_<FLAG>) and `node check`."""
     _shared_arguments(parser, again=False)
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file; default: in-cluster credentials")
+    add_cluster_arguments(parser)
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="how much to log"
     )
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         nvml = _load_nvml(args)
-        kube = Kube(load_api_client(args.kubeconfig), component="node")
+        kube = Kube(load_api_client(args.kubeconfig, args.context), component="node")
     except (ConfigError, KubeConfigError, ValueError) as exc:
         # ValueError: SimulationError, a bad --simulate file.
         log.error("event=node_failed node=%s error=%r", args.node_name, str(exc))

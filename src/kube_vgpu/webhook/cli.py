@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
 from kube_vgpu.kubeapi.client import KubeConfigError
+from kube_vgpu.kubeapi.flags import add_cluster_arguments
 from kube_vgpu.webhook.service import Options, serve
 from kube_vgpu.webhook.serving.listener import ConnectionLimits
 from kube_vgpu.webhook.serving.tls import TlsFilesError
@@ -24,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
     parser.add_argument("--config", default=None, help="configuration file (YAML); default: every default")
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file; default: in-cluster credentials")
+    add_cluster_arguments(parser)
     parser.add_argument(
         "--cert-poll-seconds",
         type=float,
@@ -74,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """The loop the webhook serves on: uvloop where it is installed (its TLS and transports cost a
-    review less CPU than asyncio's; see the README's benchmark), else asyncio's own."""
+    review less CPU than asyncio's; see docs/benchmarks.md), else asyncio's own."""
     try:
         import uvloop
     except ImportError:
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     log = logging.getLogger("kube_vgpu.webhook")
     try:
+        check_flags(args)
         config = load_config(args.config)
         options = Options(
             tls_cert_file=Path(args.tls_cert_file),
@@ -99,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             host=args.host,
             kubeconfig=args.kubeconfig,
+            kube_context=args.context,
             cert_poll_seconds=args.cert_poll_seconds,
             shutdown_timeout_seconds=args.shutdown_timeout,
             limits=ConnectionLimits(
@@ -113,3 +117,20 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, KubeConfigError, TlsFilesError, OSError, ValueError) as exc:
         log.error("event=webhook_failed error=%r", str(exc))
         return 2
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse numbers the server would only trip over later (a port past 65535 fails deep in bind,
+    a NaN timeout never fires); raises ValueError naming the flag and the value."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be 0-65535 (0: any free port), got {args.port}")
+    for flag, value, least in (
+        ("--cert-poll-seconds", args.cert_poll_seconds, 0.01),
+        ("--shutdown-timeout", args.shutdown_timeout, 0.0),
+    ):
+        if not (math.isfinite(value) and value >= least):
+            raise ValueError(f"{flag} must be a number of seconds, at least {least:g}, got {value}")
+    # ConnectionLimits refuses values below zero; NaN and infinity pass its comparisons.
+    for flag, value in (("--request-timeout", args.request_timeout), ("--idle-timeout", args.idle_timeout)):
+        if not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number of seconds, got {value}")

@@ -50,6 +50,7 @@ class Options:
     port: int = 8443
     host: str = "0.0.0.0"
     kubeconfig: str | None = None
+    kube_context: str | None = None
     cert_poll_seconds: float = 10.0
     # From SIGTERM to exit: stop accepting, finish requests in flight, close every connection.
     shutdown_timeout_seconds: float = 20.0
@@ -87,8 +88,8 @@ class KnownNamespaceQuota:
         if not self.known(namespace):
             log.info("event=quota_unknown_namespace namespace=%r pod_uid=%s", namespace, pod_uid)
             return (
-                f"namespace {namespace!r} is not in the webhook's view of the cluster yet "
-                "(created a moment ago?); retry in a few seconds"
+                f"namespace {namespace!r} is unknown to the webhook: it does not exist, or it was "
+                "created in the last few seconds and the webhook has not seen it yet (then retry)"
             )
         return await self.gate.admit(
             namespace=namespace,
@@ -223,7 +224,9 @@ class WebhookServer:
             poll_seconds=options.cert_poll_seconds,
             client_ca_file=options.client_ca_file,
         )
-        self.kube = kube or Kube(load_api_client(options.kubeconfig), component="webhook")
+        self.kube = kube or Kube(
+            load_api_client(options.kubeconfig, options.kube_context), component="webhook"
+        )
         self.cache = ClusterCache(
             self.kube, staleness_seconds=config.webhook.cache_staleness_seconds, clock=clock
         )

@@ -206,7 +206,7 @@ def test_bad_documents_are_refused_with_the_key(old: str, new: str, fragment: st
 
 
 def test_not_yaml_is_refused() -> None:
-    with pytest.raises(MigGeometryError, match="not YAML"):
+    with pytest.raises(MigGeometryError, match="not valid YAML"):
         parse_device_config("nvidia: [unclosed")
 
 

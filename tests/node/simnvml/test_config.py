@@ -114,7 +114,7 @@ def test_a_parsed_mapping_is_accepted() -> None:
         ),
         ("nodes: []\n", "simulation file: unknown key 'nodes'"),
         ("events: []\n", "missing key 'gpus'"),
-        ("gpus: [unclosed\n", "not YAML"),
+        ("gpus: [unclosed\n", "not valid YAML"),
         ("- 1\n", "simulation file: expected a mapping, got list"),
     ],
 )

@@ -142,3 +142,16 @@ def test_no_cores_in_a_cores_quota_namespace_warns() -> None:
     )
     assert verdict.allowed and len(verdict.warnings) == 1 and "'main'" in verdict.warnings[0]
     assert not validate(final(pod(container(memory=10)))).warnings  # no cores quota: nothing to say
+
+
+def test_cores_zero_is_explained_with_or_without_a_cores_quota() -> None:
+    # `vgpu-cores: 0` reads like "no cores" and means no SM limit: the answer says so every time.
+    plain = validate(final(pod(container(memory=10, cores=0))))
+    assert plain.allowed and len(plain.warnings) == 1
+    assert "'main': volcano.sh/vgpu-cores: 0 means no SM limit" in plain.warnings[0]
+    assert "quota" not in plain.warnings[0]
+    quota = {"default": {"quota.kube-vgpu.io/vgpu-cores": "400"}}
+    charged = validate(final(pod(container(memory=10, cores=0))), namespaces=quota)
+    assert len(charged.warnings) == 1 and "charged 100 per vGPU" in charged.warnings[0]
+    # 1, the smallest limit, is a limit: nothing to explain.
+    assert not validate(final(pod(container(memory=10, cores=1)))).warnings

@@ -370,9 +370,7 @@ def test_a_review_for_a_namespace_that_does_not_exist_reserves_nothing(webhook: 
         doc = review(with_uid(pod(container(memory=1000), namespace=f"forged-{i}")), uid=f"f{i}")
         status, answer = post(conn, doc, VALIDATE)
         assert status == 200 and not answer["response"]["allowed"]
-        assert (
-            f"namespace 'forged-{i}' is not in the webhook's view" in answer["response"]["status"]["message"]
-        )
+        assert f"namespace 'forged-{i}' is unknown to the webhook" in answer["response"]["status"]["message"]
     quota = webhook.server.services.validation.quota
     assert isinstance(quota, KnownNamespaceQuota) and isinstance(quota.gate, NamespaceQuota)
     assert not [n for n in webhook.read(quota.gate.ledger.namespaces) if n.startswith("forged-")]

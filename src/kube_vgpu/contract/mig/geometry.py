@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from kube_vgpu.contract.register import uuid_registrable
+from kube_vgpu.contract.yamltext import yaml_problem
 
 
 class MigGeometryError(ValueError):
@@ -185,7 +186,7 @@ def parse_device_config(text: str) -> DeviceConfig:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise MigGeometryError(f"device-config.yaml is not YAML: {exc}") from None
+        raise MigGeometryError(f"device-config.yaml: {yaml_problem(exc)}") from None
     nvidia = _mapping(_mapping(document, "device-config.yaml").get("nvidia"), "nvidia")
 
     def name(key: str) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from kube_vgpu.contract.yamltext import yaml_problem
 from kube_vgpu.node.simnvml.profiles import MODELS
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
@@ -293,7 +294,7 @@ def parse_simulation(document: str | Mapping[str, Any], node_name: str) -> Simul
         try:
             document = yaml.safe_load(document)
         except yaml.YAMLError as exc:
-            raise SimulationError(f"simulation file is not YAML: {exc}") from None
+            raise SimulationError(f"simulation file: {yaml_problem(exc)}") from None
     top = _mapping(document, "simulation file", _TOP_KEYS)
     if "gpus" not in top:
         raise SimulationError("simulation file: missing key 'gpus'")

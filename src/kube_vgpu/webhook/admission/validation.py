@@ -161,12 +161,21 @@ class Validation:
     def _charge_warnings(
         self, pod_request: PodRequest, namespace: str, namespace_labels: Mapping[str, str] | None
     ) -> list[str]:
-        if parse_limits(namespace_labels or {}).cores is None:
-            return []
+        quota = parse_limits(namespace_labels or {}).cores is not None
         cores = self.config.resource_names.cores
-        return [
-            f"container {c.container!r} states no {cores}: it runs with no SM limit, so it is charged "
-            f"100 per vGPU against namespace {namespace}'s vgpu-cores quota; set {cores} to charge less"
-            for c in pod_request.containers
-            if states_no_cores(c)
-        ]
+        warnings = []
+        for c in pod_request.containers:
+            if c.vgpus > 0 and c.cores == 0:
+                # An explicit 0 reads like "no cores"; it means the opposite, so it is always explained.
+                charged = f", and is charged 100 per vGPU against namespace {namespace}'s vgpu-cores quota"
+                warnings.append(
+                    f"container {c.container!r}: {cores}: 0 means no SM limit: it may use every SM of its "
+                    f"GPU(s){charged if quota else ''}; set 1-100 to limit it to that percent"
+                )
+            elif quota and states_no_cores(c):
+                warnings.append(
+                    f"container {c.container!r} states no {cores}: it runs with no SM limit, so it is "
+                    f"charged 100 per vGPU against namespace {namespace}'s vgpu-cores quota; set {cores} "
+                    "to charge less"
+                )
+        return warnings

@@ -1,5 +1,5 @@
-"""The README lists every flag of every command, under that command's heading (a subcommand the
-README leaves to its page in docs/, such as `kube-vgpu node check`, is listed there)."""
+"""docs/configuration.md lists every flag of every command, under that command's heading (a
+subcommand left to its own page in docs/, such as `kube-vgpu node check`, is listed there)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import pytest
 
 from kube_vgpu.cli.main import SUBCOMMANDS, build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-PAGES = [README] + [page.read_text() for page in sorted((ROOT / "docs").glob("*.md"))]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+# configuration.md first: a command's table is looked for there before the other pages.
+PAGES = [(DOCS / "configuration.md").read_text()] + [
+    page.read_text() for page in sorted(DOCS.glob("*.md")) if page.name != "configuration.md"
+]
 
 
 def commands() -> Iterator[tuple[str, list[str]]]:
@@ -39,10 +41,10 @@ COMMANDS = list(commands())
 
 
 @pytest.mark.parametrize(("prog", "flags"), COMMANDS, ids=[p for p, _ in COMMANDS])
-def test_every_flag_is_in_the_readme_under_its_command(prog: str, flags: list[str]) -> None:
+def test_every_flag_is_in_the_configuration_doc_under_its_command(prog: str, flags: list[str]) -> None:
     heading = f"`{prog}`\n"
     pages = [page for page in PAGES if heading in page]
-    assert pages, f"neither the README nor docs/ has a table for {prog}"
+    assert pages, f"no page in docs/ has a table for {prog}"
     section = pages[0].split(heading, 1)[1].split("\n\n`", 1)[0]
     for flag in flags:
         assert f"| `{flag}` |" in section, f"{prog} {flag} is not in its table"

@@ -1,0 +1,108 @@
+"""The README and docs/ speak of the repository alone: every relative link and every backticked
+repository path names something the repository has, and no page cites a document it does not
+contain (the project's internal specification, fact sheets or protocol notes) or a path of the
+machine it was written on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+# Top-level entries a backticked path may start with to count as a repository path.
+TOP = {p.name for p in REPO.iterdir() if not p.name.startswith(".")} | {".ci"}
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\n]+)`")
+# Citations of documents outside the repository, and paths of the machine the docs were written on.
+FOREIGN = [
+    re.compile(r"\bSPEC\b"),
+    re.compile(r"\bfacts\b", re.IGNORECASE),
+    re.compile(r"§"),
+    re.compile(r"protocol Appendix", re.IGNORECASE),
+    re.compile(r"\.\./shared"),
+    re.compile(r"(?<![\w.])/work/"),
+]
+
+
+def links(text: str) -> list[str]:
+    """Relative link targets (no scheme, no pure #anchor), without their anchor."""
+    return [target.split("#", 1)[0] for target in anchored_links(text) if not target.startswith("#")]
+
+
+def anchored_links(text: str) -> list[str]:
+    """Relative link targets as written (no scheme), anchors kept."""
+    return [t for t in LINK.findall(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]
+
+
+def slugs(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as '-'."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def repo_paths(text: str) -> list[str]:
+    """Backticked words that are paths in the repository: `scripts/test.sh`, `helm/kube-vgpu/`."""
+    found = []
+    for code in CODE.findall(text):
+        for raw in code.split():
+            word = raw.removeprefix("./").rstrip(".,;:)")
+            if "/" in word and word.split("/", 1)[0] in TOP and not re.search(r"[<>{}$*]", word):
+                found.append(word)
+    return found
+
+
+def missing(page: Path) -> list[str]:
+    text = page.read_text(encoding="utf-8")
+    problems = [f"link {t}" for t in links(text) if not (page.parent / t).exists()]
+    for target in anchored_links(text):
+        path, _, anchor = target.partition("#")
+        linked = page.parent / path if path else page
+        if anchor and linked.suffix == ".md" and linked.exists() and anchor not in slugs(linked):
+            problems.append(f"anchor {target}")
+    problems += [f"path `{p}`" for p in repo_paths(text) if not (REPO / p).exists()]
+    problems += [f"cites {m.group(0)!r}" for rule in FOREIGN for m in rule.finditer(text)]
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_reference_is_in_the_repository(page: Path) -> None:
+    assert missing(page) == []
+
+
+def test_the_checker_finds_each_kind_of_dangling_reference(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Top\nSee [x](nope.md), [ok](page.md#top), [web](https://volcano.sh), [gone](#nowhere), "
+        "`scripts/nope.sh`, "
+        "`scripts/test.sh`, `volcano.sh/vgpu-memory`, SPEC §2, facts `a.md`, protocol Appendix C, "
+        "../shared/perf/x, /work/main/README.md\n"
+    )
+    assert missing(page) == [
+        "link nope.md",
+        "anchor #nowhere",
+        "path `scripts/nope.sh`",
+        "cites 'SPEC'",
+        "cites 'facts'",
+        "cites '§'",
+        "cites 'protocol Appendix'",
+        "cites '../shared'",
+        "cites '/work/'",
+    ]
+
+
+def test_the_docs_have_a_table_of_contents_listing_every_page() -> None:
+    contents = (REPO / "docs" / "README.md").read_text(encoding="utf-8")
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
+    assert pages == set(links(contents)) & pages, pages - set(links(contents))
+    assert "docs/README.md" in links((REPO / "README.md").read_text(encoding="utf-8"))
+
+
+def test_the_readme_is_short_and_in_the_order_a_platform_engineer_reads() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 300
+    headings = re.findall(r"^## (.+)$", text, re.MULTILINE)
+    assert headings == ["Status", "Install on a cluster", "Quick start", "Configuration", "Troubleshooting"]
+    assert "./scripts/demo.sh" in text and "./scripts/test.sh" in text

@@ -1,0 +1,179 @@
+"""Finding the cluster as kubectl does: `--kubeconfig`, then `$KUBECONFIG` (a path list), then
+`~/.kube/config`, then the in-cluster service account; `--context` picks a context; the error when
+none works names every place tried. Driven through `kube-vgpu top` against the stand-in API server,
+with a temporary HOME and `$KUBECONFIG`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kube_vgpu.cli.main import main
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+
+DEAD = "https://127.0.0.1:1"  # nothing listens: a kubeconfig pointing here fails to read the cluster
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty HOME, no $KUBECONFIG, and no in-cluster service environment."""
+    folder = tmp_path / "home"
+    folder.mkdir()
+    monkeypatch.setenv("HOME", str(folder))
+    for name in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name in [n for n in os.environ if n.startswith("KUBE_VGPU_")]:
+        monkeypatch.delenv(name)
+    return folder
+
+
+def config(api: ApiServerStandin, *, server: str | None = None, context: str = "standin") -> dict[str, Any]:
+    """The stand-in's kubeconfig, optionally pointing elsewhere or with its names changed."""
+    document = api.kubeconfig()
+    if server is not None:
+        document["clusters"][0]["cluster"]["server"] = server
+    if context != "standin":
+        document["clusters"][0]["name"] = document["users"][0]["name"] = context
+        document["contexts"] = [{"name": context, "context": {"cluster": context, "user": context}}]
+        document["current-context"] = context
+    return document
+
+
+def write(path: Path, document: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def top(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str]:
+    code = main(["top", "-o", "json", *flags])
+    return code, capsys.readouterr().err
+
+
+def test_home_kube_config_is_read_when_nothing_else_is_given(
+    apiserver: ApiServerStandin, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(home / ".kube" / "config", config(apiserver))
+    assert top(capsys) == (0, "")
+
+
+def test_kubeconfig_variable_is_a_path_list_and_hides_the_home_file(
+    apiserver: ApiServerStandin,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    write(home / ".kube" / "config", config(apiserver, server=DEAD))
+    live = write(tmp_path / "live.yaml", config(apiserver))
+    # A missing file in the list is skipped, as kubectl skips it.
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(tmp_path / "missing.yaml"), str(live)]))
+    assert top(capsys) == (0, "")
+
+
+def test_the_first_file_in_kubeconfig_sets_the_current_context(
+    apiserver: ApiServerStandin,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = write(tmp_path / "a.yaml", config(apiserver, context="live"))
+    second = write(tmp_path / "b.yaml", config(apiserver, server=DEAD, context="dead"))
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(first), str(second)]))
+    assert top(capsys) == (0, "")
+    # Merged, the second file's context can still be chosen by name.
+    code, err = top(capsys, "--context", "dead")
+    assert code == 1 and "cannot read the cluster" in err
+
+
+def test_the_flag_wins_over_the_variable(
+    apiserver: ApiServerStandin,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(write(tmp_path / "dead.yaml", config(apiserver, server=DEAD))))
+    live = write(tmp_path / "live.yaml", config(apiserver))
+    assert top(capsys, "--kubeconfig", str(live)) == (0, "")
+
+
+def test_context_picks_a_context_and_an_unknown_one_is_named(
+    apiserver: ApiServerStandin, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = config(apiserver)
+    dead = config(apiserver, server=DEAD, context="dead")
+    document["clusters"] += dead["clusters"]
+    document["users"] += dead["users"]
+    document["contexts"] += dead["contexts"]
+    document["current-context"] = "dead"
+    write(home / ".kube" / "config", document)
+    assert top(capsys, "--context", "standin") == (0, "")
+    code, err = top(capsys, "--context", "nope")
+    assert code == 2 and "context 'nope'" in err and str(home / ".kube" / "config") in err
+
+
+def test_nothing_found_names_every_place_tried(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = top(capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    for tried in (
+        "--kubeconfig (not given)",
+        "$KUBECONFIG (not set)",
+        f"{home / '.kube' / 'config'} (no such file)",
+        "in-cluster service account (Service host/port is not set.)",
+    ):
+        assert tried in err, err
+
+
+def test_a_variable_naming_only_missing_files_is_named(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "gone.yaml"))
+    code, err = top(capsys)
+    assert code == 2 and f"$KUBECONFIG {tmp_path / 'gone.yaml'} (no such file)" in err
+
+
+def test_a_missing_kubeconfig_flag_file_is_an_error_not_a_fallback(
+    apiserver: ApiServerStandin, home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(home / ".kube" / "config", config(apiserver))
+    code, err = top(capsys, "--kubeconfig", str(tmp_path / "typo.yaml"))
+    assert code == 2 and f"--kubeconfig {tmp_path / 'typo.yaml'}: no such file" in err
+
+
+def test_a_context_without_any_kubeconfig_is_refused(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = top(capsys, "--context", "prod")
+    assert code == 2 and "--context prod needs a kubeconfig" in err
+
+
+def test_in_cluster_is_the_last_resort(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # With the service environment set, the in-cluster loader is what answers (here: no token file).
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    code, err = top(capsys)
+    assert code == 2 and "in-cluster service account (Service token file does not exist.)" in err
+
+
+@pytest.mark.parametrize("argv", [["webhook"], ["node"], ["certs", "create"], ["certs", "patch"], ["top"]])
+def test_every_command_that_talks_to_a_cluster_takes_context(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--context NAME" in out and "$KUBECONFIG, else ~/.kube/config" in out
+
+
+def test_a_broken_kubeconfig_is_one_line_naming_it(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (home / ".kube").mkdir()
+    (home / ".kube" / "config").write_text("clusters: [\n")
+    code, err = top(capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"kubeconfig {home / '.kube' / 'config'}: not valid YAML:" in err and "(line 2, column 1)" in err
