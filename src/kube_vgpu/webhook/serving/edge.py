@@ -67,6 +67,10 @@ class SlotHooks(Protocol):
         """The connection ended."""
         ...
 
+    def began(self) -> None:
+        """A request's head has arrived and its handler runs (until `answered`)."""
+        ...
+
     def request_complete(self) -> None:
         """The request being served has arrived whole (its body too)."""
         ...

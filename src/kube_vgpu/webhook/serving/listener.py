@@ -51,7 +51,7 @@ class ConnectionLimits:
 class Slot:
     """One accepted connection as the listener sees it: its deadline and when it last made progress."""
 
-    __slots__ = ("_timer", "busy", "listener", "opening", "protocol", "since", "sock", "woke")
+    __slots__ = ("_timer", "busy", "handling", "listener", "opening", "protocol", "since", "sock", "woke")
 
     def __init__(self, listener: Listener, sock: socket.socket, now: float) -> None:
         self.listener = listener
@@ -60,6 +60,8 @@ class Slot:
         self.since = now
         # A request has arrived whole and its handler is running: never closed to make room.
         self.busy = False
+        # A request's head has arrived and its handler has not answered yet (body may be arriving).
+        self.handling = False
         # Bytes arrived while busy: a pipelined request may be waiting.
         self.woke = False
         self.protocol: AdmissionProtocol | None = None
@@ -85,6 +87,10 @@ class Slot:
         self._disarm()
         self.listener.forget(self)
 
+    def began(self) -> None:
+        """A request's head has arrived and its handler runs."""
+        self.handling = True
+
     def request_complete(self) -> None:
         """The request's head and body have arrived: its deadline no longer runs."""
         self.busy = True
@@ -94,6 +100,7 @@ class Slot:
     def answered(self) -> None:
         """The answer is written: idle from now (unless a pipelined request was already arriving)."""
         self.busy = False
+        self.handling = False
         now = self.listener.loop.time()
         self.since = now
         self.listener.progressed(self)
@@ -267,17 +274,16 @@ class Listener:
     async def drain(self, deadline: float) -> None:
         """Finish what is in flight and close every connection by `deadline` (the loop's clock).
 
-        Idle connections close at once; a connection whose request has begun gets its answer (which
-        says `Connection: close`) and then closes; what is left at the end is aborted.
+        A connection whose request head has arrived gets its answer, its body still being read if
+        need be (the answer says `Connection: close`, and aiohttp closes it after); every other
+        connection (idle, or with part of a head) is closed now; what is left at the end is aborted.
         """
-        protocols = [s.protocol for s in self.connections if s.protocol is not None]
-        for protocol in protocols:
-            protocol.close()  # no further pipelined request is served; an idle one ends now
-        left = max(0.0, deadline - self.loop.time())
+        for slot in list(self.connections):
+            if slot.protocol is not None and not slot.handling:
+                slot.protocol.force_close()  # a TLS close exchange, bounded by ssl_shutdown_timeout
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):
-                await asyncio.gather(*(p.shutdown(left) for p in protocols), return_exceptions=True)
-                await self._all_closed.wait()  # TLS close exchanges included
+                await self._all_closed.wait()
         if self.connections:
             log.warning("event=webhook_connections_aborted count=%d", len(self.connections))
             for slot in list(self.connections):

@@ -99,6 +99,8 @@ class AdmissionApp:
         protocol = request.protocol
         slot = protocol.slot if isinstance(protocol, AdmissionProtocol) else None
         self.in_flight += 1
+        if slot is not None:
+            slot.began()
         try:
             response = await self._respond(request, slot)
         finally:
@@ -164,7 +166,9 @@ class AdmissionApp:
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(request, 413, f"body is over the {limit}-byte limit (after decompression)")
         except (HttpProcessingError, RequestPayloadError) as exc:
-            return self._refuse(request, 400, f"body cannot be read: {exc}")
+            return self._refuse(request, 400, f"body cannot be read: {' '.join(str(exc).split())}")
+        except ConnectionError:  # the caller went (or its deadline closed it): nobody reads an answer
+            return error_response(400, "connection closed before the body arrived", close=True)
         finally:
             self.bodies.release(size)
 
