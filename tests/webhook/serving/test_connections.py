@@ -191,7 +191,7 @@ def test_a_head_trickled_byte_by_byte_is_cut_at_the_deadline(strict: ThreadedWeb
     head = _request()
     pause = STRICT_DEADLINE / 4
     sent = 0
-    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):  # noqa: PT012
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
         for byte in head[:40]:
             sock.sendall(bytes([byte]))
             sent += 1

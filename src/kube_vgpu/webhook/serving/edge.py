@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import StreamReader
-from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 log = logging.getLogger("kube_vgpu.webhook.http")

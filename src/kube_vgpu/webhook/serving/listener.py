@@ -113,15 +113,16 @@ class Slot:
     def close_now(self) -> None:
         """Close at once, without waiting for the peer (handshake or not)."""
         self._disarm()
+        # Forgotten now, not when the loop reports the close: the count never passes the cap.
+        self.listener.forget(self)
         transport = self.protocol.transport if self.protocol is not None else None
         if transport is not None:
-            transport.abort()  # its connection_lost forgets the slot
+            transport.abort()
             return
         if self.opening is not None:
             self.opening.cancel()
         with contextlib.suppress(OSError):
             self.sock.close()
-        self.listener.forget(self)
 
     def _arm(self, now: float) -> None:
         self._timer = self.listener.loop.call_at(

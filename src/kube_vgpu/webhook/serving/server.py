@@ -115,9 +115,6 @@ class AdmissionApp:
         started = time.perf_counter()
         method = request.method
         path = request.raw_path.partition("?")[0]
-        refusal = _framing_refusal(request)
-        if refusal is not None:
-            return self._refuse(request, 400, refusal)
         review = self._reviews.get(path)
         if review is None:
             get = self._gets.get(path)
@@ -285,16 +282,6 @@ class AdmissionApp:
             body=orjson.dumps({"ready": ready, "synced": readiness.synced()}),
             content_type=JSON,
         )
-
-
-def _framing_refusal(request: web.BaseRequest) -> str | None:
-    """What aiohttp lets through that HTTP/1.1 forbids (RFC 9112 §3.2): no Host, or more than one."""
-    if request.version < (1, 1):
-        return None
-    hosts = len(request.headers.getall("Host", ()))
-    if hosts == 1:
-        return None
-    return "request has no Host header" if hosts == 0 else f"request has {hosts} Host headers; send one"
 
 
 async def _settle(answer: web.StreamResponse | Awaitable[web.StreamResponse]) -> web.StreamResponse:
