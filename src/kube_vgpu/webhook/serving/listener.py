@@ -51,7 +51,18 @@ class ConnectionLimits:
 class Slot:
     """One accepted connection as the listener sees it: its deadline and when it last made progress."""
 
-    __slots__ = ("_timer", "busy", "handling", "listener", "opening", "protocol", "since", "sock", "woke")
+    __slots__ = (
+        "_timer",
+        "busy",
+        "handling",
+        "listener",
+        "opening",
+        "protocol",
+        "since",
+        "sock",
+        "transport",
+        "woke",
+    )
 
     def __init__(self, listener: Listener, sock: socket.socket, now: float) -> None:
         self.listener = listener
@@ -65,6 +76,8 @@ class Slot:
         # Bytes arrived while busy: a pipelined request may be waiting.
         self.woke = False
         self.protocol: AdmissionProtocol | None = None
+        # Kept apart from the protocol's, which aiohttp drops as soon as it starts closing.
+        self.transport: asyncio.Transport | None = None
         self.opening: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._arm(now)
@@ -81,6 +94,7 @@ class Slot:
     def opened(self, protocol: AdmissionProtocol) -> None:
         """The handshake is done; HTTP is aiohttp's from here."""
         self.protocol = protocol
+        self.transport = protocol.transport
 
     def lost(self) -> None:
         """The connection ended."""
@@ -115,9 +129,8 @@ class Slot:
         self._disarm()
         # Forgotten now, not when the loop reports the close: the count never passes the cap.
         self.listener.forget(self)
-        transport = self.protocol.transport if self.protocol is not None else None
-        if transport is not None:
-            transport.abort()
+        if self.transport is not None:
+            self.transport.abort()
             return
         if self.opening is not None:
             self.opening.cancel()
