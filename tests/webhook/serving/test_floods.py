@@ -260,6 +260,20 @@ def test_an_endless_chunk_extension_is_neither_kept_nor_allowed_past_the_deadlin
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
+def test_expect_100_continue_is_answered_before_the_body_is_sent(webhook: ThreadedWebhook) -> None:
+    with _tls(webhook) as sock:
+        sock.sendall(_head(extra="Expect: 100-continue\r\n"))
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(4096)
+            assert chunk, "closed before 100 Continue"
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        sock.sendall(_REVIEW)
+        status, body = _answer(sock)
+    assert b" 200 " in status.split(b"\r\n")[0] and json.loads(body)["response"]["allowed"]
+
+
 def test_pipelined_reviews_are_answered_in_order(webhook: ThreadedWebhook) -> None:
     uids = [f"u{i}" for i in range(10)]
     data = b"".join(

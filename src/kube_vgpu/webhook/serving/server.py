@@ -159,6 +159,9 @@ class AdmissionApp:
             log.info("event=review_refused_busy remote=%s reserved_bytes=%d", request.remote, size)
             return self._refuse(request, 429, "too many request bodies are being read right now; retry")
         try:
+            if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
+                # aiohttp's low-level server leaves this to the handler (its router does it for apps).
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(request, 413, f"body is over the {limit}-byte limit (after decompression)")
