@@ -5,6 +5,7 @@ wrong. Throughout, a well-formed review from another client is answered within a
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import socket
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.serving.edge import MAX_FIELD_BYTES, MAX_HEADERS
 from kube_vgpu.webhook.serving.listener import ConnectionLimits
+from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
 from tests.support.webhook import A100, ThreadedWebhook, container, gpu_node, pod, review, write_tls
 
 # The bound: a well-formed review is answered within this while the flood goes on.
@@ -284,3 +287,35 @@ def test_pipelined_reviews_are_answered_in_order(webhook: ThreadedWebhook) -> No
         sock.sendall(data)
         got = [json.loads(_answer(sock)[1])["response"]["uid"] for _ in uids]
     assert got == uids
+
+
+def _post_with_headers(webhook: ThreadedWebhook, headers: list[str], body: bytes = _REVIEW) -> int:
+    head = "POST /mutate HTTP/1.1\r\n" + "".join(h + "\r\n" for h in headers)
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    try:
+        status, _ = _exchange(webhook, head.encode() + body)
+    except (OSError, AssertionError):
+        return 0  # closed without an answer
+    return int(status.split(b" ")[1])
+
+
+def test_header_size_and_count_are_bounded_at_aiohttps_limits(webhook: ThreadedWebhook) -> None:
+    # A header line of MAX_FIELD_BYTES is read; one byte more is refused (400, JSON reason).
+    name = "X-Pad: "
+    at_limit = name + "a" * (MAX_FIELD_BYTES - len(name))
+    assert _post_with_headers(webhook, ["Host: localhost", at_limit]) == 200
+    assert _post_with_headers(webhook, ["Host: localhost", at_limit + "a"]) == 400
+    # MAX_HEADERS headers in all (Host and Content-Length count) are read; one more is refused.
+    pads = [f"X-Pad-{i}: 1" for i in range(MAX_HEADERS - 2)]
+    assert _post_with_headers(webhook, ["Host: localhost", *pads]) == 200
+    assert _post_with_headers(webhook, ["Host: localhost", *pads, "X-One-More: 1"]) == 400
+
+
+def test_a_compressed_body_is_bounded_after_decompression_on_both_sides(webhook: ThreadedWebhook) -> None:
+    # Padding inside the JSON keeps it a review: MAX_BODY_BYTES decoded is read, one more byte is 413.
+    padded = _REVIEW[:-1] + b" " * (MAX_BODY_BYTES - len(_REVIEW)) + b"}"
+    assert len(padded) == MAX_BODY_BYTES
+    for body, status in ((padded, 200), (padded[:-1] + b" }", 413)):
+        data = gzip.compress(body)
+        headers = ["Host: localhost", "Content-Encoding: gzip", "Content-Type: application/json"]
+        assert _post_with_headers(webhook, headers, data) == status, len(body)
