@@ -28,8 +28,9 @@ log = logging.getLogger("kube_vgpu.webhook.http")
 JSON = "application/json"
 # A request line (method, path, version) longer than this is refused: reviews go to short paths.
 MAX_LINE_BYTES = 8190
-# One header line (name and value) and the header count; an AdmissionReview's head is a few hundred
-# bytes, and these are aiohttp's (and Go's order of) defaults.
+# One header (its name, and apart its value) and the header count; an AdmissionReview's head is a few hundred
+# bytes, and these are aiohttp's (and Go's order of) defaults. The C parser bounds a header's name and
+# its value each by MAX_FIELD_BYTES.
 MAX_FIELD_BYTES = 8190
 MAX_HEADERS = 100
 # aiohttp's read-ahead for one connection's body before it pauses reading (flow control).
