@@ -4,7 +4,8 @@ and a flood of idle TLS connections (SPEC §2.3).
 The stand-in API server (in this process) holds a few GPU nodes; the webhook runs as its own
 process. Printed: answers by status class (5xx must be 0, and no answer may be an "internal
 error" denial), the webhook's RSS before and after, the time of the worst-case legal pod, and
-its RSS with N idle connections open (the connection cap closes those over it).
+its RSS with N idle connections opened (at the connection cap the longest idle are closed to admit
+new ones), and whether a review on a new connection is answered after them.
 
     .venv/bin/python bench/hostile.py                     # 100,000 reviews, 5,000 idle connections
     .venv/bin/python bench/hostile.py --quick             # 5,000 reviews, 1,500 idle connections
@@ -429,8 +430,23 @@ def print_tenant_flood(figures: dict[str, Any], flooders: int, ordinary: int, se
     return _percentile(figures["during"], 0.99) < 1.0
 
 
+def still_open(socks: list[ssl.SSLSocket]) -> int:
+    """How many of `socks` the server has not closed."""
+    count = 0
+    for sock in socks:
+        sock.setblocking(False)
+        try:
+            if sock.recv(1):
+                count += 1
+        except (BlockingIOError, ssl.SSLWantReadError):
+            count += 1
+        except OSError:
+            pass
+    return count
+
+
 def open_idle(port: int, context: ssl.SSLContext, count: int) -> tuple[list[ssl.SSLSocket], int]:
-    """Open `count` TLS connections that each send one request and then stay idle; (open, refused)."""
+    """Open `count` TLS connections that each send one request and then stay idle; (answered, refused)."""
     held: list[ssl.SSLSocket] = []
     refused = 0
     for _ in range(count):
@@ -495,6 +511,7 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             sys.executable, "-m", "kube_vgpu", "webhook",
             "--tls-cert-file", str(workdir / "tls.crt"), "--tls-key-file", str(workdir / "tls.key"),
             "--host", "127.0.0.1", "--port", str(port),
+            "--metrics-port", str(bench_webhook.free_port()),
             "--kubeconfig", str(api.write_kubeconfig(workdir / "kubeconfig")),
             "--log-level", "warning", *args.webhook_arg,
         ]  # fmt: skip
@@ -525,6 +542,9 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             worst_s, worst_status, worst_outcome = asyncio.run(time_review(url, context, worst, 5))
             held, refused = open_idle(port, context, args.idle)
             rss_idle, _ = bench_webhook.rss_mib(proc.pid)
+            valid = json.dumps(valid_review(random.Random(args.seed), 0)).encode()
+            after_s, after_status, _ = asyncio.run(time_review(url, context, valid, 1))
+            open_now = still_open(held)
         finally:
             for sock in held:
                 sock.close()
@@ -543,9 +563,11 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         f"HTTP {worst_status}, {worst_outcome}"
     )
     print(
-        f"{args.idle} idle TLS connections attempted: {len(held)} held open, {refused} refused; "
+        f"{args.idle} idle TLS connections opened one after another: {len(held)} answered, {refused} "
+        f"refused, {open_now} still open at the end (the cap closes the longest idle); "
         f"webhook RSS {rss_idle:.0f} MiB"
     )
+    print(f"a review on a new connection after them: HTTP {after_status} in {after_s * 1000:.1f} ms")
     print(f"tracebacks in the webhook log: {tracebacks}; exit code on SIGTERM {code}")
     print(f"webhook log: {workdir / 'webhook.log'}")
     bad = classes["5xx"] + classes["internal error"] + tracebacks

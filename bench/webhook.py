@@ -4,9 +4,12 @@ The stand-in API server (in this process) holds N GPU nodes and M vGPU pods; `ku
 runs as a separate process pinned to one core (`taskset`) and fills its cache through the real
 client's list+watch. The floor (`bench/gofloor/gowebhook.go`, or any `--floor-cmd`) runs pinned to
 the same core with the same certificate. The Go load generator (`loadgen.go`, pinned to another
-core) sends one realistic inference-pod review over TLS keep-alive to each server in turn (A B A B),
+core) sends one realistic inference-pod review over TLS keep-alive to each server in turn (A B C A B C),
 at concurrency 8 and 1, for `/mutate` and `/validate` (the floor only has `/mutate`; it gets the
-same body). Printed: reviews/s, p50 and p99 of both, their ratios, and the webhook's RSS.
+same body). The third server (`bench/bare_aiohttp.py`, same core, same certificate) is aiohttp's
+low-level server on uvloop answering a fixed review: what the HTTP server alone costs, apart from the
+decision (`--bare none` leaves it out). Printed: reviews/s, p50 and p99 of each, the ratios, CPU per
+review, and the webhook's RSS.
 
     .venv/bin/python bench/webhook.py   # builds the Go floor with bench/gofloor/build.sh
     .venv/bin/python bench/webhook.py --loadgen BIN/loadgen \
@@ -364,6 +367,12 @@ def parse_args() -> argparse.Namespace:
         "(default: the built gowebhook); 'none' measures kube-vgpu alone",
     )
     parser.add_argument(
+        "--bare",
+        default="aiohttp",
+        choices=["aiohttp", "none"],
+        help="the third server: bench/bare_aiohttp.py answering a fixed review, or none",
+    )
+    parser.add_argument(
         "--quota",
         action="store_true",
         help="give every namespace, the review's too, generous GPU quotas (the ledger runs in /validate)",
@@ -395,7 +404,7 @@ def start_webhook(
     command = [
         *python, "-m", "kube_vgpu", "webhook",
         "--tls-cert-file", str(workdir / "tls.crt"), "--tls-key-file", str(workdir / "tls.key"),
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(free_port()),
         "--kubeconfig", str(api.write_kubeconfig(workdir / "kubeconfig")),
         "--log-level", "info",
     ]  # fmt: skip
@@ -492,30 +501,52 @@ def start_floor(
     return floor, url
 
 
-Results = dict[tuple[str, int], tuple[Run | None, Run]]
+def start_bare(
+    args: argparse.Namespace, workdir: Path, context: ssl.SSLContext
+) -> tuple[subprocess.Popen[bytes], str]:
+    """bench/bare_aiohttp.py on the servers' core with the same certificate; (process, URL)."""
+    port = free_port()
+    command = [
+        sys.executable, str(REPO / "bench" / "bare_aiohttp.py"), "--addr", f"127.0.0.1:{port}",
+        "--cert", str(workdir / "tls.crt"), "--key", str(workdir / "tls.key"),
+    ]  # fmt: skip
+    bare = subprocess.Popen(pinned(args.server_cpu, command), stdout=subprocess.DEVNULL)
+    url = f"https://127.0.0.1:{port}"
+    wait_floor(url, context, bare, 60)
+    return bare, url
+
+
+# (phase, concurrency) -> (floor, bare aiohttp, kube-vgpu)
+Results = dict[tuple[str, int], tuple[Run | None, Run | None, Run]]
 
 
 def measure(
     args: argparse.Namespace,
-    servers: tuple[tuple[str, int] | None, tuple[str, int]],
+    servers: tuple[tuple[str, int] | None, tuple[str, int] | None, tuple[str, int]],
     bodies: dict[str, Path],
     ca: Path,
 ) -> Results:
-    """Each phase at each concurrency: `rounds` runs of the floor and of kube-vgpu, alternately."""
-    floor_server, (url, pid) = servers
+    """Each phase at each concurrency: `rounds` runs of the floor, bare aiohttp and kube-vgpu, in turn."""
+    floor_server, bare_server, (url, pid) = servers
     results: Results = {}
     for concurrency in [int(c) for c in args.concurrency.split(",")]:
         for phase in args.phases.split(","):
-            floor_runs, our_runs = [], []
-            for _ in range(args.rounds):  # A B A B: drift on the shared machine hits both alike
+            floor_runs, bare_runs, our_runs = [], [], []
+            for _ in range(args.rounds):  # A B C A B C: drift on the shared machine hits all alike
                 if floor_server:
                     floor_url, floor_pid = floor_server
                     floor_runs.append(
                         load(args, floor_url + "/mutate", bodies[phase], ca, concurrency, pid=floor_pid)
                     )
+                if bare_server:
+                    bare_url, bare_pid = bare_server
+                    bare_runs.append(
+                        load(args, f"{bare_url}/{phase}", bodies[phase], ca, concurrency, pid=bare_pid)
+                    )
                 our_runs.append(load(args, f"{url}/{phase}", bodies[phase], ca, concurrency, pid=pid))
             floor = median_run(floor_runs) if floor_runs else None
-            results[(phase, concurrency)] = (floor, median_run(our_runs))
+            bare = median_run(bare_runs) if bare_runs else None
+            results[(phase, concurrency)] = (floor, bare, median_run(our_runs))
             print(f"  measured /{phase} at concurrency {concurrency}", flush=True)
     return results
 
@@ -533,9 +564,25 @@ def report(args: argparse.Namespace, results: Results) -> int:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     errors = 0
-    for (phase, concurrency), (floor_run, ours) in results.items():
+    for (phase, concurrency), (floor_run, _, ours) in results.items():
         print(ratio_row(f"/{phase}, concurrency {concurrency}", floor_run, ours))
         errors += ours.errors + (floor_run.errors if floor_run else 0)
+    if any(bare for _, bare, _ in results.values()):
+        print()
+        print(
+            "| run | bare aiohttp rps / p50 / p99 ms | CPU us/review | kube-vgpu rps vs bare "
+            "| kube-vgpu CPU us/review over bare |"
+        )
+        print("|---|---|---|---|---|")
+        for (phase, concurrency), (_, bare, ours) in results.items():
+            if bare is None:
+                continue
+            errors += bare.errors
+            print(
+                f"| /{phase}, concurrency {concurrency} | {bare.rps:,.0f} / {bare.p50_ms:.2f} / "
+                f"{bare.p99_ms:.2f} | {bare.cpu_us:.0f} | {ours.rps / bare.rps:.0%} "
+                f"| +{ours.cpu_us - bare.cpu_us:.0f} |"
+            )
     return errors
 
 
@@ -558,7 +605,7 @@ def replicas_main(args: argparse.Namespace) -> int:
     )
 
 
-def main() -> int:
+def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, print
     args = parse_args()
     if args.replicas:
         return replicas_main(args)
@@ -588,6 +635,7 @@ def main() -> int:
         url = f"https://127.0.0.1:{port}"
         proc = start_webhook(args, api, workdir, port, None if use_spy else args.profile)
         floor: subprocess.Popen[bytes] | None = None
+        bare: subprocess.Popen[bytes] | None = None
         try:
             sync_s = asyncio.run(wait_ready(url, context, proc, 600))
             rss_synced, _ = rss_mib(proc.pid)
@@ -596,13 +644,17 @@ def main() -> int:
             bodies = write_bodies(url, context, workdir)
             floor, floor_url = start_floor(args, floor_cmd, workdir, context) if floor_cmd else (None, None)
             floor_server = (floor_url, floor.pid) if floor is not None and floor_url else None
-            results = measure(args, (floor_server, (url, proc.pid)), bodies, workdir / "ca.crt")
+            bare, bare_url = start_bare(args, workdir, context) if args.bare == "aiohttp" else (None, None)
+            bare_server = (bare_url, bare.pid) if bare is not None and bare_url else None
+            results = measure(args, (floor_server, bare_server, (url, proc.pid)), bodies, workdir / "ca.crt")
             if args.profile and use_spy:
                 profile_run(args, proc, url + "/mutate", bodies["mutate"], workdir / "ca.crt")
             rss_now, rss_peak = rss_mib(proc.pid)
         finally:
             if floor is not None:
                 stop(floor)
+            if bare is not None:
+                stop(bare)
             code = stop(proc)
 
     errors = report(args, results)

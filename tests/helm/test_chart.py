@@ -318,7 +318,7 @@ def test_webhook_configuration_settings(rendered: Rendered, case: Case) -> None:
     service = rendered.one("Service", service_ref["name"])
     assert service_ref["namespace"] == service["metadata"]["namespace"] == rendered.namespace
     assert service_ref["path"] == "/mutate"
-    (port,) = service["spec"]["ports"]
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == "https"]
     assert port["port"] == service_ref["port"] == 443
     deployment = rendered.one("Deployment")
     assert _selects(

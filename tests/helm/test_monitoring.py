@@ -75,21 +75,19 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
 
 
-def test_the_service_monitor_scrapes_the_webhook_service_over_its_own_tls(rendered: Rendered) -> None:
+def test_the_service_monitor_scrapes_the_webhook_metrics_port(rendered: Rendered) -> None:
     (monitor,) = rendered.of_kind("ServiceMonitor")
     (service,) = rendered.of_kind("Service")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert selects(monitor["spec"]["selector"], service["metadata"]["labels"])
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
-    assert endpoint["scheme"] == "https" and endpoint["path"] == "/metrics"
-    tls = endpoint["tlsConfig"]
-    assert tls["serverName"] == f"{service['metadata']['name']}.{rendered.namespace}.svc"
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert endpoint["scheme"] == "http" and endpoint["path"] == "/metrics"
+    # The metrics port, not the admission port: the container port the webhook's --metrics-port names.
     deployment = rendered.of_kind("Deployment")[0]
-    secrets = {
-        v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v
-    }
-    assert tls["ca"]["secret"]["name"] in secrets and tls["ca"]["secret"]["key"] == "ca.crt"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port["targetPort"] == "metrics" and f"--metrics-port={named['metrics']}" in container["args"]
 
 
 def test_the_pod_monitor_scrapes_every_node_plugin_pod(rendered: Rendered) -> None:

@@ -102,6 +102,23 @@ def test_the_network_policy_admits_only_the_listed_sources_to_the_webhook_port()
     assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
 
 
+def test_the_network_policy_opens_the_metrics_port_only_to_the_listed_scrapers() -> None:
+    sources = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    scrapers = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    policy = {"enabled": True, "from": sources, "metricsFrom": scrapers}
+    rendered = _render({"webhook": {"networkPolicy": policy}})
+    (rendered_policy,) = rendered.of_kind("NetworkPolicy")
+    ports = {p["name"]: p["containerPort"] for p in _webhook_pod(rendered)["spec"]["containers"][0]["ports"]}
+    admission, metrics = rendered_policy["spec"]["ingress"]
+    # Scrapers reach the metrics port and not the admission port; callers the other way round.
+    assert admission["from"] == sources and admission["ports"] == [
+        {"port": ports["https"], "protocol": "TCP"}
+    ]
+    assert metrics["from"] == scrapers and metrics["ports"] == [{"port": ports["metrics"], "protocol": "TCP"}]
+    args = _webhook_pod(rendered)["spec"]["containers"][0]["args"]
+    assert f"--metrics-port={ports['metrics']}" in args and ports["metrics"] != ports["https"]
+
+
 def test_a_network_policy_with_no_sources_is_refused() -> None:
     with pytest.raises(helm_python.HelmError, match=r"webhook\.networkPolicy\.from"):
         render({"webhook": {"networkPolicy": {"enabled": True}}}, kube_version=KUBE)

@@ -15,6 +15,7 @@ import json
 import ssl
 import threading
 import time
+import urllib.request
 import uuid as uuidlib
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -247,6 +248,7 @@ class ThreadedWebhook:
             tls_key_file=tls.key_file,
             host="127.0.0.1",
             port=0,
+            metrics_port=0,
             kubeconfig=str(kubeconfig),
             cert_poll_seconds=cert_poll_seconds,
             shutdown_timeout_seconds=5.0,
@@ -299,6 +301,13 @@ class ThreadedWebhook:
     @property
     def port(self) -> int:
         return self.server.port
+
+    def metrics(self) -> str:
+        """The Prometheus text of the webhook's metrics port (plain HTTP, apart from admission)."""
+        url = f"http://127.0.0.1:{self.server.metrics_server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            text: str = response.read().decode()
+            return text
 
     def connect(self) -> http.client.HTTPSConnection:
         """A keep-alive HTTPS connection that verifies the server against the test CA."""

@@ -104,7 +104,7 @@ async def _demo(args: argparse.Namespace) -> int:
             if not args.once:
                 assert cluster.webhook is not None
                 print("\nMetrics (Ctrl-C to stop):")
-                print(f"  webhook  https://127.0.0.1:{cluster.webhook.port}/metrics (CA: {workdir}/tls)")
+                print(f"  webhook  http://127.0.0.1:{cluster.webhook.metrics_server.port}/metrics")
                 for name, node in cluster.nodes.items():
                     port = node.plugin.metrics_server.port if node.plugin.metrics_server else "?"
                     print(f"  node {name}: http://127.0.0.1:{port}/metrics")

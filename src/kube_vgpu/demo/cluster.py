@@ -182,7 +182,9 @@ class LocalCluster:
         tls = self.workdir / "tls"
         write_material(tls, {CA_CERT: ca.cert_pem, TLS_CERT: serving.cert_pem, TLS_KEY: serving.key_pem})
         self.ca_pem = ca.cert_pem
-        options = Options(tls_cert_file=tls / TLS_CERT, tls_key_file=tls / TLS_KEY, port=0, host="127.0.0.1")
+        options = Options(
+            tls_cert_file=tls / TLS_CERT, tls_key_file=tls / TLS_KEY, port=0, host="127.0.0.1", metrics_port=0
+        )
         self.webhook = WebhookServer(options, self.config, kube=self.kube("webhook"))
         await self.webhook.start()
         await asyncio.wait_for(self.webhook.cache.wait_synced(), 15)

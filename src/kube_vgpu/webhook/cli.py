@@ -25,6 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key-file", required=True, help="PEM private key of the serving certificate")
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9395,
+        help="plain-HTTP port of /metrics, apart from the admission port",
+    )
     parser.add_argument("--config", default=None, help="configuration file (YAML); default: every default")
     add_cluster_arguments(parser)
     parser.add_argument(
@@ -55,13 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-connections",
         type=int,
         default=limits.max_connections,
-        help="open connections at most; more are closed on accept (bounds memory, ~0.3 MiB each)",
+        help="open connections at most (bounds memory); at the cap the connection longest idle or "
+        "longest without completing its request is closed to admit the new one",
     )
     parser.add_argument(
         "--request-timeout",
         type=float,
         default=limits.request_timeout_seconds,
-        help="seconds from a request's first byte (a new connection: its accept) to its answer",
+        help="seconds from a new connection's accept (TLS handshake included), or a request's first "
+        "byte, until the request has arrived whole",
     )
     parser.add_argument(
         "--idle-timeout",
@@ -101,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
             tls_key_file=Path(args.tls_key_file),
             port=args.port,
             host=args.host,
+            metrics_port=args.metrics_port,
             kubeconfig=args.kubeconfig,
             kube_context=args.context,
             cert_poll_seconds=args.cert_poll_seconds,

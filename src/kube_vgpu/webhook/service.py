@@ -32,9 +32,10 @@ from kube_vgpu.webhook.quota.ledger import QuotaLedger
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics, SharedBookMetrics
 from kube_vgpu.webhook.quota.shared import SharedBook
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
-from kube_vgpu.webhook.serving.http.connection import HttpSettings
+from kube_vgpu.webhook.serving.edge import EdgeServer
 from kube_vgpu.webhook.serving.listener import ConnectionLimits, Listener
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
+from kube_vgpu.webhook.serving.metrics_http import MetricsServer
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES, AdmissionApp, Readiness, Services
 from kube_vgpu.webhook.serving.tls import CertReloader
 
@@ -49,6 +50,8 @@ class Options:
     tls_key_file: Path
     port: int = 8443
     host: str = "0.0.0.0"
+    # Plain-HTTP `/metrics`, apart from the admission port (0 picks a free one).
+    metrics_port: int = 9395
     kubeconfig: str | None = None
     kube_context: str | None = None
     cert_poll_seconds: float = 10.0
@@ -247,14 +250,8 @@ class WebhookServer:
             return book
 
         self.services = build_services(self.cache, config, self.metrics, lambda: self.geometry, shared)
-        self.app = AdmissionApp(self.services)
-        limits = options.limits
-        self.http = HttpSettings(
-            request_timeout_seconds=limits.request_timeout_seconds,
-            idle_timeout_seconds=limits.idle_timeout_seconds,
-            max_body_bytes=MAX_BODY_BYTES,
-            refused=lambda outcome: self.metrics.reviews.labels(outcome).inc(),
-        )
+        self.app = AdmissionApp(self.services, max_body_bytes=MAX_BODY_BYTES)
+        self.metrics_server = MetricsServer(self.metrics, host=options.host, port=options.metrics_port)
         self.listener: Listener | None = None
         self._stopped = False
         self._reload_task: asyncio.Task[None] | None = None
@@ -262,9 +259,14 @@ class WebhookServer:
 
     async def start(self) -> None:
         """Listen (port 0 picks a free one, see `port`), start the cache and the certificate poller."""
+        edge = EdgeServer(
+            self.app.handle,
+            idle_timeout_seconds=self.options.limits.idle_timeout_seconds,
+            max_body_bytes=MAX_BODY_BYTES,
+            refused=lambda outcome: self.metrics.reviews.labels(outcome).inc(),
+        )
         self.listener = Listener(
-            self.app,
-            self.http,
+            edge,
             self.reloader.context,
             self.options.limits,
             host=self.options.host,
@@ -273,10 +275,16 @@ class WebhookServer:
         await self.listener.start()
         self.port = self.listener.port
         self.metrics.track_connections(self.listener)
+        await self.metrics_server.start()
         await self.cache.start()
         self.geometry = await load_mig_geometry(self.kube, self.config.node)
         self._reload_task = asyncio.create_task(self.reloader.run(), name="tls-reload")
-        log.info("event=webhook_started address=%s:%d", self.options.host, self.port)
+        log.info(
+            "event=webhook_started address=%s:%d metrics_port=%d",
+            self.options.host,
+            self.port,
+            self.metrics_server.port,
+        )
 
     async def stop(self) -> None:
         """Stop accepting, close idle keep-alive connections, let requests in flight finish, close
@@ -287,28 +295,20 @@ class WebhookServer:
         self._stopped = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.shutdown_timeout_seconds
-        drain = self.http.drain
         listener = self.listener
         if listener is not None:
             await listener.close()
         # From here every answer closes its connection; idle keep-alive connections close now, busy
-        # ones after their answer; a connection holding part of a request gets its answer too.
-        drain.draining = True
+        # ones after their answer (a review whose body is still arriving gets its answer too).
+        self.app.draining = True
         if listener is not None:
-            closed = listener.close_idle()
-            log.info("event=webhook_idle_closed count=%d", closed)
-        try:
-            async with asyncio.timeout_at(deadline):
-                await drain.wait_idle()
-        except TimeoutError:
-            log.warning("event=webhook_drain_timeout in_flight=%d", drain.in_flight)
-        if listener is not None:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await listener.wait_all_closed()  # TLS close exchanges included
-            except TimeoutError:
-                log.warning("event=webhook_connections_aborted count=%d", len(listener.connections))
-                listener.abort_all()
+            log.info(
+                "event=webhook_draining connections=%d in_flight=%d",
+                len(listener.connections),
+                self.app.in_flight,
+            )
+            await listener.drain(deadline)
+        await self.metrics_server.stop()
         if self.reservations is not None:
             await self.reservations.close()
         if self._reload_task is not None:

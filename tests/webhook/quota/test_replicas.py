@@ -62,9 +62,10 @@ def _free_port() -> int:
 class Replica:
     """One webhook process and the admission chain that reaches it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, metrics_port: int, log: Path) -> None:
         self.proc, self.port, self.log = proc, port, log
         self.base = f"https://127.0.0.1:{port}"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
 
 
 @pytest.fixture
@@ -80,17 +81,18 @@ def replicas(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[tuple[list
     started: list[Replica] = []
     try:
         for i in range(REPLICAS):
-            port = _free_port()
+            port, metrics_port = _free_port(), _free_port()
             log = tmp_path / f"webhook-{i}.log"
             command = [
                 sys.executable, "-m", "kube_vgpu", "webhook",
                 "--tls-cert-file", str(tls.cert_file), "--tls-key-file", str(tls.key_file),
-                "--host", "127.0.0.1", "--port", str(port), "--kubeconfig", str(kubeconfig),
+                "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
+                "--kubeconfig", str(kubeconfig),
                 "--release-namespace", RELEASE, "--log-level", "warning",
             ]  # fmt: skip
             with log.open("wb") as out:
                 proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-            started.append(Replica(proc, port, log))
+            started.append(Replica(proc, port, metrics_port, log))
         yield started, tls
     finally:
         for replica in started:
@@ -117,7 +119,7 @@ async def wait_for(condition: Any, what: str, *, tries: int = 1500) -> None:
 async def memory_used(
     session: aiohttp.ClientSession, replica: Replica, context: ssl.SSLContext
 ) -> float | None:
-    async with session.get(f"{replica.base}/metrics", ssl=context) as response:
+    async with session.get(replica.metrics_url) as response:
         text = await response.text()
     pattern = rf'kube_vgpu_quota_used{{namespace="{NAMESPACE}",resource="vgpu-memory"}} (\S+)'
     found = re.search(pattern, text)

@@ -61,12 +61,13 @@ class Client:
         self.base = f"https://127.0.0.1:{webhook.port}"
         self.context: ssl.SSLContext = webhook.tls.client_context()
         self.chain = AdmissionChain(session, self.base, webhook.tls.ca.cert_pem)
+        self.metrics_url = f"http://127.0.0.1:{webhook.server.metrics_server.port}/metrics"
 
     async def admit(self, obj: Mapping[str, Any], *, dry_run: bool = False) -> Admitted:
         return await self.chain.create(obj, dry_run=dry_run)
 
     async def quota(self, metric: str, resource: str = "vgpu-memory") -> float | None:
-        async with self.session.get(f"{self.base}/metrics", ssl=self.context) as response:
+        async with self.session.get(self.metrics_url) as response:
             text = await response.text()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

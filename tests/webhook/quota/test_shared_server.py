@@ -9,7 +9,6 @@ does not answer, refuses the pod in /validate with a message saying why, while /
 from __future__ import annotations
 
 import re
-import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,7 +63,7 @@ async def test_a_namespace_without_quota_never_touches_the_api(
 
 
 async def test_an_uncontended_replica_writes_once_per_admission(
-    apiserver: ApiServerStandin, chain: AdmissionChain
+    apiserver: ApiServerStandin, chain: AdmissionChain, webhook: ThreadedWebhook
 ) -> None:
     apiserver.clear_requests()
     first = await chain.create(gpu_pod(QUOTA_NS))
@@ -83,8 +82,8 @@ async def test_an_uncontended_replica_writes_once_per_admission(
     stored = apiserver.get("configmap", object_name(QUOTA_NS), "default")
     assert len(decode_entries(stored, QUOTA_NS)) == 4
     # The same traffic, as the webhook counts it on /metrics.
-    context = ssl.create_default_context(cadata=chain.ca_pem.decode())
-    async with chain.session.get(f"{chain.base_url}/metrics", ssl=context) as response:
+    metrics_url = f"http://127.0.0.1:{webhook.server.metrics_server.port}/metrics"
+    async with chain.session.get(metrics_url) as response:
         text = await response.text()
     counters = {
         s.name: s.value

@@ -78,7 +78,7 @@ def _stalled_gzip_body(webhook: ThreadedWebhook) -> ssl.SSLSocket:
 def test_stalled_compressed_bodies_fill_the_budget_and_others_are_refused_at_once(
     webhook: ThreadedWebhook,
 ) -> None:
-    budget = webhook.server.http.bodies
+    budget = webhook.server.app.bodies
     budget.limit_bytes = 2 * MAX_BODY_BYTES + 64 * 1024  # two worst-case bodies and some small ones
     stalled = [_stalled_gzip_body(webhook) for _ in range(2)]
     try:

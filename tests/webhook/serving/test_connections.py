@@ -1,10 +1,12 @@
 """Connections over real TLS (SPEC §2.3): a request that does not arrive within its deadline is closed,
-idle keep-alive connections live until the idle timeout, open connections are capped, and with
-`--client-ca-file` only callers holding a client certificate from that CA are served.
+idle keep-alive connections live until the idle timeout, open connections are capped (at the cap the
+connection longest without progress is closed, never the newcomer), and with `--client-ca-file` only
+callers holding a client certificate from that CA are served.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -155,10 +157,7 @@ def test_a_stalled_body_is_closed_and_counted(
     assert closed_by_server(sock)
     listener = strict.server.listener
     assert listener is not None and strict.read(lambda: listener.expired) >= 1
-    conn = strict.connect()
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    assert "kube_vgpu_webhook_request_deadline_expired_total" in text
+    assert "kube_vgpu_webhook_request_deadline_expired_total" in strict.metrics()
     assert any("event=request_deadline" in r.getMessage() for r in caplog.records)
     assert not [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
@@ -186,25 +185,54 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(
         _close_sockets()  # before the webhook stops, which would wait for the TLS close exchange
 
 
-def test_connections_over_the_cap_are_closed_at_once(apiserver: ApiServerStandin, tmp_path: Path) -> None:
+def test_a_head_trickled_byte_by_byte_is_cut_at_the_deadline(strict: ThreadedWebhook) -> None:
+    # Each byte comes well within the deadline of the one before: only a deadline that runs from
+    # the request's first byte (not an idle timer) ends it. The head would take 10 deadlines.
+    sock = _tls_socket(strict)
+    head = _request()
+    pause = STRICT_DEADLINE / 4
+    sent = 0
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        for byte in head[:40]:
+            sock.sendall(bytes([byte]))
+            sent += 1
+            time.sleep(pause)
+        sock.settimeout(pause)
+        sock.recv(1)  # the server has not closed it: this read times out
+        raise ssl.SSLError("still open")
+    assert sent < 40 or closed_by_server(sock)
+    listener = strict.server.listener
+    assert listener is not None and strict.read(lambda: listener.expired) >= 1
+
+
+def test_at_the_cap_the_connection_longest_without_progress_is_closed(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
     limits = ConnectionLimits(max_connections=3, request_timeout_seconds=30, idle_timeout_seconds=60)
     with _open_webhook(apiserver, tmp_path, limits=limits) as webhook:
         listener = webhook.server.listener
         assert listener is not None
-        held = [_tls_socket(webhook) for _ in range(3)]
+        answered = _tls_socket(webhook)
+        silent = _tls_socket(webhook)
+        raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)  # never starts TLS
+        _opened.append(raw)
         _wait(lambda: webhook.read(lambda: len(listener.connections)) == 3, "three open connections")
-        assert not _served(lambda: _tls_socket(webhook))  # closed on accept, before any TLS
-        assert webhook.read(lambda: listener.refused) >= 1
-        # The held connections still work, and a slot that frees up is used again.
-        held[0].sendall(_request())
-        assert b" 200 " in _read_response(held[0])
-        held[1].close()
-        _wait(lambda: webhook.read(lambda: len(listener.connections)) == 2, "a freed slot")
-        again = _tls_socket(webhook)
-        again.sendall(_request())
-        assert b" 200 " in _read_response(again)
-        for sock in (held[0], held[2], again):
-            sock.close()
+        answered.sendall(_request())  # progress: it goes to the back of the line
+        assert b" 200 " in _read_response(answered)
+        # The newcomer is served; the silent TLS connection, longest without progress, makes room.
+        assert _served(lambda: _tls_socket(webhook))
+        assert closed_by_server(silent)
+        # The next newcomer closes the connection that never started TLS.
+        assert _served(lambda: _tls_socket(webhook))
+        with contextlib.suppress(ConnectionResetError):
+            assert raw.recv(1) == b""
+        assert webhook.read(lambda: listener.evicted) == 2
+        # The connection that made progress was never closed, and the count never passed the cap.
+        answered.sendall(_request())
+        assert b" 200 " in _read_response(answered)
+        assert webhook.read(lambda: len(listener.connections)) <= 3
+        assert "kube_vgpu_webhook_connections_evicted_total 2.0" in webhook.metrics()
+        _close_sockets()
 
 
 def _issue_client(ca: Issued, name: str) -> Issued:

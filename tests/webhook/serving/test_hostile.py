@@ -32,7 +32,6 @@ from tests.support.webhook import (
     A100,
     ThreadedWebhook,
     container,
-    get,
     gpu_node,
     pod,
     post,
@@ -219,16 +218,14 @@ def test_a_mistyped_pod_is_denied_naming_the_field(
         assert not result["allowed"], field
         assert field in result["status"]["message"], (field, result["status"]["message"])
         assert "internal error" not in result["status"]["message"]
-    _, text = get(conn, "/metrics")
-    assert f'kube_vgpu_webhook_denials_total{{reason="malformed-object"}} {len(MISTYPED_PODS)}.0' in (
-        text.decode()
-    )
+    text = webhook.metrics()
+    assert f'kube_vgpu_webhook_denials_total{{reason="malformed-object"}} {len(MISTYPED_PODS)}.0' in text
     _no_tracebacks(caplog)
 
 
 @pytest.mark.parametrize(
     ("method", "path", "status"),
-    [("POST", "/healthz", 405), ("POST", "/nowhere", 404), ("GET", "/metrics", 400)],
+    [("POST", "/healthz", 405), ("POST", "/nowhere", 404), ("POST", "/mutate", 400)],
 )
 def test_a_broken_body_sent_where_no_body_is_read_is_answered_and_the_connection_closed(
     webhook: ThreadedWebhook, caplog: pytest.LogCaptureFixture, method: str, path: str, status: int
@@ -318,9 +315,7 @@ def test_metrics_render_after_reviews_with_odd_names(webhook: ThreadedWebhook) -
     doc = copy.deepcopy(_valid())
     doc["request"]["namespace"] = "\ud800"
     assert post(conn, doc)[0] == 400
-    status, text = get(conn, "/metrics")
-    assert status == 200
-    assert list(text_string_to_metric_families(text.decode()))
+    assert list(text_string_to_metric_families(webhook.metrics()))
 
 
 VALIDATE = "/validate"  # quota is decided in the validating phase, on the final object
@@ -353,14 +348,12 @@ def test_namespace_state_is_forgotten_with_the_namespace(
     def held() -> set[str]:
         return set(ledger.namespaces()) | set(shared.namespaces())
 
-    _, text = get(conn, "/metrics")
-    assert 'namespace="team-a"' in text.decode()
+    assert 'namespace="team-a"' in webhook.metrics()
     assert "team-a" in webhook.read(held)
 
     apiserver.delete("Namespace", "team-a")
     _wait(lambda: webhook.read(lambda: cache.namespace_labels("team-a")) is None, "the deletion")
-    _, text = get(conn, "/metrics")
-    assert 'namespace="team-a"' not in text.decode()
+    assert 'namespace="team-a"' not in webhook.metrics()
     assert "team-a" not in webhook.read(held)
 
 

@@ -1,10 +1,11 @@
-"""The webhook's listening socket: TLS and a cap on open connections (SPEC §2.3).
+"""The webhook's listening socket: TLS, the cap on open connections and the request deadline (SPEC §2.3).
 
-`webhook.http.connection` serves HTTP on each connection (with its request deadline and idle
-timeout); this module decides which connections exist. It accepts on its own loop so that a
-connection over the cap is closed before any TLS work or buffer is spent on it (asyncio gives every
-TLS connection a 256 KiB read buffer, so open connections, not requests, are what a flood turns
-into memory).
+aiohttp (`webhook.serving.edge`) serves HTTP on each connection; this module decides which
+connections exist. It accepts on its own, so that a connection is counted from its accept, before
+any TLS work: a flood of connections that never finish their handshake fills the cap like any other.
+At the cap the newcomer is never refused: the connection that has gone longest without progress
+(idle since its last answer, or since its accept or last answer without completing a request) is
+closed to make room, so the API server's reviews always get through a flood of idle or slow callers.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from kube_vgpu.webhook.serving.http.connection import HttpConnection, HttpSettings
-from kube_vgpu.webhook.serving.http.message import HttpApp
+from kube_vgpu.webhook.serving.edge import AdmissionProtocol, EdgeServer
 
 log = logging.getLogger("kube_vgpu.webhook.listener")
 
@@ -31,10 +31,10 @@ _ACCEPT_ERROR_PAUSE_SECONDS = 0.1
 class ConnectionLimits:
     """The bounds on connections (defaults: SPEC §2.3; `kube-vgpu webhook --help` names the flags)."""
 
-    # Open connections (TLS handshakes included); more are closed at once.
+    # Open connections (TLS handshakes included); at the cap the one longest without progress closes.
     max_connections: int = 1000
-    # From a request's first byte (a new connection: from its accept, TLS handshake included) to its
-    # answer; also bounds the TLS close exchange.
+    # From a connection's accept (TLS handshake included), or a request's first bytes, until the
+    # request has arrived whole; also bounds the TLS close exchange.
     request_timeout_seconds: float = 10.0
     # An idle keep-alive connection is closed after this; above the 90 s the API server's HTTP
     # client keeps idle connections, so the client, not the server, ends them (no request is
@@ -48,31 +48,139 @@ class ConnectionLimits:
             raise ValueError("request and idle timeouts must be positive seconds")
 
 
+class Slot:
+    """One accepted connection as the listener sees it: its deadline and when it last made progress."""
+
+    __slots__ = (
+        "_timer",
+        "busy",
+        "handling",
+        "listener",
+        "opening",
+        "protocol",
+        "since",
+        "sock",
+        "transport",
+        "woke",
+    )
+
+    def __init__(self, listener: Listener, sock: socket.socket, now: float) -> None:
+        self.listener = listener
+        self.sock = sock
+        # When the connection was accepted or last answered: the order in which the cap closes.
+        self.since = now
+        # A request has arrived whole and its handler is running: never closed to make room.
+        self.busy = False
+        # A request's head has arrived and its handler has not answered yet (body may be arriving).
+        self.handling = False
+        # Bytes arrived while busy: a pipelined request may be waiting.
+        self.woke = False
+        self.protocol: AdmissionProtocol | None = None
+        # Kept apart from the protocol's, which aiohttp drops as soon as it starts closing.
+        self.transport: asyncio.Transport | None = None
+        self.opening: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._arm(now)
+
+    # -- told by the protocol and the handler ---------------------------------------------------
+
+    def received(self) -> None:
+        """Bytes arrived: the deadline of the request they begin runs from now (if none is running)."""
+        if self.busy:
+            self.woke = True
+        elif self._timer is None:
+            self._arm(self.listener.loop.time())
+
+    def opened(self, protocol: AdmissionProtocol) -> None:
+        """The handshake is done; HTTP is aiohttp's from here."""
+        self.protocol = protocol
+        self.transport = protocol.transport
+
+    def lost(self) -> None:
+        """The connection ended."""
+        self._disarm()
+        self.listener.forget(self)
+
+    def began(self) -> None:
+        """A request's head has arrived and its handler runs."""
+        self.handling = True
+
+    def request_complete(self) -> None:
+        """The request's head and body have arrived: its deadline no longer runs."""
+        self.busy = True
+        self.woke = False
+        self._disarm()
+
+    def answered(self) -> None:
+        """The answer is written: idle from now (unless a pipelined request was already arriving)."""
+        self.busy = False
+        self.handling = False
+        now = self.listener.loop.time()
+        self.since = now
+        self.listener.progressed(self)
+        if self.woke:
+            self.woke = False
+            self._arm(now)
+
+    # -- closing ----------------------------------------------------------------------------------
+
+    def close_now(self) -> None:
+        """Close at once, without waiting for the peer (handshake or not)."""
+        self._disarm()
+        # Forgotten now, not when the loop reports the close: the count never passes the cap.
+        self.listener.forget(self)
+        if self.transport is not None:
+            self.transport.abort()
+            return
+        if self.opening is not None:
+            self.opening.cancel()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def _arm(self, now: float) -> None:
+        self._timer = self.listener.loop.call_at(
+            now + self.listener.limits.request_timeout_seconds, self._expired
+        )
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expired(self) -> None:
+        self._timer = None
+        self.listener.expired += 1
+        log.info(
+            "event=request_deadline handshaken=%s timeout_s=%.1f",
+            self.protocol is not None,
+            self.listener.limits.request_timeout_seconds,
+        )
+        self.close_now()
+
+
 class Listener:
-    """Accepts TLS connections up to the cap and serves `app` on each."""
+    """Accepts TLS connections, keeps at most `max_connections` open, and serves `edge` on each."""
 
     def __init__(
         self,
-        app: HttpApp,
-        settings: HttpSettings,
+        edge: EdgeServer,
         ssl_context: ssl.SSLContext | None,
         limits: ConnectionLimits,
         *,
         host: str,
         port: int,
     ) -> None:
-        self.app = app
-        self.settings = settings
+        self.edge = edge
         self.ssl_context = ssl_context
         self.limits = limits
         self.host = host
         self.port = port
-        self.connections: set[HttpConnection] = set()
-        self.refused = 0  # connections closed at once because the cap was reached
+        self.loop = asyncio.get_running_loop()
+        # Open connections, oldest progress first (a dict keeps insertion order; progress re-inserts).
+        self.connections: dict[Slot, None] = {}
+        self.evicted = 0  # connections closed to make room at the cap
         self.expired = 0  # connections closed by the request deadline
         self._sock: socket.socket | None = None
-        # Connections accepted and not yet through their TLS handshake.
-        self._opening: dict[asyncio.Task[None], tuple[socket.socket, HttpConnection]] = {}
         self._all_closed = asyncio.Event()
         self._all_closed.set()
         self._at_cap_logged = False
@@ -86,10 +194,9 @@ class Listener:
         self.port = int(sock.getsockname()[1])
         # A reader callback rather than `loop.sock_accept`: nothing to cancel on close, so no
         # accepted socket can be lost between the accept and a cancellation.
-        asyncio.get_running_loop().add_reader(sock.fileno(), self._accept_ready, sock)
+        self.loop.add_reader(sock.fileno(), self._accept_ready, sock)
 
     def _accept_ready(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
         for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn
             try:
                 conn, _ = sock.accept()
@@ -99,46 +206,49 @@ class Listener:
                 log.warning("event=accept_failed error=%r", str(exc))
                 self._pause_accepting(sock)
                 return
-            if len(self.connections) >= self.limits.max_connections:
-                self._refuse(conn)
+            if len(self.connections) >= self.limits.max_connections and not self._make_room():
+                with contextlib.suppress(OSError):  # every connection is computing an answer
+                    conn.close()
                 continue
-            self._at_cap_logged = False
             conn.setblocking(False)
-            connection = HttpConnection(self.app, self.settings, self, loop.time())
-            self.connections.add(connection)
+            slot = Slot(self, conn, self.loop.time())
+            self.connections[slot] = None
             self._all_closed.clear()
-            task = loop.create_task(self._open(conn, connection))
-            self._opening[task] = (conn, connection)
-            task.add_done_callback(self._opened)
+            slot.opening = self.loop.create_task(self._open(slot))
+
+    def _make_room(self) -> bool:
+        """Close the connection longest without progress that is not computing an answer."""
+        victim = next((slot for slot in self.connections if not slot.busy), None)
+        if victim is None:
+            return False
+        self.evicted += 1
+        if not self._at_cap_logged:  # one line per episode, not one per closed connection
+            log.warning(
+                "event=connection_cap_reached max_connections=%d action=close_longest_without_progress",
+                self.limits.max_connections,
+            )
+            self._at_cap_logged = True
+        victim.close_now()
+        return True
 
     def _pause_accepting(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(sock.fileno())
+        self.loop.remove_reader(sock.fileno())
 
         def resume() -> None:
             if self._sock is sock:
-                loop.add_reader(sock.fileno(), self._accept_ready, sock)
+                self.loop.add_reader(sock.fileno(), self._accept_ready, sock)
 
-        loop.call_later(_ACCEPT_ERROR_PAUSE_SECONDS, resume)
+        self.loop.call_later(_ACCEPT_ERROR_PAUSE_SECONDS, resume)
 
-    def _refuse(self, conn: socket.socket) -> None:
-        self.refused += 1
-        if not self._at_cap_logged:  # one line per episode, not one per refused connection
-            log.warning("event=connection_cap_reached max_connections=%d", self.limits.max_connections)
-            self._at_cap_logged = True
-        with contextlib.suppress(OSError):
-            conn.close()
-
-    async def _open(self, conn: socket.socket, connection: HttpConnection) -> None:
-        loop = asyncio.get_running_loop()
+    async def _open(self, slot: Slot) -> None:
         timeout = self.limits.request_timeout_seconds
         try:
             if self.ssl_context is None:
-                await loop.connect_accepted_socket(lambda: connection, conn)
+                await self.loop.connect_accepted_socket(lambda: self.edge.protocol(slot), slot.sock)
             else:
-                await loop.connect_accepted_socket(
-                    lambda: connection,
-                    conn,
+                await self.loop.connect_accepted_socket(
+                    lambda: self.edge.protocol(slot),
+                    slot.sock,
                     ssl=self.ssl_context,
                     ssl_handshake_timeout=timeout,
                     ssl_shutdown_timeout=timeout,
@@ -146,57 +256,53 @@ class Listener:
         except (OSError, ssl.SSLError, asyncio.CancelledError) as exc:
             # A failed or timed-out handshake never reaches the protocol; the slot is freed here.
             log.debug("event=handshake_failed error=%r", str(exc))
-            self._abandon(conn, connection)
+            if slot.protocol is None:
+                slot.close_now()
+        finally:
+            slot.opening = None
 
-    def _opened(self, task: asyncio.Task[None]) -> None:
-        self._opening.pop(task, None)
+    def progressed(self, slot: Slot) -> None:
+        """`slot` answered a request: it moves to the back of the order the cap closes in."""
+        if slot in self.connections:
+            del self.connections[slot]
+            self.connections[slot] = None
 
-    def _abandon(self, conn: socket.socket, connection: HttpConnection) -> None:
-        with contextlib.suppress(OSError):
-            conn.close()
-        if connection.transport is None:  # else its connection_lost forgets it
-            connection.abort()
-            self.forget(connection)
-
-    def count_expired(self) -> None:
-        """A connection was closed by its request deadline."""
-        self.expired += 1
-
-    def forget(self, connection: HttpConnection) -> None:
+    def forget(self, slot: Slot) -> None:
         """A connection ended (or never opened)."""
-        self.connections.discard(connection)
+        self.connections.pop(slot, None)
+        if len(self.connections) < self.limits.max_connections:
+            self._at_cap_logged = False
         if not self.connections:
             self._all_closed.set()
 
     async def close(self) -> None:
         """Stop accepting; handshakes still in progress are abandoned. Open connections stay."""
         if self._sock is not None:
-            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self.loop.remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
-        opening = dict(self._opening)
-        for task in opening:
-            task.cancel()
-        await asyncio.gather(*opening, return_exceptions=True)
-        # A task cancelled before it ran never reached its own clean-up.
-        for conn, connection in opening.values():
-            self._abandon(conn, connection)
+        for slot in [s for s in self.connections if s.protocol is None]:
+            slot.close_now()
+        await asyncio.sleep(0)  # let the cancelled handshakes unwind
+
+    async def drain(self, deadline: float) -> None:
+        """Finish what is in flight and close every connection by `deadline` (the loop's clock).
+
+        A connection whose request head has arrived gets its answer, its body still being read if
+        need be (the answer says `Connection: close`, and aiohttp closes it after); every other
+        connection (idle, or with part of a head) is closed now; what is left at the end is aborted.
+        """
+        for slot in list(self.connections):
+            if slot.protocol is not None and not slot.handling:
+                slot.protocol.force_close()  # a TLS close exchange, bounded by ssl_shutdown_timeout
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await self._all_closed.wait()
+        if self.connections:
+            log.warning("event=webhook_connections_aborted count=%d", len(self.connections))
+            for slot in list(self.connections):
+                slot.close_now()
 
     async def wait_all_closed(self) -> None:
         """Return once no connection is open."""
         await self._all_closed.wait()
-
-    def close_idle(self) -> int:
-        """Close (with the TLS close exchange) every connection between requests; the number closed.
-
-        A connection with part of a request buffered is not idle: it gets its answer first.
-        """
-        idle = [c for c in self.connections if c.idle]
-        for connection in idle:
-            connection.close()
-        return len(idle)
-
-    def abort_all(self) -> None:
-        """Close every open connection now."""
-        for connection in list(self.connections):
-            connection.abort()

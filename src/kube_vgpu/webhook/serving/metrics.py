@@ -44,7 +44,7 @@ class CacheState(Protocol):
 
 
 class ConnectionState(Protocol):
-    """What the connection gauges read (implemented by `webhook.listener.Listener`)."""
+    """What the connection gauges read (implemented by `webhook.serving.listener.Listener`)."""
 
     @property
     def connections(self) -> Sized:
@@ -52,8 +52,8 @@ class ConnectionState(Protocol):
         ...
 
     @property
-    def refused(self) -> int:
-        """Connections closed at once because the cap was reached."""
+    def evicted(self) -> int:
+        """Connections closed to admit a new one at the cap (the longest without progress)."""
         ...
 
     @property
@@ -74,9 +74,10 @@ class _ConnectionCollector(Collector):
             "kube_vgpu_webhook_connections_open", "Open HTTPS connections.", value=len(state.connections)
         )
         yield CounterMetricFamily(
-            "kube_vgpu_webhook_connections_refused",
-            "Connections closed on accept because the connection cap was reached.",
-            value=state.refused,
+            "kube_vgpu_webhook_connections_evicted",
+            "Connections closed at the connection cap to admit a new one (the longest idle or longest "
+            "without completing its request).",
+            value=state.evicted,
         )
         yield CounterMetricFamily(
             "kube_vgpu_webhook_request_deadline_expired",

@@ -1,12 +1,10 @@
-"""The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz`, `/readyz`, `/metrics` (SPEC §2).
+"""The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz` (SPEC §2).
 
-A handler parses the body (`webhook.review`), asks the pure pipeline of the path's phase
-(`webhook.admission` for /mutate, `webhook.validation` for /validate), and encodes the answer. A
-body that is not an AdmissionReview is HTTP 400 with a JSON reason; neither it nor a policy refusal
-is ever a traceback or a 5xx. Framing, limits and connections are `webhook.http`'s.
-
-/mutate is answered without a coroutine when the cache has synced: the whole review is plain
-computation, and a task per review would cost as much as the decision.
+The handler aiohttp calls reads the body (within the process-wide body budget), asks the pure
+pipeline of the path's phase (`webhook.admission` for /mutate, `webhook.validation` for /validate),
+and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON reason;
+neither it nor a policy refusal is ever a traceback or a 5xx. Framing is aiohttp's
+(`webhook.serving.edge`); which connections exist is `webhook.serving.listener`'s.
 """
 
 from __future__ import annotations
@@ -17,6 +15,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import (
@@ -29,7 +32,8 @@ from kube_vgpu.webhook.admission.review import (
 )
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.fairness import FairTurns
-from kube_vgpu.webhook.serving.http.message import Handler, Request, Response, error_response, json_response
+from kube_vgpu.webhook.serving.body_budget import BodyBudget, body_reservation
+from kube_vgpu.webhook.serving.edge import JSON, AdmissionProtocol, SlotHooks, error_response
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
 log = logging.getLogger("kube_vgpu.webhook.server")
@@ -41,6 +45,12 @@ NOT_READY = "not-ready"
 MUTATE_PATH = "/mutate"
 VALIDATE_PATH = "/validate"
 INTERNAL_ERROR = "internal-error"
+# What the API server and ordinary clients send; anything else is answered 415 unread.
+ENCODINGS = frozenset(("", "identity", "gzip", "deflate"))
+# The `refused` outcome of an answer given to a review that never reached its phase.
+_OUTCOMES = {400: "malformed", 413: "too_large", 415: "malformed", 429: "busy"}
+
+Route = Callable[[web.BaseRequest, bytes, float], "web.StreamResponse | Awaitable[web.StreamResponse]"]
 
 
 @dataclass(frozen=True)
@@ -70,57 +80,139 @@ def _pod_name(request: AdmissionRequest) -> str:
 
 
 class AdmissionApp:
-    """The routes of the webhook, for `webhook.http.connection.HttpConnection`."""
+    """The routes of the webhook: `handle` is the aiohttp request handler."""
 
-    def __init__(self, services: Services, turns: FairTurns | None = None) -> None:
+    def __init__(
+        self,
+        services: Services,
+        *,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        bodies: BodyBudget | None = None,
+        turns: FairTurns | None = None,
+    ) -> None:
         self.services = services
         # Large reviews take turns between namespaces (`webhook.fairness`); small ones run at once.
         self.turns = turns or FairTurns()
-        self._routes: dict[tuple[str, str], Handler] = {
-            ("POST", MUTATE_PATH): lambda http: self.turns.run(http.body, lambda: self.mutate(http)),
-            ("POST", VALIDATE_PATH): lambda http: self.turns.run(http.body, lambda: self.validate(http)),
-            ("GET", "/healthz"): self.healthz,
-            ("GET", "/readyz"): self.readyz,
-            ("GET", "/metrics"): self.metrics,
-        }
-        self._paths = {path for _, path in self._routes}
+        self.max_body_bytes = max_body_bytes
+        self.bodies = bodies or BodyBudget()
+        # Set by shutdown: every answer from then on closes its connection.
+        self.draining = False
+        # Requests whose handler has started and not yet answered (shutdown waits for them).
+        self.in_flight = 0
+        self._reviews: dict[str, Route] = {MUTATE_PATH: self.mutate, VALIDATE_PATH: self.validate}
+        self._gets: dict[str, Callable[[], web.Response]] = {"/healthz": self.healthz, "/readyz": self.readyz}
 
-    def route(self, method: str, path: str) -> Handler | Response:
-        """The handler for a request, or the 404/405 answer."""
-        handler = self._routes.get((method, path))
-        if handler is not None:
-            return handler
-        if path in self._paths:
-            allowed = ", ".join(sorted(m for m, p in self._routes if p == path))
-            return error_response(405, f"method {method[:16]} is not served at {path}; use {allowed}")
-        return error_response(
-            404, f"no such path {path[:100]!r}; reviews go to {MUTATE_PATH} or {VALIDATE_PATH}"
-        )
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Answer one request (aiohttp calls this once its head has arrived)."""
+        protocol = request.protocol
+        slot = protocol.slot if isinstance(protocol, AdmissionProtocol) else None
+        self.in_flight += 1
+        if slot is not None:
+            slot.began()
+        try:
+            response = await self._respond(request, slot)
+        finally:
+            self.in_flight -= 1
+            if slot is not None:
+                slot.answered()
+        if self.draining:
+            response.force_close()
+        return response
+
+    async def _respond(self, request: web.BaseRequest, slot: SlotHooks | None) -> web.StreamResponse:
+        started = time.perf_counter()
+        method = request.method
+        path = request.raw_path.partition("?")[0]
+        review = self._reviews.get(path)
+        if review is None:
+            get = self._gets.get(path)
+            if get is None:
+                return error_response(
+                    404,
+                    f"no such path {path[:100]!r}; reviews go to {MUTATE_PATH} or {VALIDATE_PATH}",
+                    close=request.body_exists,
+                )
+            if method not in ("GET", "HEAD"):
+                return error_response(
+                    405, f"method {method[:16]} is not served at {path}; use GET", close=request.body_exists
+                )
+            if slot is not None:
+                slot.request_complete()
+            return get()
+        if method != "POST":
+            return error_response(
+                405, f"method {method[:16]} is not served at {path}; use POST", close=request.body_exists
+            )
+        body = await self._read(request)
+        if slot is not None:  # arrived whole: its deadline stops; the cap will not close it now
+            slot.request_complete()
+        if isinstance(body, web.StreamResponse):
+            return body
+        return await _settle(self.turns.run(body, lambda: review(request, body, started)))
+
+    async def _read(self, request: web.BaseRequest) -> bytes | web.StreamResponse:
+        """The body, decoded, within the body limit and the process-wide body budget; or the 4xx."""
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in ENCODINGS:
+            reason = f"content encoding {encoding[:40]!r} is not served; send gzip, deflate or none"
+            return self._refuse(request, 415, reason)
+        length = request.content_length
+        limit = self.max_body_bytes
+        if length is not None and length > limit:
+            return self._refuse(request, 413, f"body of {length} bytes is over the {limit}-byte limit")
+        if not request.body_exists:
+            return b""
+        size = body_reservation(length, encoding not in ("", "identity") or length is None, limit)
+        if not self.bodies.hold(size):
+            log.info("event=review_refused_busy remote=%s reserved_bytes=%d", request.remote, size)
+            return self._refuse(request, 429, "too many request bodies are being read right now; retry")
+        try:
+            if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
+                # aiohttp's low-level server leaves this to the handler (its router does it for apps).
+                await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(request, 413, f"body is over the {limit}-byte limit (after decompression)")
+        except (HttpProcessingError, RequestPayloadError) as exc:
+            return self._refuse(request, 400, f"body cannot be read: {' '.join(str(exc).split())}")
+        except ConnectionError:  # the caller went (or its deadline closed it): nobody reads an answer
+            return error_response(400, "connection closed before the body arrived", close=True)
+        finally:
+            self.bodies.release(size)
+
+    def _refuse(self, request: web.BaseRequest, status: int, reason: str) -> web.Response:
+        """A review that never reaches its phase: counted, logged at INFO, and its connection closed
+        (what follows an unread or unreadable body cannot be framed)."""
+        self.services.metrics.reviews.labels(_OUTCOMES.get(status, "malformed")).inc()
+        log.info("event=http_bad_request remote=%s status=%d reason=%r", request.remote, status, reason[:300])
+        return error_response(status, reason, close=True)
 
     # -- admission ----------------------------------------------------------------------------
 
-    def mutate(self, http: Request) -> Response | Awaitable[Response]:
+    def mutate(
+        self, http: web.BaseRequest, body: bytes, started: float
+    ) -> web.StreamResponse | Awaitable[web.StreamResponse]:
         """The mutating phase: answered at once once the cache has synced."""
-        started = http.received_at
-        request = self._parse(http)
-        if isinstance(request, Response):
+        request = self._parse(http, body)
+        if not isinstance(request, AdmissionRequest):
             return request
         if not self.services.readiness.synced():
             return self._review_when_synced(request, started, validating=False)
         return self._answer(request, self._mutate(request), started, validating=False)
 
-    def validate(self, http: Request) -> Awaitable[Response] | Response:
+    def validate(
+        self, http: web.BaseRequest, body: bytes, started: float
+    ) -> web.StreamResponse | Awaitable[web.StreamResponse]:
         """The validating phase (quota may record a reservation through the API)."""
-        started = http.received_at
-        request = self._parse(http)
-        if isinstance(request, Response):
+        request = self._parse(http, body)
+        if not isinstance(request, AdmissionRequest):
             return request
         return self._review_when_synced(request, started, validating=True)
 
-    def _parse(self, http: Request) -> AdmissionRequest | Response:
+    def _parse(self, http: web.BaseRequest, body: bytes) -> AdmissionRequest | web.Response:
         """The request's AdmissionReview, or the 400 answer (JSON reason) for a body that is not one."""
         try:
-            return parse_review(http.body, self.services.admission.bounds)
+            return parse_review(body, self.services.admission.bounds)
         except MalformedReview as exc:
             self.services.metrics.reviews.labels("malformed").inc()
             log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
@@ -134,7 +226,7 @@ class AdmissionApp:
 
     async def _review_when_synced(
         self, request: AdmissionRequest, started: float, *, validating: bool
-    ) -> Response:
+    ) -> web.Response:
         readiness = self.services.readiness
         if not readiness.synced():
             with contextlib.suppress(TimeoutError):
@@ -158,7 +250,7 @@ class AdmissionApp:
 
     def _answer(
         self, request: AdmissionRequest, verdict: Verdict, started: float, *, validating: bool
-    ) -> Response:
+    ) -> web.Response:
         metrics = self.services.metrics
         metrics.latency.observe(time.perf_counter() - started)
         if verdict.allowed:
@@ -184,24 +276,27 @@ class AdmissionApp:
                 len(verdict.warnings),
                 "" if verdict.allowed else f" message={verdict.message!r}",
             )
-        return Response(200, encode_json(encode_response(request.uid, verdict)))
+        return web.Response(body=encode_json(encode_response(request.uid, verdict)), content_type=JSON)
 
     # -- operations ---------------------------------------------------------------------------
 
-    def healthz(self, http: Request) -> Response:
+    def healthz(self) -> web.Response:
         """Liveness: the process serves HTTP."""
-        return json_response({"ok": True})
+        return web.Response(body=orjson.dumps({"ok": True}), content_type=JSON)
 
-    def readyz(self, http: Request) -> Response:
+    def readyz(self) -> web.Response:
         """Readiness: the cluster cache has synced and heard from the API recently."""
         readiness = self.services.readiness
         ready = readiness.ready()
-        return json_response({"ready": ready, "synced": readiness.synced()}, 200 if ready else 503)
+        return web.Response(
+            status=200 if ready else 503,
+            body=orjson.dumps({"ready": ready, "synced": readiness.synced()}),
+            content_type=JSON,
+        )
 
-    def metrics(self, http: Request) -> Response:
-        """Prometheus text exposition."""
-        body = self.services.metrics.exposition()
-        return Response(200, body, content_type="text/plain; version=0.0.4; charset=utf-8")
+
+async def _settle(answer: web.StreamResponse | Awaitable[web.StreamResponse]) -> web.StreamResponse:
+    return answer if isinstance(answer, web.StreamResponse) else await answer
 
 
 def _internal_error(request: AdmissionRequest, exc: Exception) -> Verdict:

@@ -1,0 +1,192 @@
+"""aiohttp's low-level HTTP/1.1 server, with the few hooks the webhook needs around it (SPEC §2.3).
+
+aiohttp frames requests, bounds heads (`max_line_size`, `max_field_size`, `max_headers`), queues at
+most 32 pipelined requests per connection (reading pauses past that), decodes gzip/deflate bodies
+in bounded pieces, times out idle keep-alive connections and stops serving a connection once it is
+gone. This module only changes what aiohttp does with a request it cannot read (a JSON 4xx and one
+INFO line instead of a text answer and an ERROR traceback), and tells the connection's `Slot` when
+bytes arrive, so the listener can enforce the request deadline and choose whom to close at the cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_parser import RawRequestMessage
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+
+log = logging.getLogger("kube_vgpu.webhook.http")
+
+JSON = "application/json"
+# A request line (method, path, version) longer than this is refused: reviews go to short paths.
+MAX_LINE_BYTES = 8190
+# One header (its name, and apart its value) and the header count; an AdmissionReview's head is a few hundred
+# bytes, and these are aiohttp's (and Go's order of) defaults. The C parser bounds a header's name and
+# its value each by MAX_FIELD_BYTES.
+MAX_FIELD_BYTES = 8190
+MAX_HEADERS = 100
+# aiohttp's read-ahead for one connection's body before it pauses reading (flow control).
+READ_BUFFER_BYTES = 64 * 1024
+# An answer given before the body was read (413, 415, 429, 404): aiohttp reads and drops the rest for
+# up to this long, so a client still sending reads the answer rather than a reset (Go: 500 ms).
+LINGER_SECONDS = 0.5
+
+
+def error_body(reason: str) -> bytes:
+    """The JSON of a 4xx/5xx answer: `{"error": reason}` (lone surrogates escaped, so it always encodes)."""
+    return orjson.dumps({"error": reason.encode("utf-8", "backslashreplace").decode("utf-8")})
+
+
+def error_response(status: int, reason: str, *, close: bool = False) -> web.Response:
+    """A JSON error answer; `close` ends the connection after it (its body may not have been read)."""
+    response = web.Response(status=status, body=error_body(reason), content_type=JSON)
+    if close:
+        response.force_close()
+    return response
+
+
+class SlotHooks(Protocol):
+    """What a connection tells the listener's record of it (`webhook.serving.listener.Slot`)."""
+
+    def received(self) -> None:
+        """Bytes arrived (a request may have begun)."""
+        ...
+
+    def opened(self, protocol: AdmissionProtocol) -> None:
+        """The TLS handshake completed; HTTP is served from now on."""
+        ...
+
+    def lost(self) -> None:
+        """The connection ended."""
+        ...
+
+    def began(self) -> None:
+        """A request's head has arrived and its handler runs (until `answered`)."""
+        ...
+
+    def request_complete(self) -> None:
+        """The request being served has arrived whole (its body too)."""
+        ...
+
+    def answered(self) -> None:
+        """The request being served has its answer."""
+        ...
+
+
+class AdmissionProtocol(RequestHandler):
+    """aiohttp's RequestHandler for one connection, reporting to its slot and answering framing errors
+    with JSON."""
+
+    __slots__ = ("edge", "slot")
+
+    def __init__(self, manager: EdgeServer, slot: SlotHooks | None, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self.edge = manager
+        self.slot = slot
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.slot is not None:
+            self.slot.opened(self)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self.slot is not None:
+            self.slot.lost()
+            self.slot = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.slot is not None and data:
+            self.slot.received()
+        super().data_received(data)
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's ERROR line with a traceback, kept for bugs; a body the caller broke is INFO.
+
+        After an answer given without reading the whole body (a 400 for a damaged gzip body, say),
+        aiohttp reads and drops the rest, and the damage raises again there: that is still the
+        caller's mistake, already answered, and the connection is closed after it.
+        """
+        exc = kw.get("exc_info")
+        if isinstance(exc, RequestPayloadError | HttpProcessingError | ConnectionError):
+            log.info("event=http_body_dropped error=%r", " ".join(str(exc).split())[:300])
+            return
+        super().log_exception(*args, **kw)
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not frame (or a handler that raised): JSON, and a log
+        line without a traceback for the caller's mistake (aiohttp's own logs it at ERROR with one)."""
+        if request.writer.output_size > 0:  # an answer is half sent: only closing is left
+            raise ConnectionError("the answer was already being sent")
+        if status >= 500:
+            log.error("event=http_handler_failed error=%r", f"{type(exc).__name__}: {exc}")
+            reason = f"kube-vgpu webhook internal error: {type(exc).__name__}"
+        else:
+            reason = f"request cannot be read: {message or exc or 'bad request'}"
+            log.info("event=http_bad_request remote=%s reason=%r", request.remote, reason[:300])
+        self.edge.refused("malformed" if status < 500 else "error")
+        return error_response(status, reason, close=True)
+
+
+class EdgeServer(web.Server):
+    """aiohttp's low-level server whose connections are `AdmissionProtocol`s."""
+
+    def __init__(
+        self,
+        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+        *,
+        idle_timeout_seconds: float,
+        max_body_bytes: int,
+        refused: Callable[[str], None] = lambda outcome: None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+
+        def request_factory(
+            message: RawRequestMessage,
+            payload: StreamReader,
+            protocol: RequestHandler,
+            writer: AbstractStreamWriter,
+            task: asyncio.Task[None],
+        ) -> web.BaseRequest:
+            # `client_max_size` bounds the body as `read()` returns it: after decompression.
+            return web.BaseRequest(
+                message, payload, protocol, writer, task, loop, client_max_size=max_body_bytes
+            )
+
+        super().__init__(
+            handler,
+            request_factory=request_factory,
+            # The handler's coroutine runs to its answer even when the caller goes: a review in the
+            # validating phase may be recording a quota reservation through the API, which must not
+            # stop half-way. Requests queued behind it on a closed connection are never started.
+            handler_cancellation=False,
+            keepalive_timeout=idle_timeout_seconds,
+            max_line_size=MAX_LINE_BYTES,
+            max_field_size=MAX_FIELD_BYTES,
+            max_headers=MAX_HEADERS,
+            read_bufsize=READ_BUFFER_BYTES,
+            lingering_time=LINGER_SECONDS,
+            access_log=None,
+        )
+        self.refused = refused
+
+    def protocol(self, slot: SlotHooks | None) -> AdmissionProtocol:
+        """A protocol instance for one accepted connection, reporting to `slot`."""
+        return AdmissionProtocol(self, slot, loop=self._loop, **self._kwargs)
+
+    def __call__(self) -> AdmissionProtocol:
+        return self.protocol(None)
