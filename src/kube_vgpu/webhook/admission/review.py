@@ -153,7 +153,9 @@ def _depth_of(body: bytes) -> int:
     strings hold no bracket), leaving the regular expression little to read.
     """
     skeleton = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
-    brackets = _QUOTED.sub(b"", skeleton.replace(b'""', b"")).decode("ascii")
+    # A quote left over opened a string the body never closes: its brackets count, as in
+    # `nesting_depth` (and the quote itself is no step of depth).
+    brackets = _QUOTED.sub(b"", skeleton.replace(b'""', b"")).replace(b'"', b"").decode("ascii")
     return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
 
 
