@@ -280,7 +280,9 @@ def parse_review(body: bytes, bounds: WorkBounds = DEFAULT_BOUNDS) -> AdmissionR
         old_object=old,
         username=_text((user_info or {}).get("username"), "request.userInfo.username"),
     )
-    debug = obj is not None and kind["kind"] == "Pod" and parsed.sub_resource == "ephemeralcontainers"
+    # What /validate judges as `kubectl debug` (whatever request.kind says), so nothing it walks
+    # skips the shape check and the bounds.
+    debug = obj is not None and operation == "UPDATE" and parsed.sub_resource == "ephemeralcontainers"
     if (parsed.is_pod_create or parsed.is_pod_update) and obj is None:
         raise MalformedReview(f"request.object is missing for a Pod {operation}")
     if obj is None or not (parsed.is_pod_create or parsed.is_pod_update or debug):
