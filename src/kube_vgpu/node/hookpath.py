@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kube_vgpu.node.deviceplugin.hamicore import LIBRARY_IN_CONTAINER
+from kube_vgpu.contract.container_paths import LIBRARY_IN_CONTAINER
 
 log = logging.getLogger("kube_vgpu.node.hookpath")
 
