@@ -94,3 +94,21 @@ def test_a_body_of_many_brackets_is_read_as_the_exact_reader_reads_it(doc: Any, 
     ).encode()
     assert body.count(b"[") + body.count(b"{") > MAX_NESTING
     assert _outcome(decode_json, body) == _outcome(_decode_exactly, body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 200 + b'"',  # a string opened after the brackets and never closed
+        b'{"a":"' + b"[" * 200,  # brackets inside a string that is never closed
+        b'"' + b"[" * 200,
+        b"[" * 200 + b'"\\\\',  # an escaped backslash, then the end of the body
+    ],
+)
+def test_a_body_with_an_unclosed_string_among_many_brackets_is_refused_not_a_crash(body: bytes) -> None:
+    # Attack: a lone quote in a body of more than MAX_NESTING brackets reached the byte-level depth
+    # measure with a quote left over, which raised KeyError (a 500 with a traceback) instead of a 400.
+    # An unclosed string's brackets count, as `nesting_depth` counts them: the body is refused.
+    assert _depth_of(body) == nesting_depth(body.decode())
+    with pytest.raises(MalformedReview, match="nests"):
+        decode_json(body)

@@ -155,3 +155,22 @@ def test_cores_zero_is_explained_with_or_without_a_cores_quota() -> None:
     assert len(charged.warnings) == 1 and "charged 100 per vGPU" in charged.warnings[0]
     # 1, the smallest limit, is a limit: nothing to explain.
     assert not validate(final(pod(container(memory=10, cores=1)))).warnings
+
+
+def test_a_debug_update_of_any_kind_is_shape_checked_and_bounded_before_its_containers_are() -> None:
+    # Attack (a review sent straight to the port): `pods/ephemeralcontainers` with request.kind
+    # `EphemeralContainers` (the kind before Kubernetes 1.23) was judged as `kubectl debug` by
+    # /validate, but parse_review shape-checked and bounded only kind `Pod`, so a mistyped container
+    # raised TypeError (a 500 with a traceback) and a huge one skipped the work bounds.
+    mistyped = pod(container("c", number=1))
+    mistyped["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": 5}}
+    huge = pod(*(container(f"c{i}", number=1) for i in range(WebhookConfig().max_containers + 1)))
+    for obj, reason in ((mistyped, "malformed-object"), (huge, "over-limit")):
+        for kind in ("Pod", "EphemeralContainers"):
+            doc = review(obj, operation="UPDATE", kind=kind)
+            doc["request"]["subResource"] = "ephemeralcontainers"
+            doc["request"]["oldObject"] = obj
+            view = StaticView(Inventory(), LIMITED, pods=frozenset(), is_fresh=True)
+            validation = Validation(Config(), view, RecordingQuota())
+            verdict = asyncio.run(validation.review(parse_review(json.dumps(doc).encode())))
+            assert (verdict.allowed, verdict.reason) == (False, reason), kind

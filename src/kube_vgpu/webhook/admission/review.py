@@ -153,7 +153,9 @@ def _depth_of(body: bytes) -> int:
     strings hold no bracket), leaving the regular expression little to read.
     """
     skeleton = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
-    brackets = _QUOTED.sub(b"", skeleton.replace(b'""', b"")).decode("ascii")
+    # A quote left over opened a string the body never closes: its brackets count, as in
+    # `nesting_depth` (and the quote itself is no step of depth).
+    brackets = _QUOTED.sub(b"", skeleton.replace(b'""', b"")).replace(b'"', b"").decode("ascii")
     return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
 
 
@@ -278,7 +280,9 @@ def parse_review(body: bytes, bounds: WorkBounds = DEFAULT_BOUNDS) -> AdmissionR
         old_object=old,
         username=_text((user_info or {}).get("username"), "request.userInfo.username"),
     )
-    debug = obj is not None and kind["kind"] == "Pod" and parsed.sub_resource == "ephemeralcontainers"
+    # What /validate judges as `kubectl debug` (whatever request.kind says), so nothing it walks
+    # skips the shape check and the bounds.
+    debug = obj is not None and operation == "UPDATE" and parsed.sub_resource == "ephemeralcontainers"
     if (parsed.is_pod_create or parsed.is_pod_update) and obj is None:
         raise MalformedReview(f"request.object is missing for a Pod {operation}")
     if obj is None or not (parsed.is_pod_create or parsed.is_pod_update or debug):
