@@ -90,7 +90,12 @@ def _inspect_file(folder: str, name: str, check_content: Callable[[bytes], str |
         mode = stat.S_IMODE(info.st_mode)
         return HookFile(name, path, True, size, False, f"not readable by every user (mode {mode:04o})")
     try:
-        with open(path, "rb") as handle:
+        # O_NONBLOCK: a file swapped for a FIFO after the stat above must not block the check; what
+        # was opened is checked again, since the stat and the open are not one step.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        with open(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return HookFile(name, path, True, size, False, "not a regular file")
             head = handle.read(_PRELOAD_READ_LIMIT)
     except OSError as exc:
         return HookFile(name, path, True, size, False, f"cannot be read: {exc.strerror or exc}")
