@@ -239,14 +239,23 @@ class Kube:
         field_selector: str | None = None,
         label_selector: str | None = None,
         timeout: float | tuple[float, float] | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
     ) -> dict[str, Any]:
-        """The raw List object (`items`, `metadata.resourceVersion`)."""
+        """The raw List object (`items`, `metadata.resourceVersion`); with `limit`, one page of it
+        (`metadata.continue` names the next page; see `kubeapi.listwatch`)."""
         self._require("list", kind)
+        paging: dict[str, Any] = {}
+        if limit is not None:
+            paging["limit"] = limit
+        if continue_token:
+            paging["_continue"] = continue_token
         return self._json(
             self._method("list", kind, namespace),
             timeout=timeout,
             **self._ns(namespace),
             **self._selectors(field_selector, label_selector),
+            **paging,
         )
 
     def watch(
