@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kube_vgpu.kubeapi.client import Kube, load_api_client
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
-from tests.support.webhook import A100, gpu_node, pod
+from tests.support.webhook import A100, container, gpu_node, pod
 
 
 class FakeClock:
@@ -24,6 +25,11 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def vgpu_pod(*, name: str) -> dict[str, Any]:
+    """A pod with one vGPU: the cache keeps only pods that ask for one."""
+    return pod(container("main", number=1), name=name)
 
 
 async def until(condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
@@ -42,7 +48,7 @@ def clock() -> FakeClock:
 @pytest.fixture
 async def cache(apiserver: ApiServerStandin, tmp_path: Path, clock: FakeClock) -> AsyncIterator[ClusterCache]:
     apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
-    apiserver.put(pod(name="p1") | {"metadata": {"name": "p1", "namespace": "default", "uid": "u1"}})
+    apiserver.put(vgpu_pod(name="p1") | {"metadata": {"name": "p1", "namespace": "default", "uid": "u1"}})
     kube = Kube(
         load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))), component="webhook"
     )
@@ -80,7 +86,7 @@ async def test_watch_events_reach_stores_inventory_and_subscribers(
     apiserver.put(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team", "labels": {"a": "b"}}}
     )
-    apiserver.put(pod(name="p2"))
+    apiserver.put(vgpu_pod(name="p2"))
     apiserver.delete("Pod", "p1", "default")
     await until(
         lambda: "n2" in cache.inventory.nodes and (cache.namespace_labels("team") or {}).get("a") == "b",
@@ -98,7 +104,7 @@ async def test_watch_timeouts_resume_without_relisting(
     # Watches are opened with timeoutSeconds=1: the server ends them; the cache re-watches from its RV.
     await asyncio.sleep(2.5)
     apiserver.close_watches()
-    apiserver.put(pod(name="late"))
+    apiserver.put(vgpu_pod(name="late"))
     await until(lambda: "default/late" in cache.objects("pod"), "event after several watch ends")
     watches = [r for r in apiserver.requests("GET", "/api/v1/pods") if r.query.get("watch") in ("true", "1")]
     assert len(watches) >= 3 and all(r.query.get("timeoutSeconds") == "1" for r in watches)
@@ -116,7 +122,7 @@ async def test_gone_relists_and_deletions_in_the_gap_disappear(
     apiserver.set_outage(True)
     apiserver.delete("Pod", "p1", "default")
     apiserver.delete("Node", "n1")
-    apiserver.put(pod(name="born-in-gap"))
+    apiserver.put(vgpu_pod(name="born-in-gap"))
     apiserver.expire_history()
     apiserver.set_outage(False)
     await until(lambda: "pod" in relisted and "node" in relisted, "relist after 410")
@@ -146,6 +152,6 @@ async def test_a_failing_subscriber_does_not_stop_the_cache(
         raise RuntimeError("boom")
 
     cache.subscribe("pod", broken)
-    apiserver.put(pod(name="a"))
-    apiserver.put(pod(name="b"))
+    apiserver.put(vgpu_pod(name="a"))
+    apiserver.put(vgpu_pod(name="b"))
     await until(lambda: {"default/a", "default/b"} <= set(cache.objects("pod")), "both pods")
