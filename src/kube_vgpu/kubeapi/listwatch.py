@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kind, Kube, WatchInterrupt
+from kube_vgpu.kubeapi.rawlist import Prefilter, read_page
 
 log = logging.getLogger("kube_vgpu.kubeapi.listwatch")
 
@@ -49,6 +50,19 @@ class Source(Protocol):
         ...
 
 
+class RawSource(Source, Protocol):
+    """A source that can also hand over list pages undecoded, for a reflector with a prefilter."""
+
+    @property
+    def filtered(self) -> bool:
+        """Whether the list is narrowed by selectors (then pages may hold fewer than `limit` items)."""
+        ...
+
+    def list_page_raw(self, limit: int, continue_token: str | None) -> bytes:
+        """One page of the list as the API server sent it."""
+        ...
+
+
 @dataclass(frozen=True)
 class KubeSource:
     """A `Source` over `kubeapi.Kube`: one kind, optionally one namespace and selectors."""
@@ -64,6 +78,23 @@ class KubeSource:
     def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
         """One page of the list."""
         return self.kube.list(
+            self.kind,
+            namespace=self.namespace,
+            field_selector=self.field_selector,
+            label_selector=self.label_selector,
+            timeout=self.list_timeout,
+            limit=limit,
+            continue_token=continue_token,
+        )
+
+    @property
+    def filtered(self) -> bool:
+        """Whether selectors narrow the list."""
+        return bool(self.field_selector or self.label_selector)
+
+    def list_page_raw(self, limit: int, continue_token: str | None) -> bytes:
+        """One page of the list, undecoded."""
+        return self.kube.list_raw(
             self.kind,
             namespace=self.namespace,
             field_selector=self.field_selector,
@@ -167,6 +198,7 @@ class Reflector(Generic[T]):
         *,
         transform: Callable[[dict[str, Any]], T | None],
         name: str,
+        prefilter: Prefilter | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
         watch_timeout_seconds: int = 300,
         backoff: Backoff | None = None,
@@ -176,7 +208,12 @@ class Reflector(Generic[T]):
             raise ValueError(f"page_size must be at least 1, got {page_size}")
         if watch_timeout_seconds < 1:
             raise ValueError(f"watch_timeout_seconds must be at least 1, got {watch_timeout_seconds}")
+        if prefilter is not None and not hasattr(source, "list_page_raw"):
+            raise ValueError("a reflector with a prefilter needs a source that serves raw pages")
         self._source = source
+        # A necessary condition on an object's raw JSON for the transform to keep it: list items that
+        # fail it are dropped without being decoded (`kubeapi.rawlist`).
+        self._prefilter = prefilter
         self._handlers = handlers
         self._transform = transform
         self.name = name
@@ -193,6 +230,7 @@ class Reflector(Generic[T]):
         self.relists_gone = 0
         self.expired_continues = 0
         self.failures = 0
+        self.pages_split = 0  # list pages read item by item under the prefilter
 
     @property
     def stopping(self) -> bool:
@@ -274,18 +312,20 @@ class Reflector(Generic[T]):
             kept: list[tuple[str, T]] = []
             token: str | None = None
             pages = read = 0
+            remaining: int | None = None  # the previous page's remainingItemCount
             try:
                 while True:
-                    page = self._source.list_page(self.page_size, token)
+                    metadata, objects, count = self._read_page(token, remaining)
                     pages += 1
-                    metadata = page.get("metadata") or {}
-                    for obj in page.get("items") or ():
-                        read += 1
+                    read += count
+                    for obj in objects:
                         reduced = self._transform(obj)
                         if reduced is not None:
                             kept.append((object_key(obj), reduced))
-                    del page  # the page's objects go now, before the next page is read
+                    del objects  # the page's objects go now, before the next page is read
                     token = metadata.get("continue") or None
+                    left = metadata.get("remainingItemCount")
+                    remaining = left if isinstance(left, int) and not isinstance(left, bool) else None
                     if token is None:
                         self.lists += 1
                         version = str(metadata.get("resourceVersion") or "")
@@ -297,6 +337,29 @@ class Reflector(Generic[T]):
                     raise
                 self.expired_continues += 1
                 log.info("event=relist reflector=%s reason=continue_expired pages_read=%d", self.name, pages)
+
+    def _read_page(
+        self, token: str | None, remaining: int | None
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+        """(List metadata, the items to transform, how many items the page held)."""
+        if self._prefilter is None:
+            page = self._source.list_page(self.page_size, token)
+            metadata = page.get("metadata")
+            items = list(page.get("items") or ())
+            return (metadata if isinstance(metadata, dict) else {}), items, len(items)
+        source: RawSource = self._source  # type: ignore[assignment]  # checked in __init__
+        filtered = source.filtered
+        limit = self.page_size
+
+        def expected(metadata: dict[str, Any]) -> int | None:
+            # Unfiltered pages are full but for the last, which holds what the one before said remained.
+            if filtered:
+                return None
+            return limit if metadata.get("continue") else remaining
+
+        read = read_page(source.list_page_raw(limit, token), self._prefilter, expected)
+        self.pages_split += read.split
+        return read.metadata, read.items, read.count
 
     def _next_interrupt(self) -> WatchInterrupt | None:
         interrupt = WatchInterrupt()

@@ -30,10 +30,18 @@ from kube_vgpu.kubeapi.listwatch import (
     ProgressReason,
     Reflector,
     WatchEvent,
+    object_key,
 )
-from kube_vgpu.kubeapi.listwatch import object_key
+from kube_vgpu.kubeapi.rawlist import Prefilter
 from kube_vgpu.webhook.placement.inventory import Inventory
-from kube_vgpu.webhook.reduced import Reducer, pod_reducer, reduce_namespace, reduce_node
+from kube_vgpu.webhook.reduced import (
+    NODE_PREFILTER,
+    Reducer,
+    pod_prefilter,
+    pod_reducer,
+    reduce_namespace,
+    reduce_node,
+)
 
 log = logging.getLogger("kube_vgpu.webhook.cache")
 
@@ -92,10 +100,17 @@ class ClusterCache:
         self._watch_timeout = watch_timeout_seconds or int(min(300.0, max(1.0, staleness_seconds / 3)))
         self._backoff = Backoff(initial=retry_seconds, maximum=max(retry_seconds, max_retry_seconds))
         self._page_size = page_size
+        names = names or ResourceNames()
         self._reducers: dict[CachedKind, Reducer] = {
             "node": reduce_node,
             "namespace": reduce_namespace,
-            "pod": pod_reducer(names or ResourceNames()),
+            "pod": pod_reducer(names),
+        }
+        # Listed pods and nodes whose JSON cannot be kept are dropped undecoded (most of a list).
+        self._prefilters: dict[CachedKind, Prefilter | None] = {
+            "node": NODE_PREFILTER,
+            "namespace": None,
+            "pod": pod_prefilter(names),
         }
         self._stores: dict[CachedKind, dict[str, dict[str, Any]]] = {k: {} for k in KINDS}
         self._pod_uids: dict[str, str] = {}  # uid -> key of every cached pod
@@ -192,6 +207,7 @@ class ClusterCache:
                 KubeSource(self._kube, kind),
                 self._handlers(kind),
                 transform=self._reducers[kind],
+                prefilter=self._prefilters[kind],
                 name=f"webhook-{kind}",
                 page_size=self._page_size,
                 watch_timeout_seconds=self._watch_timeout,

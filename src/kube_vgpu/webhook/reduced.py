@@ -21,8 +21,10 @@ from kube_vgpu.contract.names import (
     NODE_REGISTER,
     UUID_LABEL_PREFIX,
 )
+from kube_vgpu.kubeapi.rawlist import contains_any
 
 Reducer = Callable[[dict[str, Any]], "dict[str, Any] | None"]
+Prefilter = Callable[[bytes], bool]
 
 # Pod metadata the decisions read: identity, reservation matching (name, generateName, uid),
 # deletion (Kubernetes' quota rule for terminating pods), and the re-list comparison.
@@ -78,6 +80,15 @@ def _container(container: dict[str, Any], names: tuple[str, ...]) -> tuple[dict[
         if kept:
             slim["resources"] = kept
     return slim, asks
+
+
+def pod_prefilter(names: ResourceNames) -> Prefilter:
+    """What a pod's raw JSON must hold for `pod_reducer` to keep it: one of the vGPU resource names."""
+    return contains_any(names.all())
+
+
+# What a node's raw JSON must hold for `reduce_node` to keep it: a kube-vgpu GPU label.
+NODE_PREFILTER: Prefilter = contains_any((MODE_LABEL, MODEL_LABEL_PREFIX, UUID_LABEL_PREFIX))
 
 
 def pod_reducer(names: ResourceNames) -> Reducer:
