@@ -12,6 +12,7 @@ decodes the whole page, so a page that is not in this shape costs time, never co
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +39,12 @@ class Page:
 def contains_any(needles: tuple[str, ...]) -> Prefilter:
     """A prefilter keeping objects whose JSON holds one of these strings (as JSON encodes them)."""
     encoded = tuple(orjson.dumps(n)[1:-1] for n in needles)
+    # Most objects hold none of them: one scan for what they all start with rules those out.
+    common = os.path.commonprefix(list(encoded)) if encoded else b""
 
     def test(raw: bytes) -> bool:
+        if common and common not in raw:
+            return False
         return any(n in raw for n in encoded)
 
     return test
