@@ -77,9 +77,9 @@ def containers(draw: st.DrawFn, *, init: bool) -> dict[str, Any]:
     }
     resources: dict[str, Any] = {}
     if draw(st.booleans()):
-        resources["limits"] = draw(amounts)
+        resources["limits"] = draw(amounts())
     if draw(st.booleans()):
-        resources["requests"] = draw(amounts)
+        resources["requests"] = draw(amounts())
     container["resources"] = resources
     if init and draw(st.booleans()):
         container["restartPolicy"] = "Always"
@@ -201,8 +201,8 @@ def test_decisions_from_reduced_pods_equal_those_from_whole_pods(corpus: list[di
     st.dictionaries(st.sampled_from(["team", "topology.kubernetes.io/zone"]), st.just("x"), max_size=2),
 )
 def test_nodes_reduce_to_the_same_inventory_facts(nodes: list[dict[str, Any]], noise: dict[str, str]) -> None:
-    for node in nodes:
-        node = copy.deepcopy(node)
+    for original in nodes:
+        node = copy.deepcopy(original)
         node["metadata"]["labels"] |= noise
         node["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] = "0"
         node["status"] = {"allocatable": {"cpu": "64", "volcano.sh/vgpu-number": "80"}, "images": ["x"] * 50}
@@ -229,7 +229,7 @@ def test_pods_without_a_vgpu_resource_are_dropped_and_gpu_pods_kept() -> None:
                 "limits": {NAMES.count: "1", NAMES.memory: "3k"},
                 "requests": {NAMES.count: "1", NAMES.memory: "3k"},
             },
-        }  # noqa: E501
+        }
     ]
     assert slim["metadata"]["annotations"] == {VGPU_MODE: "hami-core"}
     assert slim["status"] == {"phase": "Running"} and slim["spec"]["nodeName"] == "gpu-node-00010"
@@ -247,10 +247,10 @@ def test_namespaces_keep_their_name_and_labels() -> None:
             "resourceVersion": "7",
             "labels": {"q": "1"},
             "annotations": {"a": "b"},
-        },  # noqa: E501
+        },
         "spec": {"finalizers": ["kubernetes"]},
         "status": {"phase": "Active"},
     }
     assert reduce_namespace(ns) == {
         "metadata": {"name": "team", "uid": "u", "resourceVersion": "7", "labels": {"q": "1"}}
-    }  # noqa: E501
+    }
