@@ -61,11 +61,22 @@ def inventory() -> Inventory:
 
 # -- the corpus -----------------------------------------------------------------------------------
 
-amount = st.sampled_from(
-    ["1", "2", "3", "0", "1k", "3k", "4096", "1e3", "3Gi", "500m", "x", "50", "150", "100"]
-)
-resource_key = st.sampled_from([*NAMES.all(), "cpu", "memory", "nvidia.com/gpu"])
-amounts = st.dictionaries(resource_key, amount, max_size=4)
+# Mostly well-formed amounts (what admission lets through), sometimes not (pods that bypassed it).
+malformed = st.sampled_from(["0", "3Gi", "500m", "x", "150", "1e3"])
+VALUES = {
+    NAMES.count: st.sampled_from(["1", "2", "3"]) | malformed,
+    NAMES.memory: st.sampled_from(["1000", "3k", "4096"]) | malformed,
+    NAMES.memory_percentage: st.sampled_from(["50", "100"]) | malformed,
+    NAMES.cores: st.sampled_from(["30", "100"]) | malformed,
+    "cpu": st.just("2"),
+    "nvidia.com/gpu": st.just("1"),
+}
+
+
+@st.composite
+def amounts(draw: st.DrawFn) -> dict[str, str]:
+    keys = draw(st.lists(st.sampled_from(sorted(VALUES)), max_size=4, unique=True))
+    return {key: draw(VALUES[key]) for key in keys}
 
 
 @st.composite
