@@ -139,7 +139,8 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         pod["status"]["phase"] = phase
     if draw(st.booleans()):
         pod["metadata"]["deletionTimestamp"] = draw(
-            st.sampled_from(["2023-11-14T22:00:00Z", "2030-01-01T00:00:00Z", "not a time"])
+            # Long past, in the future, and 10 s before the ledger's wall clock (inside a 30 s grace).
+            st.sampled_from(["2023-11-14T22:00:00Z", "2030-01-01T00:00:00Z", "2027-01-15T07:59:50Z", "x"])
         )
         pod["metadata"]["deletionGracePeriodSeconds"] = draw(st.sampled_from([0, 30, "30"]))
     return pod
