@@ -28,6 +28,7 @@ from kube_vgpu.kubeapi.listwatch import (
     KubeSource,
     Listed,
     ProgressReason,
+    RawSource,
     Reflector,
     WatchEvent,
     object_key,
@@ -91,8 +92,11 @@ class ClusterCache:
         retry_seconds: float = 0.5,
         max_retry_seconds: float = 10.0,
         page_size: int = DEFAULT_PAGE_SIZE,
+        source: Callable[[CachedKind], RawSource] | None = None,
     ) -> None:
         self._kube = kube
+        # Where each kind is read (tests wrap it to act between the pages of a list).
+        self._source: Callable[[CachedKind], RawSource] = source or (lambda kind: KubeSource(kube, kind))
         self.staleness_seconds = staleness_seconds
         self._clock = clock
         # A quiet watch is heard from by its bookmarks and when it ends; end it well inside the
@@ -204,7 +208,7 @@ class ClusterCache:
         self._stopping.clear()
         for kind in KINDS:
             reflector: Reflector[dict[str, Any]] = Reflector(
-                KubeSource(self._kube, kind),
+                self._source(kind),
                 self._handlers(kind),
                 transform=self._reducers[kind],
                 prefilter=self._prefilters[kind],
