@@ -12,7 +12,6 @@ decodes the whole page, so a page that is not in this shape costs time, never co
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,11 +35,21 @@ class Page:
     split: bool  # whether the items were split out raw (False: the page was decoded whole)
 
 
+def _common_prefix(values: tuple[bytes, ...]) -> bytes:
+    if not values:
+        return b""
+    shortest, longest = min(values), max(values)  # the common prefix of all is theirs
+    size = 0
+    while size < len(shortest) and shortest[size] == longest[size]:
+        size += 1
+    return shortest[:size]
+
+
 def contains_any(needles: tuple[str, ...]) -> Prefilter:
     """A prefilter keeping objects whose JSON holds one of these strings (as JSON encodes them)."""
     encoded = tuple(orjson.dumps(n)[1:-1] for n in needles)
     # Most objects hold none of them: one scan for what they all start with rules those out.
-    common = os.path.commonprefix(list(encoded)) if encoded else b""
+    common = _common_prefix(encoded)
 
     def test(raw: bytes) -> bool:
         if common and common not in raw:
