@@ -234,8 +234,12 @@ def test_the_watch_follows_the_list_resumes_after_its_end_and_reports_bookmarks(
     recorder.wait(lambda: "stream_end" in recorder.progress, "a watch ended by the server")
     apiserver.delete("Pod", "before", "default")
     recorder.wait(lambda: any(e.type == "DELETED" for e in recorder.events), "the DELETED event")
-    apiserver.send_bookmarks()
-    recorder.wait(lambda: "bookmark" in recorder.progress, "a bookmark")
+
+    def bookmarked() -> bool:
+        apiserver.send_bookmarks()  # again until a watch is open to take one (they last a second)
+        return "bookmark" in recorder.progress
+
+    recorder.wait(bookmarked, "a bookmark")
     running.stop()
     assert len(recorder.lists) == 1 and running.reflector.relists_gone == 0  # resumed, never relisted
     watches = [r for r in apiserver.requests("GET", "/api/v1/pods") if r.query.get("watch") == "true"]
