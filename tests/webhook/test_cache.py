@@ -7,13 +7,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from kube_vgpu.kubeapi.client import Kube, load_api_client
+from kube_vgpu.contract.config import Config
+from kube_vgpu.kubeapi.client import Kube, WatchInterrupt, load_api_client
+from kube_vgpu.kubeapi.listwatch import KubeSource
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
-from tests.support.webhook import A100, gpu_node, pod
+from kube_vgpu.webhook.quota.gate import NamespaceQuota
+from kube_vgpu.webhook.service import KnownNamespaceQuota, build_quota
+from kube_vgpu.webhook.serving.metrics import WebhookMetrics
+from tests.support.webhook import A100, container, gpu_node, pod
 
 
 class FakeClock:
@@ -24,6 +30,11 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def vgpu_pod(*, name: str) -> dict[str, Any]:
+    """A pod with one vGPU: the cache keeps only pods that ask for one."""
+    return pod(container("main", number=1), name=name)
 
 
 async def until(condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
@@ -42,7 +53,7 @@ def clock() -> FakeClock:
 @pytest.fixture
 async def cache(apiserver: ApiServerStandin, tmp_path: Path, clock: FakeClock) -> AsyncIterator[ClusterCache]:
     apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
-    apiserver.put(pod(name="p1") | {"metadata": {"name": "p1", "namespace": "default", "uid": "u1"}})
+    apiserver.put(vgpu_pod(name="p1") | {"metadata": {"name": "p1", "namespace": "default", "uid": "u1"}})
     kube = Kube(
         load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))), component="webhook"
     )
@@ -80,7 +91,7 @@ async def test_watch_events_reach_stores_inventory_and_subscribers(
     apiserver.put(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team", "labels": {"a": "b"}}}
     )
-    apiserver.put(pod(name="p2"))
+    apiserver.put(vgpu_pod(name="p2"))
     apiserver.delete("Pod", "p1", "default")
     await until(
         lambda: "n2" in cache.inventory.nodes and (cache.namespace_labels("team") or {}).get("a") == "b",
@@ -98,7 +109,7 @@ async def test_watch_timeouts_resume_without_relisting(
     # Watches are opened with timeoutSeconds=1: the server ends them; the cache re-watches from its RV.
     await asyncio.sleep(2.5)
     apiserver.close_watches()
-    apiserver.put(pod(name="late"))
+    apiserver.put(vgpu_pod(name="late"))
     await until(lambda: "default/late" in cache.objects("pod"), "event after several watch ends")
     watches = [r for r in apiserver.requests("GET", "/api/v1/pods") if r.query.get("watch") in ("true", "1")]
     assert len(watches) >= 3 and all(r.query.get("timeoutSeconds") == "1" for r in watches)
@@ -116,12 +127,13 @@ async def test_gone_relists_and_deletions_in_the_gap_disappear(
     apiserver.set_outage(True)
     apiserver.delete("Pod", "p1", "default")
     apiserver.delete("Node", "n1")
-    apiserver.put(pod(name="born-in-gap"))
+    apiserver.put(vgpu_pod(name="born-in-gap"))
     apiserver.expire_history()
     apiserver.set_outage(False)
     await until(lambda: "pod" in relisted and "node" in relisted, "relist after 410")
     assert ("deleted", "p1") in seen and ("deleted", "n1") in seen and ("added", "born-in-gap") in seen
     assert "default/p1" not in cache.objects("pod") and "n1" not in cache.inventory.nodes
+    assert not cache.has_pod_uid("u1") and "default/born-in-gap" in cache.objects("pod")
     assert cache.relists["pod"] == 2
 
 
@@ -146,6 +158,119 @@ async def test_a_failing_subscriber_does_not_stop_the_cache(
         raise RuntimeError("boom")
 
     cache.subscribe("pod", broken)
-    apiserver.put(pod(name="a"))
-    apiserver.put(pod(name="b"))
+    apiserver.put(vgpu_pod(name="a"))
+    apiserver.put(vgpu_pod(name="b"))
     await until(lambda: {"default/a", "default/b"} <= set(cache.objects("pod")), "both pods")
+
+
+def client(apiserver: ApiServerStandin, tmp_path: Path) -> Kube:
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    return Kube(load_api_client(str(kubeconfig)), component="webhook")
+
+
+class PagedSource:
+    """The cache's own source for a kind, with a hook run after each list page (the test's moment)."""
+
+    def __init__(self, kube: Kube, kind: CachedKind) -> None:
+        self.source = KubeSource(kube, kind)
+        self.after_page: Callable[[], None] = lambda: None
+
+    @property
+    def filtered(self) -> bool:
+        return self.source.filtered
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        return self.source.list_page(limit, continue_token)
+
+    def list_page_raw(self, limit: int, continue_token: str | None) -> bytes:
+        page = self.source.list_page_raw(limit, continue_token)
+        self.after_page()
+        return page
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        return self.source.watch(resource_version, interrupt, timeout_seconds)
+
+
+async def test_pods_from_before_the_start_and_from_during_a_relist_are_both_counted(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
+    for name in ("before-1", "before-2"):
+        apiserver.put(vgpu_pod(name=name))
+    apiserver.put(pod(name="cpu-only"))  # asks for no vGPU: never held
+    kube = Kube(
+        load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))), component="webhook"
+    )
+    sources: dict[CachedKind, PagedSource] = {}
+
+    def source(kind: CachedKind) -> PagedSource:
+        sources[kind] = PagedSource(kube, kind)
+        return sources[kind]
+
+    cache = ClusterCache(kube, watch_timeout_seconds=5, retry_seconds=0.05, page_size=1, source=source)
+    quota = build_quota(cache, Config(), WebhookMetrics())
+    assert isinstance(quota, KnownNamespaceQuota) and isinstance(quota.gate, NamespaceQuota)
+    ledger = quota.gate.ledger
+    await cache.start()
+    try:
+        async with asyncio.timeout(10):
+            await cache.wait_synced()
+        assert set(cache.objects("pod")) == {"default/before-1", "default/before-2"}
+        assert cache.listed_read["pod"] == 3 and ledger.usage("default").number == 2
+        created: list[str] = []
+
+        def create_once() -> None:
+            if not created:  # after the relist's first page: the pod is not in the list's snapshot
+                created.append(apiserver.put(vgpu_pod(name="during"))["metadata"]["uid"])
+
+        sources["pod"].after_page = create_once
+        apiserver.set_outage(True)  # the watch is cut before it can see the deletion
+        apiserver.delete("Pod", "before-2", "default")
+        apiserver.expire_history()
+        apiserver.set_outage(False)  # it resumes from a compacted version: 410, relist
+        await until(
+            lambda: cache.relists["pod"] == 2 and "default/during" in cache.objects("pod"), "relist", 30
+        )
+        assert set(cache.objects("pod")) == {"default/before-1", "default/during"}
+        assert cache.has_pod_uid(created[0]) and ledger.usage("default").number == 2
+    finally:
+        await cache.stop()
+        kube.close()
+
+
+async def test_the_pod_stream_is_current_at_its_list_events_and_bookmarks(
+    cache: ClusterCache, apiserver: ApiServerStandin, clock: FakeClock
+) -> None:
+    assert cache.pod_stream_current_at() == 1000.0  # the first list
+    clock.now = 1100.0
+
+    def bookmarked() -> bool:
+        # A quiet cluster: only bookmarks arrive (sent again until a watch is open to take one).
+        apiserver.send_bookmarks()
+        return cache.pod_stream_current_at() == 1100.0
+
+    await until(bookmarked, "a bookmark advances it")
+    clock.now = 1200.0
+    apiserver.put(vgpu_pod(name="p2"))
+    await until(lambda: cache.pod_stream_current_at() == 1200.0, "an event advances it")
+    clock.now = 1300.0
+    # Watches end (timeoutSeconds=1): the API is heard from, but that confirms nothing new.
+    await until(lambda: cache.lag_seconds() == 0.0, "every kind heard from at 1300")
+    assert cache.pod_stream_current_at() == 1200.0
+
+
+async def test_no_pod_stream_time_before_the_first_list(apiserver: ApiServerStandin, tmp_path: Path) -> None:
+    kube = Kube(
+        load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))), component="webhook"
+    )
+    cache = ClusterCache(kube)
+    assert cache.pod_stream_current_at() is None and not cache.has_pod_uid("u1")
+    kube.close()
+
+
+async def test_uids_follow_the_pods_held(cache: ClusterCache, apiserver: ApiServerStandin) -> None:
+    assert cache.has_pod_uid("u1")
+    apiserver.put(pod(name="cpu") | {"metadata": {"name": "cpu", "namespace": "default", "uid": "u-cpu"}})
+    apiserver.delete("Pod", "p1", "default")
+    await until(lambda: not cache.has_pod_uid("u1"), "the deleted pod's uid is forgotten")
+    assert not cache.has_pod_uid("u-cpu") and "default/cpu" not in cache.objects("pod")

@@ -1,12 +1,11 @@
-"""The webhook's copy of the cluster: nodes, namespaces and pods, kept by list+watch (SPEC §2).
+"""The webhook's copy of the cluster: GPU nodes, namespaces and vGPU pods, kept by list+watch (SPEC §2).
 
-One thread per kind runs the blocking list/watch loop of `kubeapi.Kube` and hands what it reads to
-the event loop, where the stores, the GPU inventory and the subscribers are updated; so everything
-a review reads is touched on one thread, without locks, and the request path never calls the API.
-
-Watch streams end (server timeouts), history expires (410 Gone: re-list and reconcile, so deletions
-made during the gap are noticed) and the API goes away (the last state keeps serving, and `ready()`
-turns false once nothing has been heard for `staleness_seconds`).
+One thread per kind runs `kubeapi.listwatch.Reflector` (paged lists, bookmarks, resume, 410 relist,
+backoff) and reduces each object as it arrives (`webhook.reduced`: pods that ask for no vGPU are
+dropped there); what is kept is handed to the event loop, where the stores, the GPU inventory and the
+subscribers are updated, so everything a review reads is touched on one thread, without locks, and
+the request path never calls the API. When the API goes away the last state keeps serving, and
+`ready()` turns false once nothing has been heard for `staleness_seconds`.
 """
 
 from __future__ import annotations
@@ -16,12 +15,34 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, WatchInterrupt
+from kube_vgpu.contract.config import ResourceNames
+from kube_vgpu.kubeapi.client import Kube
+from kube_vgpu.kubeapi.listwatch import (
+    DEFAULT_PAGE_SIZE,
+    Backoff,
+    Handlers,
+    KubeSource,
+    Listed,
+    ProgressReason,
+    RawSource,
+    Reflector,
+    WatchEvent,
+    object_key,
+)
+from kube_vgpu.kubeapi.rawlist import Prefilter
 from kube_vgpu.webhook.placement.inventory import Inventory
+from kube_vgpu.webhook.reduced import (
+    NODE_PREFILTER,
+    Reducer,
+    pod_prefilter,
+    pod_reducer,
+    reduce_namespace,
+    reduce_node,
+)
 
 log = logging.getLogger("kube_vgpu.webhook.cache")
 
@@ -44,14 +65,6 @@ Listener = Callable[[CacheEvent], None]
 RelistListener = Callable[[CachedKind], None]
 
 
-def object_key(obj: Mapping[str, Any]) -> str:
-    """`namespace/name` for namespaced objects, `name` otherwise."""
-    metadata = obj.get("metadata") or {}
-    namespace = metadata.get("namespace")
-    name = str(metadata.get("name", ""))
-    return f"{namespace}/{name}" if namespace else name
-
-
 def _rv(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -61,7 +74,8 @@ def _uid(obj: Mapping[str, Any]) -> str:
 
 
 class ClusterCache:
-    """Nodes, namespaces and pods as plain dicts, with the GPU inventory and change subscriptions.
+    """GPU nodes, namespaces and vGPU pods as small dicts (`webhook.reduced`), with the GPU inventory
+    and change subscriptions.
 
     Methods are for the event loop's thread only (subscribers are called there too); `start()` and
     `stop()` run the background list/watch threads.
@@ -71,31 +85,53 @@ class ClusterCache:
         self,
         kube: Kube,
         *,
+        names: ResourceNames | None = None,
         staleness_seconds: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
         watch_timeout_seconds: int | None = None,
         retry_seconds: float = 0.5,
         max_retry_seconds: float = 10.0,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        source: Callable[[CachedKind], RawSource] | None = None,
     ) -> None:
         self._kube = kube
+        # Where each kind is read (tests wrap it to act between the pages of a list).
+        self._source: Callable[[CachedKind], RawSource] = source or (lambda kind: KubeSource(kube, kind))
         self.staleness_seconds = staleness_seconds
         self._clock = clock
-        # A quiet watch is heard from only when it ends; end it well inside the staleness window.
+        # A quiet watch is heard from by its bookmarks and when it ends; end it well inside the
+        # staleness window all the same, for API servers that send no bookmarks.
         self._watch_timeout = watch_timeout_seconds or int(min(300.0, max(1.0, staleness_seconds / 3)))
-        self._retry = retry_seconds
-        self._max_retry = max_retry_seconds
+        self._backoff = Backoff(initial=retry_seconds, maximum=max(retry_seconds, max_retry_seconds))
+        self._page_size = page_size
+        names = names or ResourceNames()
+        self._reducers: dict[CachedKind, Reducer] = {
+            "node": reduce_node,
+            "namespace": reduce_namespace,
+            "pod": pod_reducer(names),
+        }
+        # Listed pods and nodes whose JSON cannot be kept are dropped undecoded (most of a list).
+        self._prefilters: dict[CachedKind, Prefilter | None] = {
+            "node": NODE_PREFILTER,
+            "namespace": None,
+            "pod": pod_prefilter(names),
+        }
         self._stores: dict[CachedKind, dict[str, dict[str, Any]]] = {k: {} for k in KINDS}
+        self._pod_uids: dict[str, str] = {}  # uid -> key of every cached pod
         self._synced: dict[CachedKind, bool] = dict.fromkeys(KINDS, False)
         self._contact: dict[CachedKind, float | None] = dict.fromkeys(KINDS, None)
+        self._pods_current_at: float | None = None
         self._listeners: dict[CachedKind, list[Listener]] = {k: [] for k in KINDS}
         self._relist_listeners: list[RelistListener] = []
         self.inventory = Inventory()
         self.relists: dict[CachedKind, int] = dict.fromkeys(KINDS, 0)
         # Failed list/watch calls per kind (each followed by a retry after a backoff).
         self.failures: dict[CachedKind, int] = dict.fromkeys(KINDS, 0)
+        # Objects read by the last full list per kind, those dropped at the edge included.
+        self.listed_read: dict[CachedKind, int] = dict.fromkeys(KINDS, 0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
-        self._interrupts: dict[CachedKind, WatchInterrupt] = {}
+        self._reflectors: dict[CachedKind, Reflector[dict[str, Any]]] = {}
         self._threads: list[threading.Thread] = []
         self._exited: dict[CachedKind, asyncio.Event] = {}
         self._all_synced = asyncio.Event()
@@ -111,8 +147,21 @@ class ClusterCache:
         return labels
 
     def objects(self, kind: CachedKind) -> Mapping[str, Mapping[str, Any]]:
-        """The cached objects of a kind by key (read-only view; do not mutate the dicts)."""
+        """The cached objects of a kind by key (read-only view; do not mutate the dicts): every
+        namespace, the nodes with kube-vgpu GPU labels, the pods that ask for a vGPU."""
         return self._stores[kind]
+
+    def has_pod_uid(self, uid: str) -> bool:
+        """Whether a pod of this uid is in the cache (only vGPU pods are cached)."""
+        return uid in self._pod_uids
+
+    def pod_stream_current_at(self) -> float | None:
+        """When (on the cache's clock, `time.monotonic` by default) the pod list/watch last confirmed
+        it was current: a list completed, an event or a bookmark arrived; None before the first list.
+
+        Bookmarks make it advance on a quiet cluster. The time is taken on the watch thread as the
+        answer arrives, so it never runs ahead of the pod events applied before it."""
+        return self._pods_current_at
 
     def sizes(self) -> Mapping[str, int]:
         """Objects cached per kind, and `gpu-node` for the nodes in the GPU inventory."""
@@ -158,10 +207,21 @@ class ClusterCache:
         self._loop = asyncio.get_running_loop()
         self._stopping.clear()
         for kind in KINDS:
-            self._interrupts[kind] = WatchInterrupt()
+            reflector: Reflector[dict[str, Any]] = Reflector(
+                self._source(kind),
+                self._handlers(kind),
+                transform=self._reducers[kind],
+                prefilter=self._prefilters[kind],
+                name=f"webhook-{kind}",
+                page_size=self._page_size,
+                watch_timeout_seconds=self._watch_timeout,
+                backoff=self._backoff,
+                clock=self._clock,
+            )
+            self._reflectors[kind] = reflector
             self._exited[kind] = asyncio.Event()
             thread = threading.Thread(
-                target=self._reflect, args=(kind,), name=f"kube-vgpu-watch-{kind}", daemon=True
+                target=self._reflect, args=(kind, reflector), name=f"kube-vgpu-watch-{kind}", daemon=True
             )
             self._threads.append(thread)
             thread.start()
@@ -173,8 +233,8 @@ class ClusterCache:
     async def stop(self, *, grace_seconds: float = 10.0) -> None:
         """Stop the threads (open watches are cut) and wait for them to end."""
         self._stopping.set()
-        for interrupt in self._interrupts.values():
-            interrupt.interrupt()
+        for reflector in self._reflectors.values():
+            reflector.stop()
         try:
             async with asyncio.timeout(grace_seconds):
                 for exited in self._exited.values():
@@ -186,104 +246,48 @@ class ClusterCache:
         for thread in self._threads:
             thread.join(timeout=1.0)  # it has signalled its exit; this only waits for the last bytecodes
         self._threads = []
+        self._reflectors = {}
 
     # -- the background threads ------------------------------------------------------------------
 
-    def _post(self, handler: Callable[..., None], *args: Any) -> bool:
+    def _post(self, handler: Callable[..., None], *args: Any) -> None:
         loop = self._loop
         if loop is None or self._stopping.is_set():
-            return False
-        try:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
             loop.call_soon_threadsafe(handler, *args)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            return False
-        return True
 
-    def _reflect(self, kind: CachedKind) -> None:
+    def _handlers(self, kind: CachedKind) -> Handlers[dict[str, Any]]:
+        def listed(result: Listed[dict[str, Any]]) -> None:
+            self._post(self._on_list, kind, result)
+
+        def event(change: WatchEvent[dict[str, Any]]) -> None:
+            self._post(self._on_event, kind, change)
+
+        def progress(reason: ProgressReason, at: float) -> None:
+            self._post(self._on_progress, kind, reason, at)
+
+        def failed(exc: BaseException) -> None:
+            self._post(self._on_failure, kind)
+
+        return Handlers(listed=listed, event=event, progress=progress, failed=failed)
+
+    def _reflect(self, kind: CachedKind, reflector: Reflector[dict[str, Any]]) -> None:
         """Run the list/watch loop, then tell the event loop this thread is done."""
         try:
-            self._list_and_watch(kind)
+            reflector.run()
         finally:
             loop = self._loop
             if loop is not None:
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
                     loop.call_soon_threadsafe(self._exited[kind].set)
 
-    def _list_and_watch(self, kind: CachedKind) -> None:
-        """List, then watch from the list's resourceVersion; forever, until stopped."""
-        resource_version: str | None = None
-        delay = self._retry
-        while not self._stopping.is_set():
-            try:
-                if resource_version is None:
-                    listed = self._kube.list(kind)
-                    resource_version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
-                    if not self._post(self._on_list, kind, listed.get("items") or []):
-                        return
-                started = time.monotonic()
-                resource_version, events = self._watch(kind, resource_version)
-                if events or time.monotonic() - started >= 1.0:
-                    delay = self._retry
-                    continue
-                # A stream that ends at once with nothing in it, again and again, must not become a
-                # busy loop against the API server: back off as after an error.
-            except ApiError as exc:
-                if exc.status == 410:
-                    log.info("event=cache_relist kind=%s reason=gone", kind)
-                    resource_version = None
-                    continue
-                self._post(self._on_failure, kind)
-                log.warning("event=cache_api_error kind=%s status=%d error=%r", kind, exc.status, exc.message)
-            except ApiUnavailable as exc:
-                if self._stopping.is_set():
-                    return
-                self._post(self._on_failure, kind)
-                log.warning(
-                    "event=cache_api_unavailable kind=%s error=%r retry_s=%.1f", kind, str(exc), delay
-                )
-            except Exception as exc:  # a thread that dies would leave the cache silently stale
-                self._post(self._on_failure, kind)
-                log.error("event=cache_error kind=%s error=%r", kind, f"{type(exc).__name__}: {exc}")
-                resource_version = None
-            self._stopping.wait(delay)
-            delay = min(delay * 2, self._max_retry)
-
-    def _watch(self, kind: CachedKind, resource_version: str) -> tuple[str | None, int]:
-        """Follow one watch stream: (resourceVersion to resume from or None to re-list, events seen)."""
-        stream = self._kube.watch(
-            kind, resource_version, timeout_seconds=self._watch_timeout, interrupt=self._interrupts[kind]
-        )
-        events = 0
-        try:
-            for event in stream:
-                if self._stopping.is_set():
-                    return resource_version, events
-                events += 1
-                event_type = event.get("type")
-                obj = event.get("object") or {}
-                if event_type == "ERROR":
-                    code = obj.get("code")
-                    log.info("event=cache_relist kind=%s reason=watch_error code=%s", kind, code)
-                    return None, events
-                resource_version = _rv(obj) or resource_version
-                if event_type == "BOOKMARK":
-                    self._post(self._on_contact, kind)
-                elif event_type in ("ADDED", "MODIFIED", "DELETED") and not self._post(
-                    self._on_event, kind, event_type, obj
-                ):
-                    return resource_version, events
-        finally:
-            close = getattr(stream, "close", None)  # a generator: closing it releases the connection
-            if close is not None:
-                close()
-        # The server ended the stream (its timeout): the API is alive, resume where we were.
-        self._post(self._on_contact, kind)
-        return resource_version, events
-
     # -- applied on the event loop ---------------------------------------------------------------
 
-    def _on_contact(self, kind: CachedKind) -> None:
-        self._contact[kind] = self._clock()
+    def _on_progress(self, kind: CachedKind, reason: ProgressReason, at: float) -> None:
+        self._contact[kind] = at
+        if kind == "pod" and reason == "bookmark":
+            self._pods_current_at = at
 
     def _on_failure(self, kind: CachedKind) -> None:
         self.failures[kind] += 1
@@ -305,40 +309,71 @@ class ClusterCache:
                     f"{type(exc).__name__}: {exc}",
                 )
 
-    def _on_event(self, kind: CachedKind, event_type: str, obj: dict[str, Any]) -> None:
-        self._contact[kind] = self._clock()
-        store = self._stores[kind]
-        key = object_key(obj)
-        old = store.get(key)
-        if event_type == "DELETED":
+    def _put(self, kind: CachedKind, key: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+        old = self._stores[kind].get(key)
+        self._stores[kind][key] = obj
+        if kind == "pod":
             if old is not None:
-                del store[key]
-                self._emit(CacheEvent(kind, "deleted", obj, old))
-            return
-        store[key] = obj
-        self._emit(CacheEvent(kind, "added" if old is None else "modified", obj, old))
+                self._pod_uids.pop(_uid(old), None)
+            self._pod_uids[_uid(obj)] = key
+        return old
 
-    def _on_list(self, kind: CachedKind, items: Iterable[dict[str, Any]]) -> None:
+    def _drop(self, kind: CachedKind, key: str) -> dict[str, Any] | None:
+        old = self._stores[kind].pop(key, None)
+        if old is not None and kind == "pod":
+            self._pod_uids.pop(_uid(old), None)
+        return old
+
+    def _on_event(self, kind: CachedKind, change: WatchEvent[dict[str, Any]]) -> None:
+        self._contact[kind] = change.at
+        if kind == "pod":
+            self._pods_current_at = change.at
+        if change.type == "DELETED" or change.obj is None:
+            # Deleted, or no longer kept (a node that lost its GPU labels).
+            old = self._drop(kind, change.key)
+            if old is not None:
+                self._emit(CacheEvent(kind, "deleted", change.obj or old, old))
+            return
+        old = self._put(kind, change.key, change.obj)
+        if old is not None and _uid(old) != _uid(change.obj):
+            # Deleted and re-created under the same name while this watch was not looking.
+            self._emit(CacheEvent(kind, "deleted", old))
+            old = None
+        self._emit(CacheEvent(kind, "added" if old is None else "modified", change.obj, old))
+
+    def _on_list(self, kind: CachedKind, result: Listed[dict[str, Any]]) -> None:
         """Replace a kind's store with a full list, announcing exactly what changed."""
-        self._contact[kind] = self._clock()
+        self._contact[kind] = result.at
+        if kind == "pod":
+            self._pods_current_at = result.at
         store = self._stores[kind]
-        fresh = {object_key(obj): obj for obj in items}
+        fresh = dict(result.items)
         for key in [k for k in store if k not in fresh]:
-            self._emit(CacheEvent(kind, "deleted", store.pop(key)))
+            old = self._drop(kind, key)
+            if old is not None:
+                self._emit(CacheEvent(kind, "deleted", old))
         for key, obj in fresh.items():
             old = store.get(key)
             if old is not None and _rv(old) == _rv(obj):
                 continue
-            store[key] = obj
+            self._put(kind, key, obj)
             if old is not None and _uid(old) != _uid(obj):
                 # Deleted and re-created under the same name during the gap.
                 self._emit(CacheEvent(kind, "deleted", old))
                 old = None
             self._emit(CacheEvent(kind, "added" if old is None else "modified", obj, old))
         self.relists[kind] += 1
+        self.listed_read[kind] = result.read
         first = not self._synced[kind]
         self._synced[kind] = True
-        log.info("event=cache_listed kind=%s objects=%d first=%s", kind, len(store), first)
+        log.info(
+            "event=cache_listed kind=%s objects=%d read=%d pages=%d first=%s",
+            kind,
+            len(store),
+            result.read,
+            result.pages,
+            first,
+        )
         for listener in self._relist_listeners:
             try:
                 listener(kind)

@@ -231,7 +231,10 @@ class WebhookServer:
             load_api_client(options.kubeconfig, options.kube_context), component="webhook"
         )
         self.cache = ClusterCache(
-            self.kube, staleness_seconds=config.webhook.cache_staleness_seconds, clock=clock
+            self.kube,
+            names=config.resource_names,
+            staleness_seconds=config.webhook.cache_staleness_seconds,
+            clock=clock,
         )
         self.metrics = WebhookMetrics()
         # Volcano's MIG geometry, read at start: what a `mig` pod's slot costs against quota.

@@ -154,6 +154,10 @@ def test_pagination_is_consistent_across_pages(apiserver: ApiServerStandin, core
 def test_continue_token_older_than_the_history_is_410(
     apiserver: ApiServerStandin, core: client.CoreV1Api
 ) -> None:
+    # kube-apiserver's storage answers a compacted continue token with 410 Expired, the message of
+    # staging/src/k8s.io/apiserver/pkg/storage/etcd3/errors.go (`inconsistentContinue`), and a new
+    # continue token at resourceVersion -1 (`handleCompactedErrorForPaging`) that serves the rest of
+    # the list at the latest revision, changes made meanwhile included.
     for index in range(3):
         apiserver.put(pod(f"p{index}"))
     first = core.list_namespaced_pod("default", limit=1)
@@ -161,7 +165,47 @@ def test_continue_token_older_than_the_history_is_410(
     apiserver.expire_history()
     with pytest.raises(client.ApiException) as caught:
         core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue)
-    assert caught.value.status == 410 and json.loads(caught.value.body)["reason"] == "Expired"
+    status = json.loads(caught.value.body)
+    assert caught.value.status == 410 and status["reason"] == "Expired" and status["code"] == 410
+    assert status["message"] == (
+        "The provided continue parameter is too old to display a consistent list result. You can start "
+        "a new list without the continue parameter, or use the continue token in this response to "
+        "retrieve the remainder of the results. Continuing with the provided token results in an "
+        "inconsistent list - objects that were created, modified, or deleted between the time the first "
+        "chunk was returned and now may show up in the list."
+    )
+    rest = core.list_namespaced_pod("default", limit=10, _continue=status["metadata"]["continue"])
+    assert names(rest.items) == ["p1", "p2", "p9"] and rest.metadata._continue is None
+    assert rest.metadata.resource_version == str(apiserver.store.rv)
+
+
+def test_a_page_at_the_limit_and_one_past_it(apiserver: ApiServerStandin, core: client.CoreV1Api) -> None:
+    for index in range(3):
+        apiserver.put(pod(f"p{index}"))
+    whole = core.list_namespaced_pod("default", limit=3)
+    assert names(whole.items) == ["p0", "p1", "p2"] and whole.metadata._continue is None
+    assert whole.metadata.remaining_item_count is None
+    short = core.list_namespaced_pod("default", limit=2)
+    assert names(short.items) == ["p0", "p1"] and short.metadata._continue
+    assert short.metadata.remaining_item_count == 1
+
+
+def test_compact_objects_are_served_like_any_other(
+    apiserver: ApiServerStandin, core: client.CoreV1Api
+) -> None:
+    bare = []
+    for index in range(3):
+        stored = pod(f"c{index}")
+        del stored["apiVersion"], stored["kind"]
+        stored["metadata"]["uid"] = f"u{index}"
+        bare.append(stored)
+    assert apiserver.load_compact("Pod", bare) == 3
+    listed = core.list_namespaced_pod("default", limit=2)
+    assert names(listed.items) == ["c0", "c1"] and listed.metadata.remaining_item_count == 1
+    assert listed.items[0].metadata.resource_version == str(apiserver.store.rv - 2)
+    assert apiserver.get("Pod", "c2", "default") is not None
+    apiserver.put(pod("c1"))  # a compact object is replaced by a write like any other
+    assert names(core.list_namespaced_pod("default").items) == ["c0", "c1", "c2"]
 
 
 # -- watches --------------------------------------------------------------------------------------------

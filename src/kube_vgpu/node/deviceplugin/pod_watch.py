@@ -1,25 +1,45 @@
 """The watch of this node's pods that teaches `BindOrder` the order of their binds (SPEC §3).
 
 It lists the pods bound to the node and watches from that list's resourceVersion on a thread of its
-own, like the kubelet's own pod source, so it sees the binds in the order the kubelet does. A 410 or
-a broken stream means a relist: pods bound meanwhile are ranked by the fallback rule.
+own (`kubeapi.listwatch.Reflector`), like the kubelet's own pod source, so it sees the binds in the
+order the kubelet does. A 410 or a garbled stream means a relist: pods bound meanwhile are ranked by
+the fallback rule.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable
+from kube_vgpu.kubeapi.client import WatchInterrupt
+from kube_vgpu.kubeapi.listwatch import Backoff, Handlers, Listed, Reflector, WatchEvent
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder
-from kube_vgpu.node.watch_thread import WatchSwitch
 
 log = logging.getLogger("kube_vgpu.node.pod_watch")
 
 _RETRY_SECONDS = 1.0
+_MAX_RETRY_SECONDS = 30.0
+
+
+class _NodePods:
+    """The reflector's source: this node's pods (a node holds ~110 pods: one page is the whole list)."""
+
+    def __init__(self, api: NodeApi, budget: float) -> None:
+        self._api = api
+        self._budget = budget
+
+    def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
+        pods, version = self._api.read_pods(timeout=self._budget)
+        return {"items": pods, "metadata": {"resourceVersion": version}}
+
+    def watch(
+        self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        stream: Iterator[dict[str, Any]] = self._api.watch_pods(resource_version, interrupt, timeout_seconds)
+        return stream
 
 
 class PodWatch:
@@ -30,8 +50,16 @@ class PodWatch:
         self.order = order
         self._budget = call_budget
         self._watch_timeout = watch_timeout
-        self._switch = WatchSwitch()
         self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reflector: Reflector[dict[str, Any]] = Reflector(
+            _NodePods(api, call_budget),
+            Handlers(listed=self._post_list, event=self._post_event),
+            transform=lambda pod: pod,
+            name=f"node-pods/{api.node_name}",
+            watch_timeout_seconds=watch_timeout,
+            backoff=Backoff(initial=_RETRY_SECONDS, maximum=_MAX_RETRY_SECONDS),
+        )
 
     async def wait_known(self, pods: Iterable[Mapping[str, Any]], within: float) -> bool:
         """Wait (at most `within` seconds) until every pod's bind has been taken in; whether it was.
@@ -65,39 +93,22 @@ class PodWatch:
         self.order.event(kind, pod)
         self._notify()
 
+    # on the reflector's thread ---------------------------------------------------------------------
+
+    def _post_list(self, listed: Listed[dict[str, Any]]) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._on_list, [pod for _, pod in listed.items])
+
+    def _post_event(self, event: WatchEvent[dict[str, Any]]) -> None:
+        if self._loop is not None and event.obj is not None:
+            self._loop.call_soon_threadsafe(self._on_event, event.type, event.obj)
+
     def watch_forever(self, loop: asyncio.AbstractEventLoop) -> None:
         """List, then watch; a watch that ends is resumed from the last version seen, and only an
-        error (410 Gone, a broken stream) costs a relist. Returns once `stop` is called."""
-        api = self._api
-        version: str | None = None
-        while (interrupt := self._switch.next_round()) is not None:
-            try:
-                if version is None:
-                    pods, version = api.read_pods(timeout=self._budget)
-                    loop.call_soon_threadsafe(self._on_list, pods)
-                for event in api.watch_pods(version, interrupt, self._watch_timeout):
-                    kind = str(event.get("type"))
-                    if kind == "ERROR":
-                        version = None  # 410 Gone or another error: list again
-                        break
-                    pod = event.get("object")
-                    if not isinstance(pod, dict):
-                        continue
-                    seen = (pod.get("metadata") or {}).get("resourceVersion")
-                    version = str(seen) if seen else version
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        loop.call_soon_threadsafe(self._on_event, kind, pod)
-            except (ApiError, ApiUnavailable) as exc:
-                if interrupt.interrupted:
-                    return
-                version = None
-                log.info("event=pod_watch_interrupted node=%s error=%r", api.node_name, str(exc))
-                self._switch.pause(_RETRY_SECONDS)
-            except Exception as exc:  # a garbled stream must not end the watch for good
-                version = None
-                log.error("event=pod_watch_failed node=%s error=%r", api.node_name, repr(exc))
-                self._switch.pause(_RETRY_SECONDS)
+        error (410 Gone, a garbled stream) costs a relist. Returns once `stop` is called."""
+        self._loop = loop
+        self._reflector.run()
 
     def stop(self) -> None:
         """End `watch_forever` (from any thread)."""
-        self._switch.stop()
+        self._reflector.stop()

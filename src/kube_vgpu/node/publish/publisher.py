@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.names import NODE_HANDSHAKE
-from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, KubeError
+from kube_vgpu.kubeapi.client import KubeError, WatchInterrupt
+from kube_vgpu.kubeapi.listwatch import Backoff, Handlers, Listed, Reflector, WatchEvent
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.nvml.inventory import Inventory
 from kube_vgpu.node.publish.advertise import (
@@ -29,11 +30,29 @@ from kube_vgpu.node.publish.advertise import (
     metadata_patch,
     register_value,
 )
-from kube_vgpu.node.watch_thread import WatchSwitch
 
 log = logging.getLogger("kube_vgpu.node.publisher")
 
 _RETRY_SECONDS = 2.0
+_MAX_WATCH_RETRY_SECONDS = 30.0
+
+
+class _ThisNode:
+    """The reflector's source: this node alone (a list by `metadata.name`, and its watch)."""
+
+    def __init__(self, api: NodeApi, budget: float) -> None:
+        self._api = api
+        self._budget = budget
+
+    def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
+        node, version = self._api.read_node(timeout=self._budget)
+        return {"items": [] if node is None else [node], "metadata": {"resourceVersion": version}}
+
+    def watch(
+        self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        stream: Iterator[dict[str, Any]] = self._api.watch_node(resource_version, interrupt, timeout_seconds)
+        return stream
 
 
 class NodeMissing(Exception):
@@ -64,7 +83,17 @@ class NodePublisher:
         self._budget = call_budget
         self._watch_timeout = watch_timeout_seconds
         self._wake = asyncio.Event()
-        self._switch = WatchSwitch()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reflector: Reflector[dict[str, Any]] = Reflector(
+            _ThisNode(api, call_budget),
+            # The list is the "list" of list-then-watch: a drift that happened before the watch
+            # starts shows only there, never as an event.
+            Handlers(listed=self._post_list, event=self._post_event),
+            transform=lambda node: node,
+            name=f"node/{api.node_name}",
+            watch_timeout_seconds=watch_timeout_seconds,
+            backoff=Backoff(initial=_RETRY_SECONDS, maximum=_MAX_WATCH_RETRY_SECONDS),
+        )
         self.published = 0  # reconciles that wrote something (for tests and logs)
 
     def _wanted(self) -> tuple[str, dict[str, str], dict[str, str]]:
@@ -153,28 +182,17 @@ class NodePublisher:
 
     def watch_forever(self, loop: asyncio.AbstractEventLoop) -> None:
         """Watch this node and trigger a reconcile when it drifts; returns once `stop_watch` is called."""
-        api = self._api
-        while (interrupt := self._switch.next_round()) is not None:
-            try:
-                node, version = api.read_node(timeout=self._budget)
-                # The read is the "list" of list-then-watch: a drift that happened before the watch
-                # starts shows only here, never as an event.
-                if node is not None:
-                    loop.call_soon_threadsafe(self._on_node, node)
-                for event in api.watch_node(version, interrupt, self._watch_timeout):
-                    kind = event.get("type")
-                    if kind == "ERROR":
-                        break  # 410 Gone or another error: list again
-                    if kind in ("ADDED", "MODIFIED"):
-                        loop.call_soon_threadsafe(self._on_node, event.get("object") or {})
-            except (ApiError, ApiUnavailable) as exc:
-                if interrupt.interrupted:
-                    return
-                log.info("event=node_watch_interrupted node=%s error=%r", api.node_name, str(exc))
-                self._switch.pause(_RETRY_SECONDS)
-            except Exception as exc:  # a garbled stream must not end the watch for good
-                log.error("event=node_watch_failed node=%s error=%r", api.node_name, repr(exc))
-                self._switch.pause(_RETRY_SECONDS)
+        self._loop = loop
+        self._reflector.run()
+
+    def _post_list(self, listed: Listed[dict[str, Any]]) -> None:
+        if self._loop is not None:
+            for _, node in listed.items:
+                self._loop.call_soon_threadsafe(self._on_node, node)
+
+    def _post_event(self, event: WatchEvent[dict[str, Any]]) -> None:
+        if self._loop is not None and event.obj is not None and event.type in ("ADDED", "MODIFIED"):
+            self._loop.call_soon_threadsafe(self._on_node, event.obj)
 
     def _on_node(self, node: Mapping[str, Any]) -> None:
         if self.drifted(node):
@@ -183,4 +201,4 @@ class NodePublisher:
 
     def stop_watch(self) -> None:
         """End `watch_forever` (from any thread)."""
-        self._switch.stop()
+        self._reflector.stop()

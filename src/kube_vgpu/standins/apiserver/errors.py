@@ -6,6 +6,8 @@ exact shape kube-apiserver uses, so client code that inspects `reason` or `code`
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any, Literal, TypedDict
 
 Reason = Literal[
@@ -43,13 +45,15 @@ class ApiError(Exception):
         self.reason: Reason = reason
         self.message = message
         self.details: StatusDetails = details if details is not None else {}
+        # `metadata.continue` of the Status (an expired continue token's inconsistent remainder).
+        self.list_continue: str | None = None
 
     def status_body(self) -> dict[str, Any]:
         """The `Status` object for this error, as kube-apiserver encodes it."""
         body: dict[str, Any] = {
             "kind": "Status",
             "apiVersion": "v1",
-            "metadata": {},
+            "metadata": {"continue": self.list_continue} if self.list_continue else {},
             "status": "Failure",
             "message": self.message,
             "reason": self.reason,
@@ -126,9 +130,18 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
-def expired(message: str) -> ApiError:
-    """A resourceVersion or continue token older than the retained history (410 Gone, reason Expired)."""
-    return ApiError(410, "Expired", message)
+def expired(message: str, *, continue_after: tuple[str, str] | None = None) -> ApiError:
+    """A resourceVersion or continue token older than the retained history (410 Gone, reason Expired).
+
+    With `continue_after` (the last key the expired token had read), the Status carries a new
+    continue token at resourceVersion -1, as kube-apiserver's paging does, for a caller that accepts
+    an inconsistent remainder."""
+    error = ApiError(410, "Expired", message)
+    if continue_after is not None:
+        namespace, name = continue_after
+        token = json.dumps({"v": "meta.k8s.io/v1", "rv": -1, "start": [namespace, name]})
+        error.list_continue = base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+    return error
 
 
 def forbidden(message: str, resource: str, name: str, group: str) -> ApiError:

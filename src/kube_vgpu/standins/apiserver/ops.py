@@ -113,7 +113,13 @@ class Operations:
         with self.store.lock:
             if continue_token:
                 rv, after = _decode_continue(continue_token)
-                items = self.store.items_at(rt, rv, namespace, after)
+                if rv == -1:
+                    # The token of an expired one (its 410 hands it out): the rest at the latest
+                    # revision, knowingly inconsistent, as kube-apiserver serves it.
+                    rv = self.store.rv
+                    items = self.store.items(rt, namespace, after)
+                else:
+                    items = self.store.items_at(rt, rv, namespace, after)
             elif exact_rv is not None:
                 rv = exact_rv
                 items = self.store.items_at(rt, rv, namespace)

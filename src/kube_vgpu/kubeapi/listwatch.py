@@ -1,0 +1,412 @@
+"""The one list/watch loop of kube-vgpu (a reflector, after client-go's), shared by every part that watches.
+
+It lists in pages (`limit`/`continue`) and reduces each object with the caller's transform as it
+arrives, so a page is reduced before the next one is read; it then watches from the list's
+resourceVersion with bookmarks. A watch that ends is resumed from the last version seen; 410 Gone (an
+expired watch or continue token) costs a relist, which the caller reconciles against what it holds;
+failures are retried after an exponential backoff with jitter. `stop()` ends it from any thread,
+cutting a watch that is blocked on a silent stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kind, Kube, WatchInterrupt
+from kube_vgpu.kubeapi.rawlist import Prefilter, read_page
+
+log = logging.getLogger("kube_vgpu.kubeapi.listwatch")
+
+T = TypeVar("T")
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+ProgressReason = Literal["bookmark", "stream_end"]
+# An object as the API sends it -> what the caller keeps (None: not kept at all).
+Transform = Callable[[dict[str, Any]], "T | None"]
+
+# client-go's pager reads 500 objects a page.
+DEFAULT_PAGE_SIZE = 500
+# A watch stream shorter than this that carried nothing does not reset the backoff: a server that
+# ends every watch at once must not turn the loop into a busy loop against it.
+_HEALTHY_WATCH_SECONDS = 1.0
+
+
+class Source(Protocol):
+    """Where a reflector reads one kind of object: list pages and watch streams."""
+
+    def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
+        """One page of the list: the raw List object (`items`, `metadata.resourceVersion`/`continue`)."""
+        ...
+
+    def watch(
+        self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """Watch events from `resource_version` until the stream ends (blocking)."""
+        ...
+
+
+class RawSource(Source, Protocol):
+    """A source that can also hand over list pages undecoded, for a reflector with a prefilter."""
+
+    @property
+    def filtered(self) -> bool:
+        """Whether the list is narrowed by selectors (then pages may hold fewer than `limit` items)."""
+        ...
+
+    def list_page_raw(self, limit: int, continue_token: str | None) -> bytes:
+        """One page of the list as the API server sent it."""
+        ...
+
+
+@dataclass(frozen=True)
+class KubeSource:
+    """A `Source` over `kubeapi.Kube`: one kind, optionally one namespace and selectors."""
+
+    kube: Kube
+    kind: Kind
+    namespace: str | None = None
+    field_selector: str | None = None
+    label_selector: str | None = None
+    # Per page; None: the client's default.
+    list_timeout: float | tuple[float, float] | None = None
+
+    def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
+        """One page of the list."""
+        return self.kube.list(
+            self.kind,
+            namespace=self.namespace,
+            field_selector=self.field_selector,
+            label_selector=self.label_selector,
+            timeout=self.list_timeout,
+            limit=limit,
+            continue_token=continue_token,
+        )
+
+    @property
+    def filtered(self) -> bool:
+        """Whether selectors narrow the list."""
+        return bool(self.field_selector or self.label_selector)
+
+    def list_page_raw(self, limit: int, continue_token: str | None) -> bytes:
+        """One page of the list, undecoded."""
+        return self.kube.list_raw(
+            self.kind,
+            namespace=self.namespace,
+            field_selector=self.field_selector,
+            label_selector=self.label_selector,
+            timeout=self.list_timeout,
+            limit=limit,
+            continue_token=continue_token,
+        )
+
+    def watch(
+        self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """A watch stream with bookmarks."""
+        return self.kube.watch(
+            self.kind,
+            resource_version,
+            namespace=self.namespace,
+            field_selector=self.field_selector,
+            label_selector=self.label_selector,
+            timeout_seconds=timeout_seconds,
+            interrupt=interrupt,
+        )
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """`namespace/name` for namespaced objects, `name` otherwise."""
+    metadata = obj.get("metadata") or {}
+    namespace = metadata.get("namespace")
+    name = str(metadata.get("name", ""))
+    return f"{namespace}/{name}" if namespace else name
+
+
+def _resource_version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+@dataclass(frozen=True)
+class Listed(Generic[T]):
+    """A complete list: every object the transform kept, by key, at one resourceVersion."""
+
+    items: list[tuple[str, T]]
+    resource_version: str
+    pages: int
+    read: int  # objects read, those the transform dropped included
+    at: float  # the reflector's clock when the last page arrived
+
+
+@dataclass(frozen=True)
+class WatchEvent(Generic[T]):
+    """One change; `obj` is the transformed object, None when the transform does not keep it."""
+
+    type: EventType
+    key: str
+    obj: T | None
+    resource_version: str
+    at: float
+
+
+@dataclass
+class Handlers(Generic[T]):
+    """What a reflector tells its user, on the reflector's thread (hand work to your loop from here)."""
+
+    listed: Callable[[Listed[T]], None]
+    event: Callable[[WatchEvent[T]], None]
+    # A bookmark arrived (the watch is current up to it), or the server ended a stream normally.
+    progress: Callable[[ProgressReason, float], None] = lambda reason, at: None
+    # A call failed; the reflector retries after a backoff.
+    failed: Callable[[BaseException], None] = lambda exc: None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with jitter, as client-go's reflector retries: each delay is the base
+    times a random factor in [1, 1 + jitter], and the base doubles up to `maximum`."""
+
+    initial: float = 0.8
+    maximum: float = 30.0
+    factor: float = 2.0
+    jitter: float = 1.0
+    rng: random.Random = field(default_factory=random.Random, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial <= self.maximum:
+            raise ValueError(f"backoff needs 0 < initial <= maximum, got {self.initial} and {self.maximum}")
+        if self.factor < 1 or self.jitter < 0:
+            raise ValueError(f"backoff needs factor >= 1 and jitter >= 0, got {self.factor}, {self.jitter}")
+
+    def delay(self, attempt: int) -> float:
+        """The wait before retry number `attempt` (0 = the first retry after a success)."""
+        base = min(self.maximum, self.initial * self.factor ** min(attempt, 64))
+        return base * (1 + self.jitter * self.rng.random())
+
+
+class Reflector(Generic[T]):
+    """List, then watch, forever: `run()` on a thread of its own, `stop()` from anywhere."""
+
+    def __init__(
+        self,
+        source: Source,
+        handlers: Handlers[T],
+        *,
+        transform: Callable[[dict[str, Any]], T | None],
+        name: str,
+        prefilter: Prefilter | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        watch_timeout_seconds: int = 300,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be at least 1, got {page_size}")
+        if watch_timeout_seconds < 1:
+            raise ValueError(f"watch_timeout_seconds must be at least 1, got {watch_timeout_seconds}")
+        if prefilter is not None and not hasattr(source, "list_page_raw"):
+            raise ValueError("a reflector with a prefilter needs a source that serves raw pages")
+        self._source = source
+        # A necessary condition on an object's raw JSON for the transform to keep it: list items that
+        # fail it are dropped without being decoded (`kubeapi.rawlist`).
+        self._prefilter = prefilter
+        self._handlers = handlers
+        self._transform = transform
+        self.name = name
+        self.page_size = page_size
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.backoff = backoff or Backoff()
+        self._clock = clock
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._interrupt: WatchInterrupt | None = None
+        self.resource_version: str | None = None
+        # Counters for logs, metrics and tests (written by the reflector's thread only).
+        self.lists = 0
+        self.relists_gone = 0
+        self.expired_continues = 0
+        self.failures = 0
+        self.pages_split = 0  # list pages read item by item under the prefilter
+
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop` was called."""
+        return self._stopping.is_set()
+
+    def stop(self) -> None:
+        """End `run` (from any thread): the watch in progress is cut, a backoff wait ends at once."""
+        self._stopping.set()
+        with self._lock:
+            if self._interrupt is not None:
+                self._interrupt.interrupt()
+
+    def run(self) -> None:
+        """List and watch until `stop` is called; never raises."""
+        version: str | None = None
+        attempt = 0  # failures since the last success, for the backoff
+        while not self._stopping.is_set():
+            try:
+                if version is None:
+                    listed = self._list()
+                    if listed is None:
+                        return
+                    version = listed.resource_version
+                    self._handlers.listed(listed)
+                started = time.monotonic()
+                version, events, gone = self._watch(version)
+                self.resource_version = version
+                if gone:
+                    # History is gone: relist and reconcile. Only a relist that is itself answered with
+                    # 410 at once waits first (a server with no history must not be hammered).
+                    self.relists_gone += 1
+                    log.info("event=relist reflector=%s reason=gone", self.name)
+                    version = None
+                    if events == 0 and time.monotonic() - started < _HEALTHY_WATCH_SECONDS:
+                        self._pause(attempt)
+                        attempt += 1
+                    continue
+                if events or time.monotonic() - started >= _HEALTHY_WATCH_SECONDS:
+                    attempt = 0
+                    continue
+            except ApiError as exc:
+                if exc.status == 410:
+                    self.relists_gone += 1
+                    log.info("event=relist reflector=%s reason=gone", self.name)
+                    version = None
+                    continue
+                self._failed(exc)
+            except ApiUnavailable as exc:
+                if self._stopping.is_set():
+                    return
+                # The watch resumes from the last version seen (a list failure has none: it relists).
+                self._failed(exc)
+            except Exception as exc:  # a garbled answer: a loop that dies would leave its user stale
+                self._failed(exc)
+                version = None
+            if self._pause(attempt):
+                return
+            attempt += 1
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _failed(self, exc: BaseException) -> None:
+        self.failures += 1
+        log.warning("event=listwatch_error reflector=%s error=%r", self.name, f"{type(exc).__name__}: {exc}")
+        self._handlers.failed(exc)
+
+    def _pause(self, attempt: int) -> bool:
+        """Wait out the backoff; whether the reflector was stopped meanwhile."""
+        return self._stopping.wait(self.backoff.delay(attempt))
+
+    def _list(self) -> Listed[T] | None:
+        """Every page, each reduced before the next is read; None when stopped midway.
+
+        A continue token that expires between pages (410) restarts the list from its first page, as
+        a fresh consistent list, never as one unpaged read: that would hold the whole cluster at once.
+        """
+        while True:
+            kept: list[tuple[str, T]] = []
+            token: str | None = None
+            pages = read = 0
+            remaining: int | None = None  # the previous page's remainingItemCount
+            try:
+                while True:
+                    metadata, objects, count = self._read_page(token, remaining)
+                    pages += 1
+                    read += count
+                    for obj in objects:
+                        reduced = self._transform(obj)
+                        if reduced is not None:
+                            kept.append((object_key(obj), reduced))
+                    del objects  # the page's objects go now, before the next page is read
+                    token = metadata.get("continue") or None
+                    left = metadata.get("remainingItemCount")
+                    remaining = left if isinstance(left, int) and not isinstance(left, bool) else None
+                    if token is None:
+                        self.lists += 1
+                        version = str(metadata.get("resourceVersion") or "")
+                        return Listed(kept, version, pages, read, self._clock())
+                    if self._stopping.is_set():
+                        return None
+            except ApiError as exc:
+                if exc.status != 410 or token is None:
+                    raise
+                self.expired_continues += 1
+                log.info("event=relist reflector=%s reason=continue_expired pages_read=%d", self.name, pages)
+
+    def _read_page(
+        self, token: str | None, remaining: int | None
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+        """(List metadata, the items to transform, how many items the page held)."""
+        if self._prefilter is None:
+            page = self._source.list_page(self.page_size, token)
+            metadata = page.get("metadata")
+            items = list(page.get("items") or ())
+            return (metadata if isinstance(metadata, dict) else {}), items, len(items)
+        source: RawSource = self._source  # type: ignore[assignment]  # checked in __init__
+        filtered = source.filtered
+        limit = self.page_size
+
+        def expected(metadata: dict[str, Any]) -> int | None:
+            # Unfiltered pages are full but for the last, which holds what the one before said remained.
+            if filtered:
+                return None
+            return limit if metadata.get("continue") else remaining
+
+        read = read_page(source.list_page_raw(limit, token), self._prefilter, expected)
+        self.pages_split += read.split
+        return read.metadata, read.items, read.count
+
+    def _next_interrupt(self) -> WatchInterrupt | None:
+        interrupt = WatchInterrupt()
+        with self._lock:
+            if self._stopping.is_set():
+                return None
+            self._interrupt = interrupt
+        return interrupt
+
+    def _watch(self, version: str) -> tuple[str, int, bool]:
+        """Follow one stream: (version to resume from, events seen, whether history is gone)."""
+        interrupt = self._next_interrupt()
+        if interrupt is None:
+            return version, 0, False
+        stream = self._source.watch(version, interrupt, self.watch_timeout_seconds)
+        events = 0
+        try:
+            for event in stream:
+                if self._stopping.is_set():
+                    return version, events, False
+                event_type = event.get("type")
+                obj = event.get("object")
+                obj = obj if isinstance(obj, dict) else {}
+                if event_type == "ERROR":
+                    # 410 Gone, or another error the server ends the watch with: list again.
+                    log.info(
+                        "event=watch_error reflector=%s code=%s message=%r",
+                        self.name,
+                        obj.get("code"),
+                        obj.get("message"),
+                    )
+                    return version, events, True
+                events += 1
+                seen = _resource_version(obj) or version
+                if event_type == "BOOKMARK":
+                    version = seen
+                    self._handlers.progress("bookmark", self._clock())
+                    continue
+                if event_type in ("ADDED", "MODIFIED", "DELETED"):
+                    kind: EventType = event_type
+                    reduced = self._transform(obj)
+                    self._handlers.event(WatchEvent(kind, object_key(obj), reduced, seen, self._clock()))
+                version = seen
+        finally:
+            close = getattr(stream, "close", None)  # a generator: closing it releases the connection
+            if close is not None:
+                close()
+        if not self._stopping.is_set():
+            self._handlers.progress("stream_end", self._clock())
+        return version, events, False

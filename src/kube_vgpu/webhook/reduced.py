@@ -1,0 +1,169 @@
+"""What the webhook's cache keeps of each object: the fields its decisions read, and nothing else.
+
+Each function takes an object as the API sends it and returns a small dict of the same shape (so
+quota, placement and the shared quota book read it as they read the whole object), or None when the
+object is not kept at all: a pod that asks for no vGPU (a pod's resources never change after
+creation, so it never will) and a node with no kube-vgpu GPU label. The cache applies them as each
+object arrives (`kubeapi.listwatch`), so memory follows the vGPU pods, not the cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kube_vgpu.contract.config import ResourceNames
+from kube_vgpu.contract.names import (
+    HOSTNAME_LABEL,
+    MODE_LABEL,
+    MODEL_LABEL_PREFIX,
+    NODE_REGISTER,
+    UUID_LABEL_PREFIX,
+)
+from kube_vgpu.kubeapi.rawlist import contains_any
+
+Reducer = Callable[[dict[str, Any]], "dict[str, Any] | None"]
+Prefilter = Callable[[bytes], bool]
+
+# Pod metadata the decisions read: identity, reservation matching (name, generateName, uid),
+# deletion (Kubernetes' quota rule for terminating pods), and the re-list comparison.
+_POD_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generateName",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+)
+# Annotation domains the decisions read: Volcano's booking and selector keys, their nvidia.com
+# aliases, and kube-vgpu's own. Every other annotation (last-applied configuration, sidecar
+# injectors' notes, ...) is dropped.
+_ANNOTATION_PREFIXES = ("volcano.sh/", "nvidia.com/")
+_OWN_DOMAIN = "kube-vgpu.io/"
+_NODE_LABEL_PREFIXES = (MODEL_LABEL_PREFIX, UUID_LABEL_PREFIX)
+
+
+def _intern(value: Any) -> Any:
+    # Namespaces, node names and phases repeat across thousands of pods: one string each.
+    return sys.intern(value) if type(value) is str else value
+
+
+def kept_annotation(key: str) -> bool:
+    """Whether the cache keeps a pod annotation."""
+    return key.startswith(_ANNOTATION_PREFIXES) or _OWN_DOMAIN in key
+
+
+def _metadata(meta: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: meta[k] for k in keys if k in meta}
+
+
+def _container(container: dict[str, Any], names: tuple[str, ...]) -> tuple[dict[str, Any], bool]:
+    """A container as quota reads it (name, restartPolicy, vGPU amounts), and whether it names a vGPU."""
+    slim: dict[str, Any] = {}
+    if "name" in container:
+        slim["name"] = container["name"]
+    if "restartPolicy" in container:
+        slim["restartPolicy"] = container["restartPolicy"]
+    resources = container.get("resources")
+    asks = False
+    if isinstance(resources, dict):
+        kept: dict[str, Any] = {}
+        for part in ("limits", "requests"):
+            amounts = resources.get(part)
+            if isinstance(amounts, dict):
+                vgpu = {k: amounts[k] for k in names if k in amounts}
+                if vgpu:
+                    kept[part] = vgpu
+                    asks = True
+        if kept:
+            slim["resources"] = kept
+    return slim, asks
+
+
+def pod_prefilter(names: ResourceNames) -> Prefilter:
+    """What a pod's raw JSON must hold for `pod_reducer` to keep it: one of the vGPU resource names."""
+    return contains_any(names.all())
+
+
+# What a node's raw JSON must hold for `reduce_node` to keep it: a kube-vgpu GPU label.
+NODE_PREFILTER: Prefilter = contains_any((MODE_LABEL, MODEL_LABEL_PREFIX, UUID_LABEL_PREFIX))
+
+
+def pod_reducer(names: ResourceNames) -> Reducer:
+    """The pod reducer for these resource names: None for a pod that names no vGPU resource."""
+    keys = names.all()
+
+    def reduce(pod: dict[str, Any]) -> dict[str, Any] | None:
+        spec = pod.get("spec")
+        if not isinstance(spec, dict):
+            return None
+        asks = False
+        slim_spec: dict[str, Any] = {}
+        # Every container stays (as a stub when it asks for nothing): quota pairs init containers
+        # with their sidecar flags, and bookings with app containers, by position.
+        for part in ("initContainers", "containers"):
+            containers = spec.get(part)
+            if not isinstance(containers, list):
+                continue
+            slim_containers = []
+            for container in containers:
+                if isinstance(container, dict):
+                    slim, named = _container(container, keys)
+                    slim_containers.append(slim)
+                    asks = asks or named
+            slim_spec[part] = slim_containers
+        if not asks:
+            return None
+        if "nodeName" in spec:
+            slim_spec["nodeName"] = _intern(spec["nodeName"])
+        meta = pod.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        slim_meta = _metadata(meta, _POD_METADATA)
+        if "namespace" in slim_meta:
+            slim_meta["namespace"] = _intern(slim_meta["namespace"])
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict):
+            kept = {k: v for k, v in annotations.items() if kept_annotation(k)}
+            if kept:
+                slim_meta["annotations"] = kept
+        slim_pod: dict[str, Any] = {"metadata": slim_meta, "spec": slim_spec}
+        status = pod.get("status")
+        if isinstance(status, dict) and "phase" in status:
+            slim_pod["status"] = {"phase": _intern(status["phase"])}
+        return slim_pod
+
+    return reduce
+
+
+def reduce_node(node: dict[str, Any]) -> dict[str, Any] | None:
+    """A node as the GPU inventory reads it (its kube-vgpu labels, hostname, register annotation,
+    allocatable), or None when it carries no kube-vgpu GPU label."""
+    meta = node.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, dict) else {}
+    kept = {k: v for k, v in labels.items() if k == MODE_LABEL or k.startswith(_NODE_LABEL_PREFIXES)}
+    if not kept:
+        return None
+    if HOSTNAME_LABEL in labels:
+        kept[HOSTNAME_LABEL] = labels[HOSTNAME_LABEL]
+    slim_meta = _metadata(meta, ("name", "uid", "resourceVersion"))
+    slim_meta["labels"] = kept
+    annotations = meta.get("annotations")
+    if isinstance(annotations, dict) and NODE_REGISTER in annotations:
+        slim_meta["annotations"] = {NODE_REGISTER: annotations[NODE_REGISTER]}
+    slim: dict[str, Any] = {"metadata": slim_meta}
+    status = node.get("status")
+    if isinstance(status, dict) and isinstance(status.get("allocatable"), dict):
+        slim["status"] = {"allocatable": status["allocatable"]}
+    return slim
+
+
+def reduce_namespace(namespace: dict[str, Any]) -> dict[str, Any]:
+    """A namespace as quota and the opt-out read it: its name and labels."""
+    meta = namespace.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    slim_meta = _metadata(meta, ("name", "uid", "resourceVersion", "labels"))
+    return {"metadata": slim_meta}

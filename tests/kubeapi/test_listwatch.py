@@ -1,0 +1,326 @@
+"""The one reflector against the stand-in API server through the real client: paged lists reduced page
+by page, an expired continue token, watch resume and bookmarks, 410 relist, backoff, stop from another
+thread, and the arguments it refuses.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_vgpu.kubeapi.client import Kube, WatchInterrupt, load_api_client
+from kube_vgpu.kubeapi.listwatch import (
+    Backoff,
+    Handlers,
+    KubeSource,
+    Listed,
+    ProgressReason,
+    Reflector,
+    WatchEvent,
+)
+from kube_vgpu.kubeapi.rawlist import contains_any
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+
+
+def pod(name: str, *, gpu: bool = False) -> dict[str, Any]:
+    limits = {"volcano.sh/vgpu-number": "1"} if gpu else {"cpu": "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]},
+    }
+
+
+class Recorder:
+    """Handlers that record what the reflector reports, in order, with a way to wait for it."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Any]] = []
+        self.lists: list[Listed[str]] = []
+        self.events: list[WatchEvent[str]] = []
+        self.progress: list[ProgressReason] = []
+        self.failures: list[BaseException] = []
+        self.changed = threading.Condition()
+
+    def handlers(self) -> Handlers[str]:
+        def listed(result: Listed[str]) -> None:
+            self._add("listed", result, self.lists)
+
+        def event(change: WatchEvent[str]) -> None:
+            self._add("event", change, self.events)
+
+        def progress(reason: ProgressReason, at: float) -> None:
+            self._add("progress", reason, self.progress)
+
+        def failed(exc: BaseException) -> None:
+            self._add("failed", exc, self.failures)
+
+        return Handlers(listed=listed, event=event, progress=progress, failed=failed)
+
+    def _add(self, what: str, item: Any, into: list[Any]) -> None:
+        with self.changed:
+            into.append(item)
+            self.log.append((what, item))
+            self.changed.notify_all()
+
+    def wait(self, condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+        with self.changed:
+            assert self.changed.wait_for(condition, limit_s), what
+
+
+class Hooked:
+    """A KubeSource that records each page read and runs a hook after it (the test's moment)."""
+
+    def __init__(self, source: KubeSource, log: list[tuple[str, Any]]) -> None:
+        self.source = source
+        self.log = log
+        self.after_page: Callable[[int], None] = lambda n: None
+        self.pages = 0
+
+    @property
+    def filtered(self) -> bool:
+        return self.source.filtered
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        return self._page(lambda: self.source.list_page(limit, continue_token))
+
+    def list_page_raw(self, limit: int, continue_token: str | None) -> bytes:
+        page: bytes = self._page(lambda: self.source.list_page_raw(limit, continue_token))
+        return page
+
+    def _page(self, read: Callable[[], Any]) -> Any:
+        self.pages += 1
+        self.log.append(("page", self.pages))
+        page = read()
+        self.after_page(self.pages)
+        return page
+
+    def watch(
+        self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        return self.source.watch(resource_version, interrupt, timeout_seconds)
+
+
+@pytest.fixture
+def kube(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[Kube]:
+    client = Kube(load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))))
+    yield client
+    client.close()
+
+
+def name_of(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["name"])
+
+
+class Running:
+    """A reflector on a thread of its own, stopped (and joined) at the end of the test."""
+
+    def __init__(self, reflector: Reflector[Any]) -> None:
+        self.reflector = reflector
+        self.thread = threading.Thread(target=reflector.run, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> float:
+        started = time.monotonic()
+        self.reflector.stop()
+        self.thread.join(10)
+        assert not self.thread.is_alive(), "the reflector did not stop"
+        return time.monotonic() - started
+
+
+def reflector(
+    source: Any, recorder: Recorder, transform: Callable[[dict[str, Any]], str | None] = name_of, **kw: Any
+) -> Reflector[str]:
+    kw.setdefault("backoff", Backoff(initial=0.02, maximum=0.1))
+    return Reflector(source, recorder.handlers(), transform=transform, name="test", **kw)
+
+
+def test_a_list_is_read_in_pages_each_reduced_before_the_next_is_read(
+    apiserver: ApiServerStandin, kube: Kube
+) -> None:
+    for index in range(5):
+        apiserver.put(pod(f"p{index}"))
+    recorder = Recorder()
+    source = Hooked(KubeSource(kube, "pod"), recorder.log)
+
+    def transform(obj: dict[str, Any]) -> str:
+        recorder.log.append(("transform", name_of(obj)))
+        return name_of(obj)
+
+    running = Running(reflector(source, recorder, transform, page_size=2))
+    recorder.wait(lambda: bool(recorder.lists), "the list")
+    running.stop()
+    listed = recorder.lists[0]
+    assert [name for _, name in listed.items] == ["p0", "p1", "p2", "p3", "p4"]
+    assert (listed.pages, listed.read) == (3, 5)
+    steps = [entry for entry in recorder.log if entry[0] in ("page", "transform")]
+    assert steps == [
+        ("page", 1), ("transform", "p0"), ("transform", "p1"),
+        ("page", 2), ("transform", "p2"), ("transform", "p3"),
+        ("page", 3), ("transform", "p4"),
+    ]  # fmt: skip
+    lists = [r for r in apiserver.requests("GET", "/api/v1/pods") if r.query.get("watch") is None]
+    assert [r.query.get("limit") for r in lists] == ["2", "2", "2"]
+    assert "continue" not in lists[0].query and all(r.query.get("continue") for r in lists[1:])
+
+
+def test_a_prefilter_decodes_only_the_items_that_can_be_kept(apiserver: ApiServerStandin, kube: Kube) -> None:
+    for index in range(7):
+        apiserver.put(pod(f"p{index}", gpu=index % 3 == 0))
+    recorder = Recorder()
+    decoded: list[str] = []
+
+    def transform(obj: dict[str, Any]) -> str | None:
+        decoded.append(name_of(obj))
+        limits = obj["spec"]["containers"][0]["resources"]["limits"]
+        return name_of(obj) if "volcano.sh/vgpu-number" in limits else None
+
+    running = Running(
+        reflector(
+            KubeSource(kube, "pod"),
+            recorder,
+            transform,
+            page_size=3,
+            prefilter=contains_any(("volcano.sh/vgpu-number",)),
+        )
+    )
+    recorder.wait(lambda: bool(recorder.lists), "the list")
+    running.stop()
+    listed = recorder.lists[0]
+    assert [name for _, name in listed.items] == ["p0", "p3", "p6"]
+    assert decoded == ["p0", "p3", "p6"]  # the others were never decoded
+    # Every page was split (two full pages, and the last holding what the second said remained).
+    assert (listed.pages, listed.read, running.reflector.pages_split) == (3, 7, 3)
+
+
+def test_an_expired_continue_token_restarts_the_list_from_its_first_page(
+    apiserver: ApiServerStandin, kube: Kube
+) -> None:
+    for index in range(4):
+        apiserver.put(pod(f"p{index}"))
+    recorder = Recorder()
+    source = Hooked(KubeSource(kube, "pod"), recorder.log)
+
+    def compact(page: int) -> None:
+        if page == 1:  # between the first and second page: a write, then etcd compacts past it
+            apiserver.put(pod("p9"))
+            apiserver.delete("Pod", "p3", "default")
+            apiserver.expire_history()
+
+    source.after_page = compact
+    running = Running(reflector(source, recorder, page_size=2))
+    recorder.wait(lambda: bool(recorder.lists), "the list")
+    running.stop()
+    assert [name for _, name in recorder.lists[0].items] == ["p0", "p1", "p2", "p9"]
+    assert running.reflector.expired_continues == 1 and source.pages == 4  # 1 expired + 3 fresh
+
+
+def test_the_watch_follows_the_list_resumes_after_its_end_and_reports_bookmarks(
+    apiserver: ApiServerStandin, kube: Kube
+) -> None:
+    apiserver.put(pod("before"))
+    recorder = Recorder()
+    running = Running(reflector(KubeSource(kube, "pod"), recorder, watch_timeout_seconds=1))
+    recorder.wait(lambda: bool(recorder.lists), "the list")
+    apiserver.put(pod("after"))
+    recorder.wait(lambda: any(e.key == "default/after" for e in recorder.events), "the ADDED event")
+    recorder.wait(lambda: "stream_end" in recorder.progress, "a watch ended by the server")
+    apiserver.delete("Pod", "before", "default")
+    recorder.wait(lambda: any(e.type == "DELETED" for e in recorder.events), "the DELETED event")
+
+    def bookmarked() -> bool:
+        apiserver.send_bookmarks()  # again until a watch is open to take one (they last a second)
+        return "bookmark" in recorder.progress
+
+    recorder.wait(bookmarked, "a bookmark")
+    running.stop()
+    assert len(recorder.lists) == 1 and running.reflector.relists_gone == 0  # resumed, never relisted
+    watches = [r for r in apiserver.requests("GET", "/api/v1/pods") if r.query.get("watch") == "true"]
+    assert len(watches) >= 2 and all(r.query.get("allowWatchBookmarks") == "true" for r in watches)
+    # Each watch resumes where the previous stream stopped, never from the list's version again.
+    versions = [int(r.query["resourceVersion"]) for r in watches]
+    assert versions == sorted(versions) and versions[-1] > versions[0]
+
+
+def test_410_gone_relists_and_the_relist_no_longer_holds_what_was_deleted(
+    apiserver: ApiServerStandin, kube: Kube
+) -> None:
+    apiserver.put(pod("stays"))
+    apiserver.put(pod("goes"))
+    recorder = Recorder()
+    running = Running(reflector(KubeSource(kube, "pod"), recorder))
+    recorder.wait(lambda: bool(recorder.lists), "the first list")
+    apiserver.set_outage(True)
+    apiserver.delete("Pod", "goes", "default")
+    apiserver.put(pod("new"))
+    apiserver.expire_history()
+    apiserver.set_outage(False)
+    recorder.wait(lambda: len(recorder.lists) == 2, "the relist after 410")
+    running.stop()
+    assert [name for _, name in recorder.lists[1].items] == ["new", "stays"]
+    assert running.reflector.relists_gone >= 1
+
+
+def test_stop_from_another_thread_ends_a_watch_blocked_on_a_silent_stream(
+    apiserver: ApiServerStandin, kube: Kube
+) -> None:
+    recorder = Recorder()
+    running = Running(reflector(KubeSource(kube, "pod"), recorder, watch_timeout_seconds=300))
+    recorder.wait(lambda: bool(recorder.lists), "the list")
+    time.sleep(0.3)  # the watch is open and silent now
+    assert running.stop() < 5
+
+
+def test_a_stop_during_the_backoff_ends_it_at_once(apiserver: ApiServerStandin, kube: Kube) -> None:
+    apiserver.set_outage(True)
+    recorder = Recorder()
+    running = Running(reflector(KubeSource(kube, "pod"), recorder, backoff=Backoff(initial=30, maximum=30)))
+    recorder.wait(lambda: bool(recorder.failures), "a failed list")
+    assert running.stop() < 5
+
+
+def test_backoff_grows_to_its_maximum_with_jitter_on_top() -> None:
+    backoff = Backoff(initial=1, maximum=8, factor=2, jitter=0.5, rng=random.Random(7))
+    for attempt, base in enumerate([1, 2, 4, 8, 8, 8]):
+        delays = [backoff.delay(attempt) for _ in range(200)]
+        assert all(base <= d <= base * 1.5 for d in delays)
+        assert max(delays) - min(delays) > base * 0.3  # jittered, not constant
+    assert Backoff(initial=1, maximum=1, jitter=0).delay(100) == 1
+
+
+def test_refused_settings_name_what_is_wrong() -> None:
+    Backoff(initial=0.5, maximum=0.5, factor=1, jitter=0)  # the edges are accepted
+    cases: list[tuple[dict[str, float], str]] = [
+        ({"initial": 0}, "0 < initial <= maximum"),
+        ({"initial": 2, "maximum": 1}, "0 < initial <= maximum"),
+        ({"factor": 0.99}, "factor >= 1"),
+        ({"jitter": -0.01}, "jitter >= 0"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            Backoff(**kwargs)  # type: ignore[arg-type]
+    source = KubeSource(None, "pod")  # type: ignore[arg-type]  # never called
+    Reflector(
+        source, Recorder().handlers(), transform=name_of, name="t", page_size=1, watch_timeout_seconds=1
+    )
+    with pytest.raises(ValueError, match="page_size must be at least 1, got 0"):
+        Reflector(source, Recorder().handlers(), transform=name_of, name="t", page_size=0)
+    with pytest.raises(ValueError, match="watch_timeout_seconds must be at least 1, got 0"):
+        Reflector(source, Recorder().handlers(), transform=name_of, name="t", watch_timeout_seconds=0)
+
+    class Decoded:
+        def list_page(self, limit: int, continue_token: str | None) -> Any:
+            return {}
+
+        def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+            return iter(())
+
+    with pytest.raises(ValueError, match="needs a source that serves raw pages"):
+        Reflector(Decoded(), Recorder().handlers(), transform=name_of, name="t", prefilter=lambda raw: True)
