@@ -149,3 +149,30 @@ async def test_a_failing_subscriber_does_not_stop_the_cache(
     apiserver.put(pod(name="a"))
     apiserver.put(pod(name="b"))
     await until(lambda: {"default/a", "default/b"} <= set(cache.objects("pod")), "both pods")
+
+
+async def test_the_pod_stream_is_current_at_its_list_and_each_pod_event_not_at_other_kinds(
+    cache: ClusterCache, apiserver: ApiServerStandin, clock: FakeClock
+) -> None:
+    assert cache.pod_stream_current_at() == 1000.0  # the first list, on the cache's clock
+    clock.now = 1010.0
+    apiserver.put(gpu_node("n2", "mig", [("NVIDIA H100 80GB HBM3", 81920)]))
+    await until(lambda: "n2" in cache.inventory.nodes, "node event")
+    # A node event, and watch streams ending by their timeout, say nothing of the pod stream.
+    apiserver.close_watches()
+    await asyncio.sleep(0.2)
+    assert cache.pod_stream_current_at() == 1000.0
+    apiserver.put(pod(name="p2"))
+    await until(lambda: cache.pod_stream_current_at() == 1010.0, "a pod event moves it on")
+
+
+async def test_the_pod_stream_has_no_position_before_its_first_list(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    kube = Kube(
+        load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))), component="webhook"
+    )
+    try:
+        assert ClusterCache(kube).pod_stream_current_at() is None
+    finally:
+        kube.close()

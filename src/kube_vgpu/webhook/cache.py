@@ -87,6 +87,8 @@ class ClusterCache:
         self._stores: dict[CachedKind, dict[str, dict[str, Any]]] = {k: {} for k in KINDS}
         self._synced: dict[CachedKind, bool] = dict.fromkeys(KINDS, False)
         self._contact: dict[CachedKind, float | None] = dict.fromkeys(KINDS, None)
+        # When the pod list/watch last showed it was current (a list completed, an event arrived).
+        self._pods_current_at: float | None = None
         self._listeners: dict[CachedKind, list[Listener]] = {k: [] for k in KINDS}
         self._relist_listeners: list[RelistListener] = []
         self.inventory = Inventory()
@@ -133,6 +135,12 @@ class ClusterCache:
         if any(c is None for c in contacts):
             return None
         return max(0.0, self._clock() - min(c for c in contacts if c is not None))
+
+    def pod_stream_current_at(self) -> float | None:
+        """The clock's time (time.monotonic) at which the pod list/watch last confirmed it was
+        current: a list completed, or an event (bookmarks included) arrived; None before the first
+        list. A pod created before that moment, by more than the watch's delivery delay, is cached."""
+        return self._pods_current_at
 
     def ready(self) -> bool:
         """Synced, and heard from within the staleness window."""
@@ -267,7 +275,7 @@ class ClusterCache:
                     return None, events
                 resource_version = _rv(obj) or resource_version
                 if event_type == "BOOKMARK":
-                    self._post(self._on_contact, kind)
+                    self._post(self._on_bookmark, kind)
                 elif event_type in ("ADDED", "MODIFIED", "DELETED") and not self._post(
                     self._on_event, kind, event_type, obj
                 ):
@@ -284,6 +292,11 @@ class ClusterCache:
 
     def _on_contact(self, kind: CachedKind) -> None:
         self._contact[kind] = self._clock()
+
+    def _on_bookmark(self, kind: CachedKind) -> None:
+        self._on_contact(kind)
+        if kind == "pod":
+            self._pods_current_at = self._contact[kind]
 
     def _on_failure(self, kind: CachedKind) -> None:
         self.failures[kind] += 1
@@ -307,6 +320,8 @@ class ClusterCache:
 
     def _on_event(self, kind: CachedKind, event_type: str, obj: dict[str, Any]) -> None:
         self._contact[kind] = self._clock()
+        if kind == "pod":
+            self._pods_current_at = self._contact[kind]
         store = self._stores[kind]
         key = object_key(obj)
         old = store.get(key)
@@ -321,6 +336,8 @@ class ClusterCache:
     def _on_list(self, kind: CachedKind, items: Iterable[dict[str, Any]]) -> None:
         """Replace a kind's store with a full list, announcing exactly what changed."""
         self._contact[kind] = self._clock()
+        if kind == "pod":
+            self._pods_current_at = self._contact[kind]
         store = self._stores[kind]
         fresh = {object_key(obj): obj for obj in items}
         for key in [k for k in store if k not in fresh]:

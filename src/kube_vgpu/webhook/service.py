@@ -107,6 +107,8 @@ def build_quota(
     metrics: WebhookMetrics,
     geometry: Callable[[], DeviceConfig] = default_device_config,
     shared: Callable[[QuotaLedger], SharedBook] | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> QuotaGate:
     """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events, decided
     against the reservations every replica shares (`shared`, given the ledger it reads the cache
@@ -122,6 +124,9 @@ def build_quota(
         gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
         gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
         slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
+        # The cache's clock: a forged review's reservation goes once the pod watch has passed it.
+        clock=clock,
+        stream_current_at=cache.pod_stream_current_at,
     )
 
     if shared is not None:
@@ -194,11 +199,13 @@ def build_services(
     metrics: WebhookMetrics,
     geometry: Callable[[], DeviceConfig] = default_device_config,
     shared: Callable[[QuotaLedger], SharedBook] | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Services:
-    """The handlers' dependencies, wired to a live cache."""
+    """The handlers' dependencies, wired to a live cache (whose clock is `clock`)."""
     metrics.track_cache(cache)
     admission = Admission(config, cache)
-    quota = build_quota(cache, config, metrics, geometry, shared)
+    quota = build_quota(cache, config, metrics, geometry, shared, clock=clock)
     validation = Validation(config, CacheValidationView(cache), quota)
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
@@ -238,12 +245,15 @@ class WebhookServer:
                 options.release_namespace,
                 lifetime_seconds=config.webhook.cache_staleness_seconds,
                 cache_state=ledger.cache_state,
+                clock=clock,
             )
             SharedBookMetrics(lambda: dataclasses.asdict(book.stats), self.metrics.registry)
             self.reservations = book
             return book
 
-        self.services = build_services(self.cache, config, self.metrics, lambda: self.geometry, shared)
+        self.services = build_services(
+            self.cache, config, self.metrics, lambda: self.geometry, shared, clock=clock
+        )
         self.app = AdmissionApp(self.services)
         limits = options.limits
         self.http = HttpSettings(

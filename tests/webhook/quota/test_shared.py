@@ -13,10 +13,12 @@ from kube_vgpu.webhook.quota.charge import ZERO, Charge, Limits
 from kube_vgpu.webhook.quota.shared import (
     MAX_ENTRIES,
     NAMESPACE_LABEL,
+    NEVER_CREATED_AFTER,
     Ask,
     CacheState,
     Entry,
     SharedStateError,
+    Sightings,
     decide,
     decode_entries,
     encode_object,
@@ -36,6 +38,7 @@ def cache(
     shown: Mapping[str, float] | None = None,
     gone: frozenset[str] = frozenset(),
     terminal: frozenset[str] = frozenset(),
+    current_at: float | None = None,
 ) -> CacheState:
     shown = dict(shown or {})
     return CacheState(
@@ -43,6 +46,7 @@ def cache(
         accounts_for=lambda uid: uid in shown or uid in gone or uid in terminal,
         released=lambda uid: uid in gone or uid in terminal,
         shown_for=shown.get,
+        stream_current_at=current_at,
     )
 
 
@@ -198,3 +202,53 @@ def test_expired_entries_free_their_share_for_the_next_ask() -> None:
     entries = {f"old{i}": Entry(ONE, int(NOW) - 1) for i in range(4)}
     kept, answers = decide(entries, [ask("new")], cache(), now=NOW, lifetime=LIFETIME)
     assert answers[0].fits and set(kept) == {"new"}
+
+
+# -- entries whose pod was never created -------------------------------------------------------------------
+
+SEEN = 500.0  # this replica's monotonic clock when it first saw the entries
+
+
+@pytest.mark.parametrize(
+    ("current_at", "kept"),
+    [
+        (None, {"forged", "shown"}),  # the watch never confirmed it was current: wait for expiry
+        (SEEN + NEVER_CREATED_AFTER - 0.001, {"forged", "shown"}),  # a create could still be stored
+        (SEEN + NEVER_CREATED_AFTER, {"shown"}),  # past any create: the forged entry goes
+        (SEEN + 10 * LIFETIME, {"shown"}),  # a pod the cache shows is never released early
+    ],
+)
+def test_an_entry_whose_pod_was_never_created_goes_once_the_watch_is_past_the_request_timeout(
+    current_at: float | None, kept: set[str]
+) -> None:
+    entries = {"forged": Entry(ONE, int(NOW) + 100), "shown": Entry(ONE, int(NOW) + 100)}
+    state = cache(shown={"shown": 1.0}, current_at=current_at)
+    first_seen = {"forged": SEEN, "shown": SEEN}
+    assert set(prune(entries, state, NOW, LIFETIME, first_seen)) == kept
+    assert in_flight(entries, state, NOW, LIFETIME, first_seen) == (ONE if "forged" in kept else ZERO)
+    after, answers = decide(
+        entries,
+        [ask("next", limits=Limits(number=1))],
+        state,
+        now=NOW,
+        lifetime=LIFETIME,
+        first_seen=first_seen,
+    )
+    # The next ask fits exactly when the forged entry no longer counts, and is booked then.
+    assert answers[0].fits == ("forged" not in kept)
+    assert set(after) == kept | ({"next"} if answers[0].fits else set())
+    # Without a first sighting this replica cannot date the entry: it keeps it until it expires.
+    assert set(prune(entries, state, NOW, LIFETIME)) == {"forged", "shown"}
+
+
+def test_sightings_date_an_entry_from_when_this_replica_first_saw_it() -> None:
+    seen = Sightings()
+    assert seen.note("ns", ["a"], 10.0) == {"a": 10.0}
+    # Seen again later: still dated from the first sight; a new entry from now.
+    assert seen.note("ns", ["a", "b"], 20.0) == {"a": 10.0, "b": 20.0}
+    # An entry gone from the object is forgotten; if a uid comes back it is new again.
+    assert seen.note("ns", ["b"], 30.0) == {"b": 20.0}
+    assert seen.note("ns", ["a", "b"], 40.0) == {"a": 40.0, "b": 20.0}
+    assert seen.of("other") == {} and seen.of("ns") == {"a": 40.0, "b": 20.0}
+    seen.forget("ns")
+    assert seen.of("ns") == {}
