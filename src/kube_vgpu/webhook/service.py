@@ -58,6 +58,9 @@ class Options:
     client_ca_file: Path | None = None
     # Where the shared quota reservations live (the chart passes the pod's own namespace).
     release_namespace: str = "default"
+    # Whether the install put a NetworkPolicy in front of the port (what the chart rendered; the
+    # webhook cannot see whether the network enforces it).
+    network_policy: bool = False
 
 
 class KnownNamespaceQuota:
@@ -235,6 +238,9 @@ class WebhookServer:
             self.kube, staleness_seconds=config.webhook.cache_staleness_seconds, clock=clock
         )
         self.metrics = WebhookMetrics()
+        self.metrics.report_caller_protection(
+            client_certificate=options.client_ca_file is not None, network_policy=options.network_policy
+        )
         # Volcano's MIG geometry, read at start: what a `mig` pod's slot costs against quota.
         self.geometry: DeviceConfig = default_device_config()
         self.reservations: SharedReservations | None = None
@@ -284,6 +290,7 @@ class WebhookServer:
         self.geometry = await load_mig_geometry(self.kube, self.config.node)
         self._reload_task = asyncio.create_task(self.reloader.run(), name="tls-reload")
         log.info("event=webhook_started address=%s:%d", self.options.host, self.port)
+        log_caller_protection(self.options)
 
     async def stop(self) -> None:
         """Stop accepting, close idle keep-alive connections, let requests in flight finish, close
@@ -325,6 +332,24 @@ class WebhookServer:
         await self.cache.stop()
         self.kube.close()
         log.info("event=webhook_stopped")
+
+
+def log_caller_protection(options: Options) -> None:
+    """Say at start which protections keep forged reviews out, and warn plainly when none is on."""
+    client_certificate = options.client_ca_file is not None
+    if client_certificate or options.network_policy:
+        log.info(
+            "event=webhook_caller_protection client_certificate=%s network_policy=%s",
+            "on" if client_certificate else "off",
+            "on" if options.network_policy else "off",
+        )
+        return
+    log.warning(
+        "event=webhook_caller_protection client_certificate=off network_policy=off detail=%r",
+        f"any pod that reaches port {options.port} can send forged reviews: book GPU quota in any "
+        "namespace for about a minute per review, and read quota usage and the cluster's GPUs from "
+        "the answers; set webhook.networkPolicy or webhook.clientAuth in the chart (docs/security.md)",
+    )
 
 
 async def load_mig_geometry(kube: Kube, node: NodeConfig) -> DeviceConfig:
