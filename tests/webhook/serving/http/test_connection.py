@@ -30,6 +30,7 @@ from kube_vgpu.webhook.serving.http.connection import (
     HttpSettings,
 )
 from kube_vgpu.webhook.serving.http.message import Request, Response
+from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
 from tests.support.webhook import (
     A100,
     ThreadedWebhook,
@@ -569,3 +570,28 @@ async def test_pipelined_requests_read_ahead_of_their_answers_are_bounded() -> N
     await asyncio.sleep(0)  # the loop's next turn answers them
     assert len(transport.written) == MAX_PENDING + 5 and not transport.paused
     connection.connection_lost(None)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_of_exactly_the_limit_is_read_and_one_byte_more_is_refused(
+    webhook: ThreadedWebhook, chunked: bool
+) -> None:
+    doc = _review("at-the-limit")
+    # JSON allows trailing white space: the same review, padded to the limit.
+    at_limit = doc + b" " * (MAX_BODY_BYTES - len(doc))
+    for body, expected in ((at_limit, 200), (at_limit + b" ", 413)):
+        sock = _connect(webhook)
+        if chunked:
+            half = len(body) // 2
+            pieces = [body[:half], body[half:]]
+            encoded = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+            sock.sendall(_post("/mutate", encoded, "Transfer-Encoding: chunked"))
+        else:
+            sock.sendall(_post("/mutate", body))
+        status, _, answer = _read_answer(_Stream(sock))
+        assert status == expected, answer[:200]
+        if expected == 200:
+            assert json.loads(answer)["response"]["allowed"]
+        else:
+            assert f"{MAX_BODY_BYTES}-byte limit" in json.loads(answer)["error"]
+        sock.close()

@@ -68,3 +68,12 @@ def test_damaged_compressed_bodies_are_named(encoding: str, data: bytes, reason:
 def test_an_unknown_encoding_is_refused_when_the_decoder_is_made() -> None:
     with pytest.raises(ValueError, match="unsupported content encoding 'br'"):
         BodyDecoder("br", 100)
+
+
+@pytest.mark.parametrize("encoding", ["identity", "gzip", "deflate"])
+def test_a_body_decoding_to_exactly_the_limit_is_read_and_one_byte_more_is_refused(encoding: str) -> None:
+    limit = 64 * 1024
+    compress = {"identity": lambda b: b, "gzip": gzip.compress, "deflate": zlib.compress}[encoding]
+    assert _fed(encoding, compress(b"a" * limit), limit=limit, piece=4096) == b"a" * limit
+    with pytest.raises(BodyTooLarge, match=f"over the {limit}-byte limit"):
+        _fed(encoding, compress(b"a" * (limit + 1)), limit=limit, piece=4096)
