@@ -88,7 +88,7 @@ def _config(group: Group) -> str:
 
 def _module_of(mutant: str) -> str:
     # "kube_vgpu.webhook.quota.charge.x_pod_charge__mutmut_3" -> "kube_vgpu.webhook.quota.charge"
-    head = mutant.split("__mutmut_")[0]
+    head = mutant.split("__mutmut_", maxsplit=1)[0]
     return head.rsplit(".", 1)[0]
 
 
@@ -101,7 +101,9 @@ def run(name: str, group: Group, keep: Path | None, max_children: int | None) ->
     for item in _COPY:
         source = ROOT / item
         if source.is_dir():
-            shutil.copytree(source, scratch / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                source, scratch / item, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
         else:
             shutil.copy2(source, scratch / item)
     with (scratch / "pyproject.toml").open("a") as config:
@@ -126,7 +128,11 @@ def run(name: str, group: Group, keep: Path | None, max_children: int | None) ->
     for survivor in survivors:
         print(f"-- {survivor}")
         shown = subprocess.run(
-            [*mutmut, "show", survivor.split(" ")[0]], cwd=scratch, capture_output=True, text=True, check=False
+            [*mutmut, "show", survivor.split(" ")[0]],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         print(shown.stdout.rstrip())
     print(f"== {name}: score per module (killed / mutants)")
