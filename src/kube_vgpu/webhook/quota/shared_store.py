@@ -199,7 +199,6 @@ class SharedReservations:
                         await self._settle(namespace, [])
                     self.stats.sweeps += 1
                 except Exception as exc:
-                    self.stats.failures += 1
                     self._latest.pop(namespace, None)  # an unknown outcome: read before the next write
                     log.warning(
                         "event=quota_sweep_failed namespace=%s reason=%r",
