@@ -59,6 +59,7 @@ GROUPS: dict[str, Group] = {
             "tests/webhook/quota/test_shared.py",
             "tests/webhook/quota/test_gate.py",
             "tests/webhook/quota/test_ledger.py",
+            "tests/webhook/quota/test_mig_geometry.py",
         ),
     ),
 }

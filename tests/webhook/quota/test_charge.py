@@ -191,3 +191,47 @@ def test_denial_message_is_worded_as_the_issue_says() -> None:
         "namespace team-a: vgpu-number quota exceeded: requested 1 vGPU, in use 4 vGPUs of 4 vGPUs; "
         "namespace team-a: vgpu-cores quota exceeded: requested 50%, in use 380% of 400%"
     )
+
+
+def test_each_resource_is_checked_by_what_the_request_asks_of_it_alone() -> None:
+    limits = Limits(number=4, memory_mib=1000, cores=None)
+    # Asks cores only: the namespace being over its vGPU count does not refuse it.
+    assert exceeded(Charge(0, 0, 10), Charge(9, 9000, 0), limits) == []
+    # Asks one vGPU and nothing else, with the count at its limit: refused on the count alone.
+    assert exceeded(Charge(1, 0, 0), Charge(4, 0, 0), limits) == ["vgpu-number"]
+
+
+GPU_1 = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+
+
+@pytest.mark.parametrize(
+    ("container", "gpu_mib", "booked", "believed"),
+    [
+        (ctr("c", percent=50), 1000, 500, True),  # exactly the percentage of the booked card
+        (ctr("c", percent=50), 1000, 499, False),  # one MiB short: the limits are charged instead
+        (ctr("c", percent=33), 1001, 330, True),  # 33% of 1001 MiB rounds down to 330, as Volcano
+        (ctr("c", number=1), 1000, 1000, True),  # no memory asked: the whole card
+        (ctr("c", number=1), 1000, 999, False),
+        (ctr("c", memory=100), 1000, 100, True),
+        (ctr("c", memory=100), 1000, 99, False),
+        (ctr("c", percent=50), None, 500, False),  # a card the cluster does not know: unverifiable
+    ],
+)
+def test_a_booking_is_believed_only_when_it_charges_at_least_the_containers_own_limits(
+    container: dict[str, Any], gpu_mib: int | None, booked: int, believed: bool
+) -> None:
+    p = pod(container, annotations={VGPU_IDS_NEW: encode_pod_devices([[DeviceRecord(GPU_1, booked, 0)]])})
+    sizes = {GPU_1: gpu_mib} if gpu_mib is not None else {}
+    assert booked_memory(p, parse_pod(p, NAMES), sizes.get) == ({"c": booked} if believed else {})
+
+
+def test_a_booking_with_more_devices_than_the_container_asks_is_not_believed() -> None:
+    two = encode_pod_devices([[DeviceRecord(GPU_1, 100, 0), DeviceRecord(GPU_1.replace("1", "2"), 100, 0)]])
+    p = pod(ctr("c", number=1, memory=100), annotations={VGPU_IDS_NEW: two})
+    assert booked_memory(p, parse_pod(p, NAMES)) == {}
+
+
+@pytest.mark.parametrize("value", [5, ["x"], {"a": 1}, None])
+def test_a_booking_annotation_that_is_not_text_is_ignored(value: object) -> None:
+    p = pod(ctr("c", memory=100), annotations={VGPU_IDS_NEW: value})  # type: ignore[dict-item]
+    assert booked_memory(p, parse_pod(p, NAMES)) == {}

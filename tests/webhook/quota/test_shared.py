@@ -14,6 +14,7 @@ from kube_vgpu.webhook.quota.shared import (
     MAX_ENTRIES,
     NAMESPACE_LABEL,
     NEVER_CREATED_AFTER,
+    Answer,
     Ask,
     CacheState,
     Entry,
@@ -252,3 +253,50 @@ def test_sightings_date_an_entry_from_when_this_replica_first_saw_it() -> None:
     assert seen.of("other") == {} and seen.of("ns") == {"a": 40.0, "b": 20.0}
     seen.forget("ns")
     assert seen.of("ns") == {}
+
+
+# -- boundaries of pruning and of the decision (mutation testing: docs/testing.md) ---------------------
+
+
+def test_an_entry_expires_at_its_second_and_each_entry_is_judged_on_its_own() -> None:
+    entries = {
+        "deleted": Entry(ONE, int(NOW) + 100),  # first: dropping it must not stop the others' review
+        "due-now": Entry(ONE, int(NOW)),  # expires this very second, never shown: dropped
+        "briefly": Entry(ONE, int(NOW) - 1),  # expired, shown for less than the lifetime: kept
+        "next-second": Entry(ONE, int(NOW) + 1),
+    }
+    state = cache(shown={"briefly": LIFETIME - 1}, gone=frozenset({"deleted"}))
+    assert set(prune(entries, state, NOW, LIFETIME)) == {"briefly", "next-second"}
+    kept, _ = decide(entries, [], state, now=NOW, lifetime=LIFETIME)
+    assert set(kept) == {"briefly", "next-second"}
+    # What counts: the entries kept that the cache does not account for, each once.
+    assert in_flight(entries, state, NOW, LIFETIME) == ONE
+    assert (
+        in_flight({"a": Entry(ONE, int(NOW) + 9), "b": Entry(ONE, int(NOW) + 9)}, cache(), NOW, LIFETIME)
+        == ONE + ONE
+    )
+
+
+def test_answers_carry_no_resources_when_they_fit_and_the_usage_they_saw() -> None:
+    entries = {"other": Entry(ONE, int(NOW) + 60)}
+    kept, answers = decide(entries, [ask("a"), ask("b")], cache(), now=NOW, lifetime=LIFETIME, max_entries=2)
+    assert answers == [Answer((), ONE), Answer((), ONE + ONE, full=True)]
+    assert set(kept) == {"other", "a"}
+
+
+def test_a_pod_the_cache_counts_is_not_discounted_when_it_is_decided_again() -> None:
+    # The API server never reviews the CREATE of a stored pod; a second review of its uid (a
+    # forgery) is decided against usage that already holds the pod, so it can only be refused.
+    entries = {"p": Entry(ONE, int(NOW) + 60)}
+    state = cache(pods=ONE, shown={"p": 1.0})
+    _, answers = decide(entries, [ask("p", limits=Limits(number=1))], state, now=NOW, lifetime=LIFETIME)
+    assert not answers[0].fits and answers[0].usage == ONE
+    # Deciding it again adds nothing to what later asks of the batch see.
+    _, answers = decide(
+        entries,
+        [ask("p", limits=Limits(number=2)), ask("q", limits=Limits(number=2))],
+        state,
+        now=NOW,
+        lifetime=LIFETIME,
+    )
+    assert [a.fits for a in answers] == [True, True] and answers[1].usage == ONE
