@@ -45,18 +45,24 @@ GROUPS: dict[str, Group] = {
         modules=("src/kube_vgpu/node/deviceplugin/verify.py",),
         tests=("tests/node/deviceplugin/test_verify.py", "tests/node/deviceplugin/test_booking.py"),
     ),
+    # The quota's pure arithmetic and decision against the shared reservations.
     "quota": Group(
         modules=(
             "src/kube_vgpu/webhook/quota/charge.py",
             "src/kube_vgpu/webhook/quota/mig_charge.py",
             "src/kube_vgpu/webhook/quota/shared.py",
-            "src/kube_vgpu/webhook/quota/gate.py",
-            "src/kube_vgpu/webhook/quota/ledger.py",
         ),
         tests=(
             "tests/webhook/quota/test_charge.py",
             "tests/webhook/quota/test_mig_charge.py",
             "tests/webhook/quota/test_shared.py",
+            "tests/webhook/quota/test_mig_geometry.py",
+        ),
+    ),
+    # The quota step and the replica-local ledger that decides with it.
+    "quota-ledger": Group(
+        modules=("src/kube_vgpu/webhook/quota/gate.py", "src/kube_vgpu/webhook/quota/ledger.py"),
+        tests=(
             "tests/webhook/quota/test_gate.py",
             "tests/webhook/quota/test_ledger.py",
             "tests/webhook/quota/test_mig_geometry.py",
