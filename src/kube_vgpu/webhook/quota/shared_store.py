@@ -188,7 +188,10 @@ class SharedReservations:
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(self.sweep_seconds)
-            await self.sweep()
+            try:
+                await self.sweep()
+            except Exception as exc:  # a sweep that dies would leave forged entries to expiry alone
+                log.error("event=quota_sweep_failed error=%r", f"{type(exc).__name__}: {exc}")
 
     async def _drain(self, namespace: str, *, sweep: bool = False) -> None:
         batch: list[_Waiting] = []
