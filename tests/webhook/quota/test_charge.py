@@ -15,6 +15,7 @@ from kube_vgpu.webhook.quota.charge import (
     GpuSizeUnknown,
     Limits,
     booked_memory,
+    container_charge,
     exceeded,
     exceeded_message,
     invalid_label_message,
@@ -235,3 +236,33 @@ def test_a_booking_with_more_devices_than_the_container_asks_is_not_believed() -
 def test_a_booking_annotation_that_is_not_text_is_ignored(value: object) -> None:
     p = pod(ctr("c", memory=100), annotations={VGPU_IDS_NEW: value})  # type: ignore[dict-item]
     assert booked_memory(p, parse_pod(p, NAMES)) == {}
+
+
+def slot_of(mib: int) -> int:
+    """A MIG geometry whose slots are 10 GiB or 20 GiB: the smallest that holds `mib`."""
+    return 10240 if mib <= 10240 else 20480
+
+
+@pytest.mark.parametrize(
+    ("amounts", "gpu_mib", "booked", "expected"),
+    [
+        # A mig booking records the MiB asked; the card gives the whole slot: at least the slot.
+        ({"number": 2, "memory": 1, "cores": 30}, 40960, 2, Charge(2, 2 * 10240, 60)),
+        ({"number": 1, "memory": 1}, 40960, 30000, Charge(1, 30000, 100)),  # booked more: that
+        # A share of a card no GPU known can size: the booking alone.
+        ({"number": 1, "percent": 50}, None, 5000, Charge(1, 5000, 100)),
+        ({"number": 1, "percent": 50}, 40960, None, Charge(1, 20480, 100)),  # 50% -> the 20 GiB slot
+        ({"number": 1, "percent": 10}, 40960, None, Charge(1, 10240, 100)),  # 4096 MiB -> 10 GiB
+        ({"number": 1, "memory": 10241}, None, None, Charge(1, 20480, 100)),
+    ],
+)
+def test_a_mig_container_is_charged_the_slot_it_holds_booked_or_not(
+    amounts: dict[str, int], gpu_mib: int | None, booked: int | None, expected: Charge
+) -> None:
+    (request,) = parse_pod(pod(ctr("m", **amounts)), NAMES).containers
+    assert container_charge(request, gpu_mib=gpu_mib, booked_mib=booked, slot=slot_of) == expected
+    # Without a slot (hami-core) a booking is charged as booked.
+    if booked is not None:
+        assert container_charge(request, gpu_mib=gpu_mib, booked_mib=booked) == Charge(
+            expected.number, booked, expected.cores
+        )

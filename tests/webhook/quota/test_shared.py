@@ -300,3 +300,29 @@ def test_a_pod_the_cache_counts_is_not_discounted_when_it_is_decided_again() -> 
         lifetime=LIFETIME,
     )
     assert [a.fits for a in answers] == [True, True] and answers[1].usage == ONE
+
+
+@pytest.mark.parametrize(
+    ("labels", "data", "message"),
+    [
+        (
+            {NAMESPACE_LABEL: "team-b"},
+            {},
+            f"cm-x is labelled {NAMESPACE_LABEL}='team-b', not 'team-a'",
+        ),
+        ({}, {}, f"cm-x is labelled {NAMESPACE_LABEL}=None, not 'team-a'"),
+        ({NAMESPACE_LABEL: "team-a"}, ["u"], "data is not a map"),
+        (
+            {NAMESPACE_LABEL: "team-a"},
+            {"u": "1,2,x,4"},
+            "entry 'u' is not number,memory,cores,expires: '1,2,x,4'",
+        ),
+    ],
+)
+def test_an_unreadable_object_is_refused_saying_what_is_wrong_with_it(
+    labels: dict[str, str], data: object, message: str
+) -> None:
+    obj = {"metadata": {"name": "cm-x", "labels": labels}, "data": data}
+    with pytest.raises(SharedStateError) as info:
+        decode_entries(obj, "team-a")
+    assert str(info.value) == message
