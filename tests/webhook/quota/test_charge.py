@@ -266,3 +266,23 @@ def test_a_mig_container_is_charged_the_slot_it_holds_booked_or_not(
         assert container_charge(request, gpu_mib=gpu_mib, booked_mib=booked) == Charge(
             expected.number, booked, expected.cores
         )
+
+
+def test_every_sidecar_adds_up_and_init_containers_are_sized_and_slotted_like_apps() -> None:
+    # Two sidecars: both keep running, so both add to the apps (and to each other).
+    p = pod(
+        ctr("app", number=1, memory=1000),
+        init=(ctr("s1", "Always", number=1, memory=2000), ctr("s2", "Always", number=1, memory=3000)),
+    )
+    assert charge_of(p) == Charge(3, 6000, 300)
+    # A plain init container asking a share of a card is sized on the GPU, and a mig slot applies.
+    q = pod(ctr("app", number=1, memory=1), init=(ctr("warm", number=1, percent=50),))
+    request = parse_pod(q, NAMES)
+    assert pod_charge(request, gpu_mib=40960) == Charge(1, 20480, 100)
+    assert pod_charge(request, gpu_mib=4096, slot=slot_of) == Charge(1, 10240, 100)
+    # More init containers than flags given: the rest are plain init containers.
+    r = pod(
+        ctr("app", number=1, memory=1000),
+        init=(ctr("a", number=1, memory=500), ctr("b", number=1, memory=700)),
+    )
+    assert pod_charge(parse_pod(r, NAMES), gpu_mib=None, sidecars=(False,)) == Charge(1, 1000, 100)
