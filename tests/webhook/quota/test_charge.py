@@ -286,3 +286,7 @@ def test_every_sidecar_adds_up_and_init_containers_are_sized_and_slotted_like_ap
         init=(ctr("a", number=1, memory=500), ctr("b", number=1, memory=700)),
     )
     assert pod_charge(parse_pod(r, NAMES), gpu_mib=None, sidecars=(False,)) == Charge(1, 1000, 100)
+
+
+def test_labels_left_out_are_unlimited_next_to_one_that_is_set() -> None:
+    assert parse_limits({QUOTA_NUMBER_LABEL: "2"}) == Limits(number=2, memory_mib=None, cores=None)

@@ -59,6 +59,8 @@ def ask(uid: str, charge: Charge = ONE, *, reserve: bool = True, limits: Limits 
 
 
 def test_object_names_are_short_valid_and_distinct_for_any_namespace() -> None:
+    # The name is stored state: replicas of different versions must agree on it.
+    assert object_name("team-a") == "kube-vgpu-quota-96c2886c51d1dfb4901d9feccff66213"
     longest = "n" * 63  # the longest namespace name
     names = {object_name(ns) for ns in ("a", "team-a", "team-b", longest, "x" * 62 + "y")}
     assert len(names) == 5
@@ -253,6 +255,7 @@ def test_sightings_date_an_entry_from_when_this_replica_first_saw_it() -> None:
     assert seen.of("other") == {} and seen.of("ns") == {"a": 40.0, "b": 20.0}
     seen.forget("ns")
     assert seen.of("ns") == {}
+    seen.forget("never-seen")  # nothing to forget is no error
 
 
 # -- boundaries of pruning and of the decision (mutation testing: docs/testing.md) ---------------------
