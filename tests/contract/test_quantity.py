@@ -15,7 +15,16 @@ from hypothesis import strategies as st
 from kubernetes.utils import parse_quantity
 
 from kube_vgpu.contract.config import ResourceNames
-from kube_vgpu.contract.quantity import INT32_MAX, QuantityError, has_binary_suffix, parse_whole
+from kube_vgpu.contract.quantity import (
+    INT32_MAX,
+    INT32_MIN,
+    MAX_TEXT,
+    QuantityError,
+    WholeQuantity,
+    has_binary_suffix,
+    mib_from_binary,
+    parse_whole,
+)
 from kube_vgpu.contract.resources import RequestError, parse_container
 from kube_vgpu.standins.apiserver import quantity as k8s
 
@@ -181,3 +190,72 @@ def test_the_stand_in_reads_json_as_unmarshal_json_does(raw: object, seen: str) 
 
 def test_a_negative_value_rounds_away_from_zero_like_go() -> None:
     assert k8s.value("-500m") == -1 and k8s.value("500m") == 1
+
+
+# -- every limit on both sides (mutation testing: docs/testing.md) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("2147483647", INT32_MAX),  # the largest int32: accepted
+        (INT32_MAX, INT32_MAX),
+        ("-2147483648", INT32_MIN),  # the smallest: accepted (the range is Volcano's int32)
+        (INT32_MIN, INT32_MIN),
+        (4096, 4096),
+        ("3k", 3000),
+    ],
+)
+def test_the_int32_range_is_accepted_to_its_last_value(raw: str | int, value: int) -> None:
+    assert parse_whole(raw) == WholeQuantity(value, binary=False)
+
+
+@pytest.mark.parametrize("raw", ["2147483648", INT32_MAX + 1, "-2147483649", INT32_MIN - 1])
+def test_one_past_the_int32_range_is_refused(raw: str | int) -> None:
+    with pytest.raises(QuantityError, match=f"is larger than {INT32_MAX}, which Volcano would wrap"):
+        parse_whole(raw)
+
+
+def test_the_binary_flag_is_set_by_a_binary_suffix_alone() -> None:
+    assert parse_whole("1Ki") == WholeQuantity(1024, binary=True)
+    assert parse_whole("2Mi").binary and not parse_whole("2M").binary
+    assert not parse_whole("1e3").binary and not parse_whole("1024").binary
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("abc", "is not a Kubernetes quantity"),
+        ("1.5", "is a fraction; write a whole number"),
+        (1.5, 'must be a quantity such as "3000" or "3k", got a float'),
+        ([], 'must be a quantity such as "3000" or "3k", got a list'),
+    ],
+)
+def test_refusals_say_exactly_what_was_wrong(raw: object, message: str) -> None:
+    with pytest.raises(QuantityError) as info:
+        parse_whole(raw)
+    assert str(info.value) == message
+
+
+def test_has_binary_suffix_reads_text_up_to_the_length_bound() -> None:
+    assert has_binary_suffix("0" * (MAX_TEXT - 2) + "Gi")  # 64 characters
+    assert not has_binary_suffix("0" * (MAX_TEXT - 1) + "Gi")  # 65
+    assert not has_binary_suffix("3G") and not has_binary_suffix(3) and not has_binary_suffix("x")
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        ("3Gi", 3072),
+        ("1Mi", 1),
+        ("0" * (MAX_TEXT - 3) + "1Mi", 1),  # 64 characters: read
+        ("0" * (MAX_TEXT - 2) + "1Mi", None),  # 65: past the bound
+        ("1Ki", None),  # a fraction of a MiB
+        ("0Mi", None),  # no memory at all
+        ("3k", None),  # no binary suffix
+        ("3", None),
+        ("garbage", None),
+    ],
+)
+def test_the_mib_a_binary_quantity_meant(text: str, mib: int | None) -> None:
+    assert mib_from_binary(text) == mib

@@ -18,6 +18,7 @@ from kube_vgpu.webhook.serving.listener import ConnectionLimits
 from tests.support.helm_render import Obj, Rendered, lint, render
 
 KUBE = "v1.31.0"
+KUBE_SYSTEM = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
 
 
 def _render(values: Mapping[str, Any]) -> Rendered:
@@ -52,7 +53,10 @@ def test_defaults_pass_the_programs_own_bounds_and_a_longer_grace_period() -> No
     assert args.idle_timeout == limits.idle_timeout_seconds > 90  # the API server keeps idle ones 90 s
     assert args.client_ca_file is None
     assert _webhook_pod(rendered)["spec"]["terminationGracePeriodSeconds"] > args.shutdown_timeout
+    # `helm template` cannot look up the API server's addresses: no NetworkPolicy, and the webhook
+    # is told so (for its start-up log and metric).
     assert not rendered.of_kind("NetworkPolicy")
+    assert args.network_policy == "off"
 
 
 @pytest.mark.parametrize("shutdown", [5, 29, 45, 120])
@@ -97,15 +101,19 @@ def test_the_network_policy_admits_only_the_listed_sources_to_the_webhook_port()
             assert not selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
-    assert rule["from"] == sources
+    # The listed sources, and kube-system's pods (konnectivity agents) unless left out.
+    assert rule["from"] == [*sources, KUBE_SYSTEM]
     port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
     assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+    assert _args(rendered).network_policy == "on"
+    alone = _render({"webhook": {"networkPolicy": {"from": sources, "allowKubeSystem": False}}})
+    assert alone.one("NetworkPolicy")["spec"]["ingress"][0]["from"] == sources
 
 
 def test_the_network_policy_opens_the_metrics_port_only_to_the_listed_scrapers() -> None:
     sources = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
     scrapers = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
-    policy = {"enabled": True, "from": sources, "metricsFrom": scrapers}
+    policy = {"enabled": True, "from": sources, "metricsFrom": scrapers, "allowKubeSystem": False}
     rendered = _render({"webhook": {"networkPolicy": policy}})
     (rendered_policy,) = rendered.of_kind("NetworkPolicy")
     ports = {p["name"]: p["containerPort"] for p in _webhook_pod(rendered)["spec"]["containers"][0]["ports"]}
@@ -124,6 +132,26 @@ def test_a_network_policy_with_no_sources_is_refused() -> None:
         render({"webhook": {"networkPolicy": {"enabled": True}}}, kube_version=KUBE)
 
 
+def test_the_notes_say_which_protection_of_the_port_is_on_and_what_an_open_one_allows() -> None:
+    # Defaults under `helm template`: nothing closes the port; the notes say so and what to set.
+    notes = _render({}).notes
+    assert "NetworkPolicy:       off" in notes and "client certificates: off" in notes
+    assert "WARNING: the webhook port is open to every pod" in notes and "forged reviews" in notes
+    assert "could not be looked up" in notes and "webhook.networkPolicy.from" in notes
+    assert "kubectl get endpointslice -n default kubernetes" in notes
+    # Switched off by hand: the notes say how to switch it on.
+    notes = _render({"webhook": {"networkPolicy": {"enabled": False}}}).notes
+    assert "WARNING" in notes and "webhook.networkPolicy.enabled=auto" in notes
+    # A NetworkPolicy from the listed sources.
+    notes = _render({"webhook": {"networkPolicy": {"from": [{"ipBlock": {"cidr": "10.0.0.5/32"}}]}}}).notes
+    assert "NetworkPolicy:       on: port 8443 admits only 10.0.0.5/32, pods of" in notes
+    assert "kube-system" in notes and "WARNING" not in notes
+    # Client certificates alone close it too.
+    values = {"webhook": {"clientAuth": {"enabled": True, "caConfigMap": "apiserver-client-ca"}}}
+    notes = _render(values).notes
+    assert "client certificates: on" in notes and "apiserver-client-ca" in notes and "WARNING" not in notes
+
+
 @pytest.mark.parametrize(
     "values",
     [
@@ -131,6 +159,8 @@ def test_a_network_policy_with_no_sources_is_refused() -> None:
         {"server": {"shutdownTimeoutSeconds": "20"}},
         {"server": {"unknown": 1}},
         {"networkPolicy": {"from": "10.0.0.0/8"}},
+        {"networkPolicy": {"enabled": "yes"}},
+        {"networkPolicy": {"allowKubeSystem": "true"}},
     ],
 )
 def test_bad_server_values_are_refused_by_the_schema(values: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from kube_vgpu.node.events import (
     ALLOCATE_FAILED,
     GPU_RECOVERED,
     GPU_UNHEALTHY,
+    MAX_IN_FLIGHT,
     MAX_MESSAGE,
     EventRecorder,
     event_object,
@@ -124,6 +125,16 @@ def test_a_huge_message_is_cut_to_its_bound() -> None:
         node_reference(NODE), "Warning", "R", "x" * 100_000, node_name=NODE, now=now, serial=1
     )
     assert len(event["message"]) == MAX_MESSAGE and event["message"].endswith("...")
+    # Both sides of the bound: a message of exactly MAX_MESSAGE is kept whole, one more is cut.
+    whole = "y" * MAX_MESSAGE
+    assert (
+        event_object(node_reference(NODE), "Warning", "R", whole, node_name=NODE, now=now, serial=2)[
+            "message"
+        ]
+        == whole
+    )
+    cut = event_object(node_reference(NODE), "Warning", "R", whole + "z", node_name=NODE, now=now, serial=3)
+    assert len(cut["message"]) == MAX_MESSAGE and cut["message"].endswith("...")
 
 
 async def test_events_in_one_clock_tick_get_different_names_and_failures_are_only_logged() -> None:
@@ -157,3 +168,22 @@ async def test_a_storm_of_events_is_bounded() -> None:
     gate.set()
     await recorder.drain()
     assert 0 < recorder.recorded < 1000
+
+
+async def test_the_bound_on_events_in_flight_holds_exactly_max_in_flight() -> None:
+    gate = asyncio.Event()
+
+    async def create(event: dict[str, Any], namespace: str) -> object:
+        await gate.wait()
+        return event
+
+    recorder = EventRecorder(create, NODE)
+    for _ in range(MAX_IN_FLIGHT):  # the bound itself: every one is posted
+        recorder.allocate_refused(None, "refused")
+    recorder.allocate_refused(None, "one past the bound")  # dropped, and logged
+    gate.set()
+    await recorder.drain()
+    assert recorder.recorded == MAX_IN_FLIGHT
+    recorder.allocate_refused(None, "after the storm")  # room again once they are posted
+    await recorder.drain()
+    assert recorder.recorded == MAX_IN_FLIGHT + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import signal
 import socket
 import ssl
@@ -16,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from kube_vgpu.contract.config import Config
+from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.service import Options, WebhookServer, log_caller_protection
 from tests.support.webhook import A100, container, gpu_node, pod, review, write_tls
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +82,9 @@ def test_sigterm_finishes_the_review_in_flight_and_exits_zero(
                 proc.wait()
     text = log_file.read_text()
     assert "event=webhook_stopped" in text and "Traceback" not in text, text
+    # Started with neither client certificates nor a NetworkPolicy: it says so, as a warning.
+    assert "event=webhook_caller_protection client_certificate=off network_policy=off" in text, text
+    assert "can send forged reviews" in text
 
 
 def _wait_ready(
@@ -111,3 +118,43 @@ def _wait_refused(port: int) -> None:
             return
         time.sleep(0.02)
     raise AssertionError("the webhook still accepts connections after SIGTERM")
+
+
+@pytest.mark.parametrize(
+    ("client_ca", "network_policy"), [(False, False), (True, False), (False, True), (True, True)]
+)
+def test_the_start_up_log_and_the_metric_say_which_protection_of_the_port_is_on(
+    apiserver: ApiServerStandin,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    client_ca: bool,
+    network_policy: bool,
+) -> None:
+    level = logging.INFO if client_ca or network_policy else logging.WARNING
+    on_off = {True: "on", False: "off"}
+    said = f"client_certificate={on_off[client_ca]} network_policy={on_off[network_policy]}"
+    tls = write_tls(tmp_path / "tls")
+    options = Options(
+        tls_cert_file=tls.cert_file,
+        tls_key_file=tls.key_file,
+        client_ca_file=tls.ca_file if client_ca else None,
+        network_policy=network_policy,
+    )
+    with caplog.at_level(logging.INFO, logger="kube_vgpu.webhook"):
+        log_caller_protection(options)
+    (record,) = [r for r in caplog.records if "webhook_caller_protection" in r.getMessage()]
+    assert record.levelno == level and said in record.getMessage()
+    assert ("forged reviews" in record.getMessage()) == (level == logging.WARNING)
+    kube = Kube(apiserver.api_client(), component="webhook")
+    try:
+        exposition = WebhookServer(options, Config(), kube=kube).metrics.exposition().decode()
+    finally:
+        kube.close()
+    assert (
+        f'kube_vgpu_webhook_caller_protection{{mechanism="client-certificate"}} {float(client_ca)}'
+        in exposition
+    )
+    assert (
+        f'kube_vgpu_webhook_caller_protection{{mechanism="network-policy"}} {float(network_policy)}'
+        in exposition
+    )

@@ -160,3 +160,47 @@ runAsGroup: {{ .Values.nonRootUser.gid }}
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+The API server's own addresses, looked up at install from the default/kubernetes EndpointSlice
+(its Endpoints as a fallback), as NetworkPolicy peers: a JSON list, empty under `helm template`,
+`--dry-run` or without permission to read them (lookup then returns nothing).
+*/}}
+{{- define "kube-vgpu.apiserverPeers" -}}
+{{- $addresses := list -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" | default dict -}}
+{{- range $endpoint := ($slice.endpoints | default list) -}}
+{{- $addresses = concat $addresses ($endpoint.addresses | default list) -}}
+{{- end -}}
+{{- if not $addresses -}}
+{{- $endpoints := lookup "v1" "Endpoints" "default" "kubernetes" | default dict -}}
+{{- range $subset := ($endpoints.subsets | default list) -}}
+{{- range $address := ($subset.addresses | default list) -}}
+{{- $addresses = append $addresses $address.ip -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $peers := list -}}
+{{- range $address := uniq $addresses -}}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" (printf "%s/%s" $address (ternary "128" "32" (contains ":" $address))))) -}}
+{{- end -}}
+{{- toJson $peers -}}
+{{- end -}}
+
+{{/*
+The sources the webhook's NetworkPolicy admits to the webhook port, as a JSON list; empty: no
+policy is rendered. `enabled: false` never renders one; `auto` and `true` take `from`, or else the
+API server's addresses looked up at install, plus kube-system's pods (`allowKubeSystem`: the
+konnectivity agents through which many control planes reach webhooks). `true` fails without any.
+*/}}
+{{- define "kube-vgpu.webhookPolicySources" -}}
+{{- $policy := .Values.webhook.networkPolicy -}}
+{{- $sources := list -}}
+{{- if ne (toString $policy.enabled) "false" -}}
+{{- $sources = $policy.from | default (include "kube-vgpu.apiserverPeers" . | fromJsonArray) -}}
+{{- if and $sources $policy.allowKubeSystem -}}
+{{- $sources = append $sources (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" "kube-system"))) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $sources -}}
+{{- end -}}

@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="PEM CA bundle; callers must present a client certificate it signed (default: any caller)",
     )
     parser.add_argument(
+        "--network-policy",
+        choices=["on", "off"],
+        default="off",
+        help="whether the install put a NetworkPolicy in front of the port (logged and reported as a metric)",
+    )
+    parser.add_argument(
         "--release-namespace",
         default="default",
         help="namespace of the shared quota reservations (the chart passes the webhook pod's own)",
@@ -121,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
             ),
             client_ca_file=Path(args.client_ca_file) if args.client_ca_file else None,
             release_namespace=args.release_namespace,
+            network_policy=args.network_policy == "on",
         )
         return _run(serve(options, config))
     except (ConfigError, KubeConfigError, TlsFilesError, OSError, ValueError) as exc:

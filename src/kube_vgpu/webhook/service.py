@@ -62,6 +62,9 @@ class Options:
     client_ca_file: Path | None = None
     # Where the shared quota reservations live (the chart passes the pod's own namespace).
     release_namespace: str = "default"
+    # Whether the install put a NetworkPolicy in front of the port (what the chart rendered; the
+    # webhook cannot see whether the network enforces it).
+    network_policy: bool = False
 
 
 class KnownNamespaceQuota:
@@ -111,6 +114,8 @@ def build_quota(
     metrics: WebhookMetrics,
     geometry: Callable[[], DeviceConfig] = default_device_config,
     shared: Callable[[QuotaLedger], SharedBook] | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> QuotaGate:
     """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events, decided
     against the reservations every replica shares (`shared`, given the ledger it reads the cache
@@ -126,6 +131,9 @@ def build_quota(
         gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
         gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
         slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
+        # The cache's clock: a forged review's reservation goes once the pod watch has passed it.
+        clock=clock,
+        stream_current_at=cache.pod_stream_current_at,
     )
 
     if shared is not None:
@@ -198,11 +206,13 @@ def build_services(
     metrics: WebhookMetrics,
     geometry: Callable[[], DeviceConfig] = default_device_config,
     shared: Callable[[QuotaLedger], SharedBook] | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Services:
-    """The handlers' dependencies, wired to a live cache."""
+    """The handlers' dependencies, wired to a live cache (whose clock is `clock`)."""
     metrics.track_cache(cache)
     admission = Admission(config, cache)
-    quota = build_quota(cache, config, metrics, geometry, shared)
+    quota = build_quota(cache, config, metrics, geometry, shared, clock=clock)
     validation = Validation(config, CacheValidationView(cache), quota)
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
@@ -237,6 +247,9 @@ class WebhookServer:
             clock=clock,
         )
         self.metrics = WebhookMetrics()
+        self.metrics.report_caller_protection(
+            client_certificate=options.client_ca_file is not None, network_policy=options.network_policy
+        )
         # Volcano's MIG geometry, read at start: what a `mig` pod's slot costs against quota.
         self.geometry: DeviceConfig = default_device_config()
         self.reservations: SharedReservations | None = None
@@ -247,12 +260,15 @@ class WebhookServer:
                 options.release_namespace,
                 lifetime_seconds=config.webhook.cache_staleness_seconds,
                 cache_state=ledger.cache_state,
+                clock=clock,
             )
             SharedBookMetrics(lambda: dataclasses.asdict(book.stats), self.metrics.registry)
             self.reservations = book
             return book
 
-        self.services = build_services(self.cache, config, self.metrics, lambda: self.geometry, shared)
+        self.services = build_services(
+            self.cache, config, self.metrics, lambda: self.geometry, shared, clock=clock
+        )
         self.app = AdmissionApp(self.services, max_body_bytes=MAX_BODY_BYTES)
         self.metrics_server = MetricsServer(self.metrics, host=options.host, port=options.metrics_port)
         self.listener: Listener | None = None
@@ -288,6 +304,7 @@ class WebhookServer:
             self.port,
             self.metrics_server.port,
         )
+        log_caller_protection(self.options)
 
     async def stop(self) -> None:
         """Stop accepting, close idle keep-alive connections, let requests in flight finish, close
@@ -321,6 +338,24 @@ class WebhookServer:
         await self.cache.stop()
         self.kube.close()
         log.info("event=webhook_stopped")
+
+
+def log_caller_protection(options: Options) -> None:
+    """Say at start which protections keep forged reviews out, and warn plainly when none is on."""
+    client_certificate = options.client_ca_file is not None
+    if client_certificate or options.network_policy:
+        log.info(
+            "event=webhook_caller_protection client_certificate=%s network_policy=%s",
+            "on" if client_certificate else "off",
+            "on" if options.network_policy else "off",
+        )
+        return
+    log.warning(
+        "event=webhook_caller_protection client_certificate=off network_policy=off detail=%r",
+        f"any pod that reaches port {options.port} can send forged reviews: book GPU quota in any "
+        "namespace for about a minute per review, and read quota usage and the cluster's GPUs from "
+        "the answers; set webhook.networkPolicy or webhook.clientAuth in the chart (docs/security.md)",
+    )
 
 
 async def load_mig_geometry(kube: Kube, node: NodeConfig) -> DeviceConfig:

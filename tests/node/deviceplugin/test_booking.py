@@ -138,6 +138,14 @@ def records(*pairs: tuple[int, int]) -> tuple[DeviceRecord, ...]:
         ({COUNT: "1", "volcano.sh/vgpu-memory-percentage": "25"}, records((CARD, 0)), "asks 8192 MiB"),
         ({COUNT: "1"}, records((CARD, 0)), None),  # neither memory nor percentage: the whole card
         ({COUNT: "1"}, records((0, 0)), None),  # ... which a booking may also write as 0
+        # ... but only then: 0 MiB booked for a container asking 100 would let HAMi-core give it
+        # the whole card (issue 22).
+        ({COUNT: "1", MEMORY: "100"}, records((0, 0)), "booked with 0 MiB but container 'c' asks 100 MiB"),
+        ({COUNT: "1", "volcano.sh/vgpu-memory-percentage": "25"}, records((0, 0)), "asks 8192 MiB"),
+        ({COUNT: "1", MEMORY: "100"}, records((99, 0)), "booked with 99 MiB"),  # one short
+        ({COUNT: "1", MEMORY: "100"}, records((101, 0)), "booked with 101 MiB"),  # one over
+        ({COUNT: "1", MEMORY: "100"}, records((100, 0)), None),
+        ({COUNT: "1", MEMORY: str(CARD)}, records((0, 0)), None),  # asks the whole card: 0 means that
         ({COUNT: "2", MEMORY: "100"}, records((100, 0)), "holds 1 device(s) but container 'c' asks 2"),
         ({COUNT: "1", MEMORY: "100", CORES: "30"}, records((100, 31)), "booked with 31% cores"),
         ({COUNT: "1", MEMORY: "500m"}, records((1, 0)), "unreadable"),
@@ -149,6 +157,13 @@ def test_booking_against_limits(
 ) -> None:
     found = booking_problem(booking, {"name": "c", "resources": {"limits": limits}}, NAMES, BY_UUID)
     assert (found is None) if problem is None else (found is not None and problem in found), found
+
+
+def test_a_nameless_container_is_named_as_empty_in_the_refusal() -> None:
+    found = booking_problem(
+        records((5, 0)), {"resources": {"limits": {COUNT: "1", MEMORY: "100"}}}, NAMES, BY_UUID
+    )
+    assert found == f"device {GPUS[0].uuid} is booked with 5 MiB but container '' asks 100 MiB"
 
 
 def test_requests_count_when_limits_leave_memory_out() -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.devices import DeviceRecord
 from kube_vgpu.node.deviceplugin.verify import claim_problem, type_item_matches
 from kube_vgpu.node.nvml.gpus import GpuInfo
 from tests.support.node import GPUS, UUID_A, UUID_B
+
+NAMES = ResourceNames()
 
 BY_UUID = {g.uuid: g for g in GPUS}
 
@@ -83,4 +86,19 @@ def test_type_items() -> None:
     assert not type_item_matches("A10", a100)
     assert type_item_matches("NVIDIA-[NVIDIA A100-SXM4-80GB]", a100)
     assert type_item_matches("H100-80GB", "NVIDIA H100 80GB HBM3")
+    # A bracketed item is the text between its first "[" and its last "]", compared whole.
+    assert not type_item_matches("[x[NVIDIA A100-SXM4-80GB]", a100)
+    assert not type_item_matches("[NVIDIA A100-SXM4-80GB]]", a100)
+    # Half a bracket is no bracketed item: the whole-segment rule reads it (and finds no model).
+    assert not type_item_matches("[NVIDIA A100-SXM4-80GB", a100)
+    assert not type_item_matches("NVIDIA A100-SXM4-80GB]", a100)
     assert GpuInfo(0, UUID_A, a100, 0, 81920).name == a100
+
+
+def test_the_booking_is_checked_against_the_limits_only_when_container_and_names_are_given() -> None:
+    asks_100 = {"name": "c", "resources": {"limits": {NAMES.count: "1", NAMES.memory: "100"}}}
+    records = (rec(UUID_A, 0),)
+    # Without the resource names the container's limits cannot be read: the claim alone is checked.
+    assert claim_problem(records, {}, BY_UUID, set(), "hami-core", container=asks_100) is None
+    found = claim_problem(records, {}, BY_UUID, set(), "hami-core", container=asks_100, names=NAMES)
+    assert found is not None and "booked with 0 MiB" in found

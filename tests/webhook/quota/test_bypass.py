@@ -1,6 +1,6 @@
 """Quota-side ways around the rules (issue 11), through the real HTTPS webhook and both phases:
 uncapped cores, MIG slots, edited bookings, reinvoked mutation of `generateName` pods, dry runs,
-names that exist, a missing uid and a stale cache.
+names that exist, a missing uid and a stale cache; and a forged review's reservation (issue 22).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 
 from kube_vgpu.contract.config import Config, WebhookConfig
 from kube_vgpu.contract.names import VGPU_IDS_NEW
-from kube_vgpu.standins.apiserver.admission_chain import admission_review
+from kube_vgpu.standins.apiserver.admission_chain import admission_review, with_system_metadata
+from kube_vgpu.standins.apiserver.defaults import decoded
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.quota.shared import NEVER_CREATED_AFTER
 from tests.support.webhook import CORES, container, gpu_uuid, pod
 from tests.support.webhook_bypass import (
     AUTHOR,
@@ -138,3 +140,26 @@ def test_a_stale_cache_refuses_quota_decisions(cluster: Cluster) -> None:
     assert refused(answer, "namespace one-gpu", "120 s", "quota cannot be checked")
     # A namespace with no quota has nothing to check.
     assert cluster.create(gpu_pod("free", "a"))["allowed"]
+
+
+# --- 6. forged reviews: a reservation for a pod that is never created --------------------------------
+
+
+def test_a_forged_review_books_quota_only_until_the_pod_watch_is_past_it(cluster: Cluster) -> None:
+    # Sent straight to the webhook's port, as any pod that reaches it could: a CREATE for another
+    # namespace with a made-up uid. No pod follows.
+    ghost = with_system_metadata(decoded(gpu_pod("one-gpu", "ghost", number=1)))
+    assert cluster.call("/validate", admission_review(ghost, username=AUTHOR))["allowed"]
+    assert refused(cluster.create(gpu_pod("one-gpu", "real")), "vgpu-number quota exceeded", "in use 1")
+
+    def watch_moves_on(name: str) -> None:
+        # Any pod event: the webhook's pod watch confirms it is current at the clock's time.
+        cluster.apiserver.put(gpu_pod("free", name))
+        cluster.wait_cached("free", name)
+
+    cluster.clock.now += NEVER_CREATED_AFTER - 1  # within the bound: the pod could still be stored
+    watch_moves_on("tick-1")
+    assert refused(cluster.create(gpu_pod("one-gpu", "real")), "vgpu-number quota exceeded")
+    cluster.clock.now += 1  # 65 s: past the API server's request timeout and the delivery slack
+    watch_moves_on("tick-2")
+    assert cluster.create(gpu_pod("one-gpu", "real"))["allowed"]  # long before the 120 s bound

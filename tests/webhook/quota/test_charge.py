@@ -15,6 +15,7 @@ from kube_vgpu.webhook.quota.charge import (
     GpuSizeUnknown,
     Limits,
     booked_memory,
+    container_charge,
     exceeded,
     exceeded_message,
     invalid_label_message,
@@ -191,3 +192,101 @@ def test_denial_message_is_worded_as_the_issue_says() -> None:
         "namespace team-a: vgpu-number quota exceeded: requested 1 vGPU, in use 4 vGPUs of 4 vGPUs; "
         "namespace team-a: vgpu-cores quota exceeded: requested 50%, in use 380% of 400%"
     )
+
+
+def test_each_resource_is_checked_by_what_the_request_asks_of_it_alone() -> None:
+    limits = Limits(number=4, memory_mib=1000, cores=None)
+    # Asks cores only: the namespace being over its vGPU count does not refuse it.
+    assert exceeded(Charge(0, 0, 10), Charge(9, 9000, 0), limits) == []
+    # Asks one vGPU and nothing else, with the count at its limit: refused on the count alone.
+    assert exceeded(Charge(1, 0, 0), Charge(4, 0, 0), limits) == ["vgpu-number"]
+
+
+GPU_1 = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+
+
+@pytest.mark.parametrize(
+    ("container", "gpu_mib", "booked", "believed"),
+    [
+        (ctr("c", percent=50), 1000, 500, True),  # exactly the percentage of the booked card
+        (ctr("c", percent=50), 1000, 499, False),  # one MiB short: the limits are charged instead
+        (ctr("c", percent=33), 1001, 330, True),  # 33% of 1001 MiB rounds down to 330, as Volcano
+        (ctr("c", number=1), 1000, 1000, True),  # no memory asked: the whole card
+        (ctr("c", number=1), 1000, 999, False),
+        (ctr("c", memory=100), 1000, 100, True),
+        (ctr("c", memory=100), 1000, 99, False),
+        (ctr("c", percent=50), None, 500, False),  # a card the cluster does not know: unverifiable
+    ],
+)
+def test_a_booking_is_believed_only_when_it_charges_at_least_the_containers_own_limits(
+    container: dict[str, Any], gpu_mib: int | None, booked: int, believed: bool
+) -> None:
+    p = pod(container, annotations={VGPU_IDS_NEW: encode_pod_devices([[DeviceRecord(GPU_1, booked, 0)]])})
+    sizes = {GPU_1: gpu_mib} if gpu_mib is not None else {}
+    assert booked_memory(p, parse_pod(p, NAMES), sizes.get) == ({"c": booked} if believed else {})
+
+
+def test_a_booking_with_more_devices_than_the_container_asks_is_not_believed() -> None:
+    two = encode_pod_devices([[DeviceRecord(GPU_1, 100, 0), DeviceRecord(GPU_1.replace("1", "2"), 100, 0)]])
+    p = pod(ctr("c", number=1, memory=100), annotations={VGPU_IDS_NEW: two})
+    assert booked_memory(p, parse_pod(p, NAMES)) == {}
+
+
+@pytest.mark.parametrize("value", [5, ["x"], {"a": 1}, None])
+def test_a_booking_annotation_that_is_not_text_is_ignored(value: object) -> None:
+    p = pod(ctr("c", memory=100), annotations={VGPU_IDS_NEW: value})  # type: ignore[dict-item]
+    assert booked_memory(p, parse_pod(p, NAMES)) == {}
+
+
+def slot_of(mib: int) -> int:
+    """A MIG geometry whose slots are 10 GiB or 20 GiB: the smallest that holds `mib`."""
+    return 10240 if mib <= 10240 else 20480
+
+
+@pytest.mark.parametrize(
+    ("amounts", "gpu_mib", "booked", "expected"),
+    [
+        # A mig booking records the MiB asked; the card gives the whole slot: at least the slot.
+        ({"number": 2, "memory": 1, "cores": 30}, 40960, 2, Charge(2, 2 * 10240, 60)),
+        ({"number": 1, "memory": 1}, 40960, 30000, Charge(1, 30000, 100)),  # booked more: that
+        # A share of a card no GPU known can size: the booking alone.
+        ({"number": 1, "percent": 50}, None, 5000, Charge(1, 5000, 100)),
+        ({"number": 1, "percent": 50}, 40960, None, Charge(1, 20480, 100)),  # 50% -> the 20 GiB slot
+        ({"number": 1, "percent": 10}, 40960, None, Charge(1, 10240, 100)),  # 4096 MiB -> 10 GiB
+        ({"number": 1, "memory": 10241}, None, None, Charge(1, 20480, 100)),
+    ],
+)
+def test_a_mig_container_is_charged_the_slot_it_holds_booked_or_not(
+    amounts: dict[str, int], gpu_mib: int | None, booked: int | None, expected: Charge
+) -> None:
+    (request,) = parse_pod(pod(ctr("m", **amounts)), NAMES).containers
+    assert container_charge(request, gpu_mib=gpu_mib, booked_mib=booked, slot=slot_of) == expected
+    # Without a slot (hami-core) a booking is charged as booked.
+    if booked is not None:
+        assert container_charge(request, gpu_mib=gpu_mib, booked_mib=booked) == Charge(
+            expected.number, booked, expected.cores
+        )
+
+
+def test_every_sidecar_adds_up_and_init_containers_are_sized_and_slotted_like_apps() -> None:
+    # Two sidecars: both keep running, so both add to the apps (and to each other).
+    p = pod(
+        ctr("app", number=1, memory=1000),
+        init=(ctr("s1", "Always", number=1, memory=2000), ctr("s2", "Always", number=1, memory=3000)),
+    )
+    assert charge_of(p) == Charge(3, 6000, 300)
+    # A plain init container asking a share of a card is sized on the GPU, and a mig slot applies.
+    q = pod(ctr("app", number=1, memory=1), init=(ctr("warm", number=1, percent=50),))
+    request = parse_pod(q, NAMES)
+    assert pod_charge(request, gpu_mib=40960) == Charge(1, 20480, 100)
+    assert pod_charge(request, gpu_mib=4096, slot=slot_of) == Charge(1, 10240, 100)
+    # More init containers than flags given: the rest are plain init containers.
+    r = pod(
+        ctr("app", number=1, memory=1000),
+        init=(ctr("a", number=1, memory=500), ctr("b", number=1, memory=700)),
+    )
+    assert pod_charge(parse_pod(r, NAMES), gpu_mib=None, sidecars=(False,)) == Charge(1, 1000, 100)
+
+
+def test_labels_left_out_are_unlimited_next_to_one_that_is_set() -> None:
+    assert parse_limits({QUOTA_NUMBER_LABEL: "2"}) == Limits(number=2, memory_mib=None, cores=None)

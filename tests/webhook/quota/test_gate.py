@@ -17,7 +17,8 @@ from kube_vgpu.contract.resources import parse_pod
 from kube_vgpu.webhook.admission import gates
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.charge import Charge
-from kube_vgpu.webhook.quota.gate import placement_sizer
+from kube_vgpu.webhook.quota.gate import NamespaceQuota, placement_sizer
+from kube_vgpu.webhook.quota.shared import Answer, Ask, CacheState, Entry, Unrecorded, decide
 from tests.support.webhook import A100, H100, gpu_node
 from tests.support.webhook_quota import MEM_80G, NAMES, admit, in_cache, make_gate, make_pod
 
@@ -164,3 +165,79 @@ def test_cache_pods_are_sized_against_the_largest_gpu_their_selectors_allow() ->
     assert gate.ledger.usage("team-a").memory_mib == 40960 + 20480
     broken = in_cache(make_pod(None, percent=50, name="x", annotations={VGPU_MODE: "fast"}))
     assert size(broken) is None
+
+
+# -- the quota step with reservations shared between replicas (the SharedBook protocol) -------------------
+
+
+class Book:
+    """A SharedBook holding the entries in memory: the pure decision, without the API round trip."""
+
+    def __init__(self, fail: Exception | None = None, max_entries: int = 100) -> None:
+        self.entries: dict[str, Entry] = {}
+        self.asks: list[tuple[str, Ask]] = []
+        self.fail = fail
+        self.max_entries = max_entries
+        self.pods = Charge()
+
+    async def decide(self, namespace: str, ask: Ask) -> Answer:
+        self.asks.append((namespace, ask))
+        if self.fail is not None:
+            raise self.fail
+        state = CacheState(self.pods, lambda uid: False, lambda uid: False, lambda uid: None)
+        self.entries, (answer,) = decide(
+            self.entries, [ask], state, now=0.0, lifetime=120.0, max_entries=self.max_entries
+        )
+        return answer
+
+    def in_flight(self, namespace: str) -> Charge:
+        return sum((e.charge for e in self.entries.values()), Charge())
+
+    def namespaces(self) -> list[str]:
+        return ["team-a"] if self.entries else []
+
+    def forget(self, namespace: str) -> None:
+        self.entries.clear()
+
+
+def shared_gate(book: Book) -> NamespaceQuota:
+    gate = make_gate()
+    gate.shared = book
+    return gate
+
+
+def test_with_a_shared_book_each_pod_is_asked_for_by_its_uid_charge_and_limits() -> None:
+    book = Book()
+    gate = shared_gate(book)
+    assert admit(gate, make_pod(40960, name="a"), MEM_80G, review="uid-a") is None
+    assert admit(gate, make_pod(40960, name="b"), MEM_80G, review="uid-b", dry_run=True) is None
+    (_, first), (_, second) = book.asks
+    assert (first.uid, first.charge, first.limits.memory_mib, first.reserve) == (
+        "uid-a",
+        Charge(1, 40960, 100),
+        81920,
+        True,
+    )
+    assert (second.uid, second.reserve) == ("uid-b", False)  # a dry run books nothing
+    assert set(book.entries) == {"uid-a"} and gate.reserved("team-a") == Charge(1, 40960, 100)
+    assert gate.usage("team-a") == Charge(1, 40960, 100)
+    # Over quota: the denial names the usage the book saw.
+    message = admit(gate, make_pod(40961, name="c"), MEM_80G, review="uid-c")
+    assert message == (
+        "namespace team-a: vgpu-memory quota exceeded: requested 40961 MiB, in use 40960 MiB of 81920 MiB"
+    )
+    # A namespace with no quota costs the book nothing.
+    asks = len(book.asks)
+    assert admit(gate, make_pod(10**6, name="d"), {}, review="uid-d") is None
+    assert len(book.asks) == asks
+    gate.forget_namespace("team-a")
+    assert book.entries == {} and "team-a" not in gate.last_limits
+
+
+def test_with_a_shared_book_a_review_that_cannot_be_recorded_is_refused() -> None:
+    message = admit(shared_gate(Book(fail=Unrecorded("the API server did not answer"))), make_pod(1), MEM_80G)
+    assert message is not None and "quota cannot be checked right now" in message
+    assert "the API server did not answer" in message and "retry in a few seconds" in message
+    full = Book(max_entries=0)
+    message = admit(shared_gate(full), make_pod(1), MEM_80G)
+    assert message is not None and "too many GPU pods are being admitted at once" in message

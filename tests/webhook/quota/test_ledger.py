@@ -15,6 +15,7 @@ from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, VGPU
 from kube_vgpu.contract.resources import parse_pod
 from kube_vgpu.webhook.quota.charge import Charge
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
+from kube_vgpu.webhook.quota.shared import NEVER_CREATED_AFTER
 from tests.support.webhook_quota import MEM_80G, NAMES, PENDING, Clocks, admit, in_cache, make_gate, make_pod
 
 
@@ -213,3 +214,70 @@ async def test_two_hundred_concurrent_reviews_admit_exactly_what_the_quota_fits(
     results = await asyncio.gather(*(_review(gate, i, labels, rng) for i in range(200)))
     assert sum(results) == 37
     assert gate.ledger.usage("team-a") == Charge(40, 40 * 1024, 400)
+
+
+# -- a reservation whose pod never appears (a forged review) --------------------------------------------
+
+
+class Watch:
+    """The cache's pod list/watch as the ledger reads it: when it last confirmed it was current."""
+
+    def __init__(self) -> None:
+        self.current_at: float | None = None
+
+
+def forged_gate(clocks: Clocks, watch: Watch) -> NamespaceQuota:
+    """A gate whose reservations lapse at the staleness bound of the chart's default (120 s)."""
+    return NamespaceQuota(
+        names=NAMES,
+        pending_seconds=120.0,
+        clock=lambda: clocks.mono,
+        wall_clock=lambda: clocks.wall,
+        stream_current_at=lambda: watch.current_at,
+    )
+
+
+def test_a_forged_reservation_goes_65_s_after_the_admission_once_the_watch_is_past_it() -> None:
+    clocks, watch = Clocks(), Watch()
+    gate = forged_gate(clocks, watch)
+    admitted_at = clocks.mono
+    # A forged CREATE: a made-up uid, a pod that will never exist.
+    assert admit(gate, make_pod(81920, name="ghost"), MEM_80G, review="forged-uid") is None
+    # The watch keeps confirming it is current; up to the request timeout plus the delivery slack
+    # the pod could still appear, so the reservation holds.
+    clocks.advance(NEVER_CREATED_AFTER - 0.01)
+    watch.current_at = clocks.mono
+    assert admit(gate, make_pod(1, name="real"), MEM_80G) is not None
+    assert gate.ledger.reserved("team-a") == Charge(1, 81920, 100)
+    clocks.advance(0.01)
+    watch.current_at = admitted_at + NEVER_CREATED_AFTER
+    assert gate.ledger.reserved("team-a") == Charge()
+    assert admit(gate, make_pod(81920, name="real"), MEM_80G) is None
+    assert NEVER_CREATED_AFTER == 65.0  # the request timeout (60 s) and 5 s for the watch's delivery
+
+
+def test_without_a_watch_past_the_admission_a_reservation_waits_for_the_staleness_bound() -> None:
+    clocks, watch = Clocks(), Watch()
+    gate = forged_gate(clocks, watch)
+    watch.current_at = clocks.mono + 30  # the watch stopped 30 s after the admission (API down)
+    assert admit(gate, make_pod(81920, name="ghost"), MEM_80G, review="forged-uid") is None
+    clocks.advance(119.9)
+    assert gate.ledger.reserved("team-a") == Charge(1, 81920, 100)
+    clocks.advance(0.1)
+    assert gate.ledger.reserved("team-a") == Charge()
+
+
+def test_a_pod_that_appears_is_matched_by_uid_and_never_released_early() -> None:
+    clocks, watch = Clocks(), Watch()
+    gate = forged_gate(clocks, watch)
+    # Its generateName and name match nothing: only the uid ties the pod to its review.
+    assert admit(gate, make_pod(81920, generate_name="job-"), MEM_80G, review="real-uid") is None
+    clocks.advance(NEVER_CREATED_AFTER - 1)  # a slow create: stored just before the bound
+    watch.current_at = clocks.mono
+    gate.ledger.pod_seen(in_cache(make_pod(81920, generate_name="job-", uid="real-uid"), name="job-x1"))
+    assert gate.ledger.reserved("team-a") == Charge()  # claimed, not released
+    for _ in range(5):  # the watch goes on, far past the staleness bound
+        clocks.advance(100)
+        watch.current_at = clocks.mono
+        assert gate.ledger.usage("team-a") == Charge(1, 81920, 100)
+        assert admit(gate, make_pod(1, name="other"), MEM_80G) is not None

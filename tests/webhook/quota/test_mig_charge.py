@@ -53,3 +53,10 @@ def test_unknown_geometries_and_requests_no_slot_fits_are_charged_as_asked() -> 
     assert slot_mib(GEOMETRY, [A10], 1) == 1
     assert slot_mib(GEOMETRY, [], 1234) == 1234
     assert slot_mib(GEOMETRY, [A100], 30000) == 30000
+
+
+def test_types_that_give_no_slot_do_not_stop_the_others_from_being_weighed() -> None:
+    # An unknown type first (no geometry), or one no slot fits (10,000 MiB on an H100's 9,984 slots),
+    # is skipped, and the next type still sets the charge.
+    assert slot_mib(GEOMETRY, [A10, A100], 1) == 4864
+    assert slot_mib(GEOMETRY, [H100, A100], 10_000) == 19968

@@ -13,10 +13,13 @@ from kube_vgpu.webhook.quota.charge import ZERO, Charge, Limits
 from kube_vgpu.webhook.quota.shared import (
     MAX_ENTRIES,
     NAMESPACE_LABEL,
+    NEVER_CREATED_AFTER,
+    Answer,
     Ask,
     CacheState,
     Entry,
     SharedStateError,
+    Sightings,
     decide,
     decode_entries,
     encode_object,
@@ -36,6 +39,7 @@ def cache(
     shown: Mapping[str, float] | None = None,
     gone: frozenset[str] = frozenset(),
     terminal: frozenset[str] = frozenset(),
+    current_at: float | None = None,
 ) -> CacheState:
     shown = dict(shown or {})
     return CacheState(
@@ -43,6 +47,7 @@ def cache(
         accounts_for=lambda uid: uid in shown or uid in gone or uid in terminal,
         released=lambda uid: uid in gone or uid in terminal,
         shown_for=shown.get,
+        stream_current_at=current_at,
     )
 
 
@@ -54,6 +59,8 @@ def ask(uid: str, charge: Charge = ONE, *, reserve: bool = True, limits: Limits 
 
 
 def test_object_names_are_short_valid_and_distinct_for_any_namespace() -> None:
+    # The name is stored state: replicas of different versions must agree on it.
+    assert object_name("team-a") == "kube-vgpu-quota-96c2886c51d1dfb4901d9feccff66213"
     longest = "n" * 63  # the longest namespace name
     names = {object_name(ns) for ns in ("a", "team-a", "team-b", longest, "x" * 62 + "y")}
     assert len(names) == 5
@@ -198,3 +205,127 @@ def test_expired_entries_free_their_share_for_the_next_ask() -> None:
     entries = {f"old{i}": Entry(ONE, int(NOW) - 1) for i in range(4)}
     kept, answers = decide(entries, [ask("new")], cache(), now=NOW, lifetime=LIFETIME)
     assert answers[0].fits and set(kept) == {"new"}
+
+
+# -- entries whose pod was never created -------------------------------------------------------------------
+
+SEEN = 500.0  # this replica's monotonic clock when it first saw the entries
+
+
+@pytest.mark.parametrize(
+    ("current_at", "kept"),
+    [
+        (None, {"forged", "shown"}),  # the watch never confirmed it was current: wait for expiry
+        (SEEN + NEVER_CREATED_AFTER - 0.001, {"forged", "shown"}),  # a create could still be stored
+        (SEEN + NEVER_CREATED_AFTER, {"shown"}),  # past any create: the forged entry goes
+        (SEEN + 10 * LIFETIME, {"shown"}),  # a pod the cache shows is never released early
+    ],
+)
+def test_an_entry_whose_pod_was_never_created_goes_once_the_watch_is_past_the_request_timeout(
+    current_at: float | None, kept: set[str]
+) -> None:
+    entries = {"forged": Entry(ONE, int(NOW) + 100), "shown": Entry(ONE, int(NOW) + 100)}
+    state = cache(shown={"shown": 1.0}, current_at=current_at)
+    first_seen = {"forged": SEEN, "shown": SEEN}
+    assert set(prune(entries, state, NOW, LIFETIME, first_seen)) == kept
+    assert in_flight(entries, state, NOW, LIFETIME, first_seen) == (ONE if "forged" in kept else ZERO)
+    after, answers = decide(
+        entries,
+        [ask("next", limits=Limits(number=1))],
+        state,
+        now=NOW,
+        lifetime=LIFETIME,
+        first_seen=first_seen,
+    )
+    # The next ask fits exactly when the forged entry no longer counts, and is booked then.
+    assert answers[0].fits == ("forged" not in kept)
+    assert set(after) == kept | ({"next"} if answers[0].fits else set())
+    # Without a first sighting this replica cannot date the entry: it keeps it until it expires.
+    assert set(prune(entries, state, NOW, LIFETIME)) == {"forged", "shown"}
+
+
+def test_sightings_date_an_entry_from_when_this_replica_first_saw_it() -> None:
+    seen = Sightings()
+    assert seen.note("ns", ["a"], 10.0) == {"a": 10.0}
+    # Seen again later: still dated from the first sight; a new entry from now.
+    assert seen.note("ns", ["a", "b"], 20.0) == {"a": 10.0, "b": 20.0}
+    # An entry gone from the object is forgotten; if a uid comes back it is new again.
+    assert seen.note("ns", ["b"], 30.0) == {"b": 20.0}
+    assert seen.note("ns", ["a", "b"], 40.0) == {"a": 40.0, "b": 20.0}
+    assert seen.of("other") == {} and seen.of("ns") == {"a": 40.0, "b": 20.0}
+    seen.forget("ns")
+    assert seen.of("ns") == {}
+    seen.forget("never-seen")  # nothing to forget is no error
+
+
+# -- boundaries of pruning and of the decision (mutation testing: docs/testing.md) ---------------------
+
+
+def test_an_entry_expires_at_its_second_and_each_entry_is_judged_on_its_own() -> None:
+    entries = {
+        "deleted": Entry(ONE, int(NOW) + 100),  # first: dropping it must not stop the others' review
+        "due-now": Entry(ONE, int(NOW)),  # expires this very second, never shown: dropped
+        "briefly": Entry(ONE, int(NOW) - 1),  # expired, shown for less than the lifetime: kept
+        "next-second": Entry(ONE, int(NOW) + 1),
+    }
+    state = cache(shown={"briefly": LIFETIME - 1}, gone=frozenset({"deleted"}))
+    assert set(prune(entries, state, NOW, LIFETIME)) == {"briefly", "next-second"}
+    kept, _ = decide(entries, [], state, now=NOW, lifetime=LIFETIME)
+    assert set(kept) == {"briefly", "next-second"}
+    # What counts: the entries kept that the cache does not account for, each once.
+    assert in_flight(entries, state, NOW, LIFETIME) == ONE
+    assert (
+        in_flight({"a": Entry(ONE, int(NOW) + 9), "b": Entry(ONE, int(NOW) + 9)}, cache(), NOW, LIFETIME)
+        == ONE + ONE
+    )
+
+
+def test_answers_carry_no_resources_when_they_fit_and_the_usage_they_saw() -> None:
+    entries = {"other": Entry(ONE, int(NOW) + 60)}
+    kept, answers = decide(entries, [ask("a"), ask("b")], cache(), now=NOW, lifetime=LIFETIME, max_entries=2)
+    assert answers == [Answer((), ONE), Answer((), ONE + ONE, full=True)]
+    assert set(kept) == {"other", "a"}
+
+
+def test_a_pod_the_cache_counts_is_not_discounted_when_it_is_decided_again() -> None:
+    # The API server never reviews the CREATE of a stored pod; a second review of its uid (a
+    # forgery) is decided against usage that already holds the pod, so it can only be refused.
+    entries = {"p": Entry(ONE, int(NOW) + 60)}
+    state = cache(pods=ONE, shown={"p": 1.0})
+    _, answers = decide(entries, [ask("p", limits=Limits(number=1))], state, now=NOW, lifetime=LIFETIME)
+    assert not answers[0].fits and answers[0].usage == ONE
+    # Deciding it again adds nothing to what later asks of the batch see.
+    _, answers = decide(
+        entries,
+        [ask("p", limits=Limits(number=2)), ask("q", limits=Limits(number=2))],
+        state,
+        now=NOW,
+        lifetime=LIFETIME,
+    )
+    assert [a.fits for a in answers] == [True, True] and answers[1].usage == ONE
+
+
+@pytest.mark.parametrize(
+    ("labels", "data", "message"),
+    [
+        (
+            {NAMESPACE_LABEL: "team-b"},
+            {},
+            f"cm-x is labelled {NAMESPACE_LABEL}='team-b', not 'team-a'",
+        ),
+        ({}, {}, f"cm-x is labelled {NAMESPACE_LABEL}=None, not 'team-a'"),
+        ({NAMESPACE_LABEL: "team-a"}, ["u"], "data is not a map"),
+        (
+            {NAMESPACE_LABEL: "team-a"},
+            {"u": "1,2,x,4"},
+            "entry 'u' is not number,memory,cores,expires: '1,2,x,4'",
+        ),
+    ],
+)
+def test_an_unreadable_object_is_refused_saying_what_is_wrong_with_it(
+    labels: dict[str, str], data: object, message: str
+) -> None:
+    obj = {"metadata": {"name": "cm-x", "labels": labels}, "data": data}
+    with pytest.raises(SharedStateError) as info:
+        decode_entries(obj, "team-a")
+    assert str(info.value) == message

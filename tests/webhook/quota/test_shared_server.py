@@ -96,6 +96,7 @@ async def test_an_uncontended_replica_writes_once_per_admission(
         "kube_vgpu_quota_shared_conflicts_total": 0.0,
         "kube_vgpu_quota_shared_reads_total": 2.0,
         "kube_vgpu_quota_shared_failures_total": 0.0,
+        "kube_vgpu_quota_shared_sweeps_total": 0.0,  # nothing to drop: no write of its own
     }
 
 

@@ -12,7 +12,14 @@ import pytest
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.charge import Charge, Limits
-from kube_vgpu.webhook.quota.shared import Ask, CacheState, Unrecorded, decode_entries, object_name
+from kube_vgpu.webhook.quota.shared import (
+    NEVER_CREATED_AFTER,
+    Ask,
+    CacheState,
+    Unrecorded,
+    decode_entries,
+    object_name,
+)
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
 
 NAMESPACE = "team-a"
@@ -200,3 +207,93 @@ async def test_an_object_deleted_behind_the_replicas_back_is_created_again(
         await r.close()
     # What was deleted is gone for good (an operator's choice); what came after is booked.
     assert set(stored(apiserver)) == {"after"}
+
+
+class ReplicaCache:
+    """One replica's view for the forged-review tests: the pods its cache shows, and its pod watch."""
+
+    def __init__(self) -> None:
+        self.shown: set[str] = set()
+        self.current_at: float | None = None
+
+    def state(self, namespace: str) -> CacheState:
+        return CacheState(
+            pods=Charge(),
+            accounts_for=lambda uid: uid in self.shown,
+            released=lambda uid: False,
+            shown_for=lambda uid: 1.0 if uid in self.shown else None,
+            stream_current_at=self.current_at,
+        )
+
+
+async def test_a_forged_entry_leaves_the_shared_object_once_the_replica_that_booked_it_is_past_it(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    clock = [1000.0]  # the replicas' monotonic clocks (the same one here: each only reads its own)
+    views = [ReplicaCache(), ReplicaCache()]
+    a, b = (
+        SharedReservations(
+            kube,
+            RELEASE,
+            lifetime_seconds=120.0,
+            cache_state=view.state,
+            clock=lambda: clock[0],
+            sweep_seconds=3600,
+        )
+        for kube, view in zip(clients[:2], views, strict=True)
+    )
+    try:
+        # A forged CREATE reaches replica a; the pod will never exist. A real one (uid "real") too.
+        assert (await a.decide(NAMESPACE, ask("forged", 2))).fits
+        assert (await a.decide(NAMESPACE, ask("real", 2))).fits
+        clock[0] += 50
+        # b first sees the entries 50 s later, when the namespace's next pod reaches it: refused.
+        assert not (await b.decide(NAMESPACE, ask("next", 2))).fits
+        # 65 s after a booked it, a's watch is past any create it could come from; the real pod
+        # has appeared in a's cache meanwhile, the forged one has not.
+        clock[0] += NEVER_CREATED_AFTER - 50
+        views[0].current_at = clock[0]
+        views[0].shown.add("real")
+        assert await a.sweep() == [NAMESPACE]
+        assert set(stored(apiserver)) == {"real"}
+        assert a.stats.sweeps == 1
+        # b, which could not yet have dated the entry from its own watch, now sees it gone.
+        assert (await b.decide(NAMESPACE, ask("next", 2))).fits
+        assert set(stored(apiserver)) == {"real", "next"}
+        # Nothing more to drop: a sweep writes nothing.
+        assert await a.sweep() == []
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_replica_dates_an_entry_from_its_own_first_sight_not_the_writers_clock(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    clock = [1000.0]
+    views = [ReplicaCache(), ReplicaCache()]
+    a, b = (
+        SharedReservations(
+            kube,
+            RELEASE,
+            lifetime_seconds=120.0,
+            cache_state=view.state,
+            clock=lambda: clock[0],
+            sweep_seconds=3600,
+        )
+        for kube, view in zip(clients[:2], views, strict=True)
+    )
+    try:
+        assert (await a.decide(NAMESPACE, ask("forged", 1))).fits  # a goes quiet after this
+        clock[0] += 50
+        assert not (await b.decide(NAMESPACE, ask("b1", 1))).fits  # b's first sight of "forged"
+        clock[0] += NEVER_CREATED_AFTER - 0.5
+        views[1].current_at = clock[0]  # b's watch: 64.5 s past b's first sight, 114.5 s past a's
+        assert not (await b.decide(NAMESPACE, ask("b1", 1))).fits
+        clock[0] += 0.5
+        views[1].current_at = clock[0]
+        assert (await b.decide(NAMESPACE, ask("b1", 1))).fits
+        assert set(stored(apiserver)) == {"b1"}
+    finally:
+        await a.close()
+        await b.close()

@@ -71,6 +71,7 @@ class NamespaceQuota:
         slot_size: SlotSizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        stream_current_at: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.ledger = QuotaLedger(
             names=names,
@@ -80,6 +81,7 @@ class NamespaceQuota:
             slot_size=slot_size,
             clock=clock,
             wall_clock=wall_clock,
+            stream_current_at=stream_current_at,
         )
         self.denials: DenialCounter | None = None
         # The reservations shared by every replica; None: this process's own ledger decides alone.

@@ -22,7 +22,10 @@ What counts, per namespace:
   A reservation that no pod claims within `pending_seconds` (a later admission plugin refused the
   pod, or the create failed) stops counting. The service sets it to the cache's staleness bound:
   a reservation cannot lapse while the cache still counts as fresh, and a stale cache refuses
-  quota decisions instead (`webhook.validation`).
+  quota decisions instead (`webhook.validation`). Sooner than that, a reservation goes once the
+  pod watch has been confirmed current `NEVER_CREATED_AFTER` seconds past its admission with no
+  pod claiming it: no create runs that long, so its pod was never created (a forged review, or a
+  create refused later); a pod that was created has been seen, and has claimed it, by then.
 
 Matching a reservation to its pod. Quota is decided in the validating phase, which sees the final
 object (facts `apiserver-admission.md` §2), so reservations are keyed by pod uid: the pod the cache
@@ -57,7 +60,7 @@ from kube_vgpu.webhook.quota.charge import (
     pod_needs_gpu_size,
     restartable_init_flags,
 )
-from kube_vgpu.webhook.quota.shared import CacheState
+from kube_vgpu.webhook.quota.shared import NEVER_CREATED_AFTER, CacheState, never_created
 
 log = logging.getLogger("kube_vgpu.webhook.quota")
 
@@ -76,6 +79,7 @@ class Reservation:
     generate_name: str | None
     charge: Charge
     expires_at: float  # on the ledger's monotonic clock
+    admitted_at: float = 0.0  # likewise
 
 
 @dataclass
@@ -152,8 +156,11 @@ class QuotaLedger:
         slot_size: SlotSizer | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        stream_current_at: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._names = names
+        # When the cache's pod list/watch last confirmed it was current, on `clock` (None: never).
+        self._stream_current_at = stream_current_at
         self._gpu_memory = gpu_memory
         self.slot_size: SlotSizer = slot_size or (lambda pod: None)
         self._pending = pending_seconds
@@ -192,11 +199,14 @@ class QuotaLedger:
             usage -= replaced.charge
         verdict = Verdict(tuple(exceeded(charge, usage, limits)), usage)
         if verdict.fits and not dry_run:
+            now = self._clock()
             if replaced is not None:
                 self._drop_reservation(ns, replaced)
             self._add_reservation(
                 ns,
-                Reservation(key, name or None, generate_name or None, charge, self._clock() + self._pending),
+                Reservation(
+                    key, name or None, generate_name or None, charge, now + self._pending, admitted_at=now
+                ),
             )
         self._forget_if_empty(ns)
         return verdict
@@ -315,6 +325,7 @@ class QuotaLedger:
             accounts_for=accounts_for,
             released=released,
             shown_for=shown_for,
+            stream_current_at=self._stream_current_at(),
         )
 
     # -- internals -------------------------------------------------------------------------------
@@ -427,11 +438,17 @@ class QuotaLedger:
                     del ns.by_prefix[reservation.generate_name]
 
     def _expire(self, ns: _Namespace) -> None:
-        """Drop reservations past their time, and terminating pods past their grace period."""
+        """Drop reservations past their time or whose pod was never created, and terminating pods
+        past their grace period. Reservations are in admission order, so both are a prefix."""
         now = self._clock()
+        current = self._stream_current_at() if ns.reservations else None
         while ns.reservations:
             oldest = next(iter(ns.reservations.values()))
-            if oldest.expires_at > now:
+            if never_created(oldest.admitted_at, current, NEVER_CREATED_AFTER):
+                detail = "the pod watch has passed the admission by more than a create can take"
+            elif oldest.expires_at <= now:
+                detail = "admitted pod never appeared in the cache"
+            else:
                 break
             self._drop_reservation(ns, oldest)
             log.info(
@@ -439,7 +456,7 @@ class QuotaLedger:
                 ns.name,
                 oldest.key,
                 oldest.name or f"{oldest.generate_name or ''}*",
-                "admitted pod never appeared in the cache",
+                detail,
             )
         if ns.deadlines:
             wall = self._wall()

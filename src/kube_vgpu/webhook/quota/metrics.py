@@ -109,6 +109,7 @@ class SharedBookMetrics(Collector):
             "conflicts": "Writes refused with 409 (another replica wrote first); each re-read and retried.",
             "reads": "Shared quota reservation objects read (GET).",
             "failures": "Batches of reviews refused because their reservations could not be recorded.",
+            "sweeps": "Objects written only to drop reservations (pod gone, expired or never created).",
         }
         for key, text in helps.items():
             family = CounterMetricFamily(f"kube_vgpu_quota_shared_{key}", text)

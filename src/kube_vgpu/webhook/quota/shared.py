@@ -9,6 +9,14 @@ of the object plus this replica's cache. `webhook.quota_shared_store` does the I
 `data` holds one key per reservation: the pod uid, whose value is `number,memoryMiB,cores,expires`
 (expires: Unix seconds on the writer's clock). About 60 bytes each, so 1,000 in flight is ~60 KB
 (the API server's limit on an object is 1 MiB; `MAX_ENTRIES` keeps far below it).
+
+A reservation whose pod never appears (a forged review, or a create refused after admission) goes
+as soon as a replica can tell the pod was never created, not at `expires`: no create request runs
+longer than the API server's request timeout, so once this replica's pod watch has confirmed it was
+current more than `NEVER_CREATED_AFTER` seconds after the replica first saw the entry (which is
+after the admission), a pod the cache does not show was never created. Each replica judges this on
+its own monotonic clock and its own watch (`Sightings`), never from another replica's clock; the
+fact it establishes is the same for every replica, so whichever replica first knows may prune.
 """
 
 from __future__ import annotations
@@ -28,6 +36,13 @@ NAMESPACE_LABEL = "kube-vgpu.io/quota-namespace"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 # Far below the 1 MiB object limit (~60 bytes per entry); past it new reservations are refused.
 MAX_ENTRIES = 10_000
+# kube-apiserver's --request-timeout (default 1m0s): a create request, admission and the storage
+# write included, is over within this time of its start, so its pod exists by then or never will.
+REQUEST_TIMEOUT_SECONDS = 60.0
+# The pod watch hands on an event a moment after the write it reports (the watch cache's delivery,
+# a busy event loop); a confirmation this much later than the bound still covers a slow delivery.
+WATCH_DELIVERY_SLACK_SECONDS = 5.0
+NEVER_CREATED_AFTER = REQUEST_TIMEOUT_SECONDS + WATCH_DELIVERY_SLACK_SECONDS
 
 
 class Unrecorded(Exception):
@@ -112,6 +127,45 @@ class CacheState:
     released: Callable[[str], bool]
     # How long the cache has shown the pod, in seconds (None: it has not).
     shown_for: Callable[[str], float | None]
+    # When the pod list/watch last confirmed it was current, on this replica's monotonic clock
+    # (None: not yet): what `never_created` measures against.
+    stream_current_at: float | None = None
+
+
+def never_created(
+    first_seen: float, stream_current_at: float | None, after: float = NEVER_CREATED_AFTER
+) -> bool:
+    """Whether a reservation known since `first_seen` (monotonic; at or after its admission) is for a
+    pod that was never created, provided the cache does not show that pod: the pod watch has been
+    confirmed current at least `after` seconds later, past the end of any create it could come from."""
+    return stream_current_at is not None and stream_current_at - first_seen >= after
+
+
+class Sightings:
+    """When this replica first saw each shared entry, on its own monotonic clock, per namespace.
+
+    The first sight is at or after the admission (the entry was written during it), so it is a safe
+    start for `never_created` without trusting the writer's clock. Only entries still in the object
+    are remembered, so memory is bounded by the object.
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[str, dict[str, float]] = {}
+
+    def note(self, namespace: str, uids: Iterable[str], now: float) -> Mapping[str, float]:
+        """Record the uids not seen before as first seen `now`; forget the ones not listed."""
+        known = self._first.get(namespace, {})
+        first = {uid: known.get(uid, now) for uid in uids}
+        self._first[namespace] = first
+        return first
+
+    def of(self, namespace: str) -> Mapping[str, float]:
+        """The first sightings in `namespace` as last noted."""
+        return self._first.get(namespace, {})
+
+    def forget(self, namespace: str) -> None:
+        """The namespace was deleted: remember nothing for it."""
+        self._first.pop(namespace, None)
 
 
 @dataclass(frozen=True)
@@ -138,13 +192,28 @@ class Answer:
         return not self.over and not self.full
 
 
-def prune(entries: Mapping[str, Entry], cache: CacheState, now: float, lifetime: float) -> dict[str, Entry]:
+def prune(
+    entries: Mapping[str, Entry],
+    cache: CacheState,
+    now: float,
+    lifetime: float,
+    first_seen: Mapping[str, float] | None = None,
+) -> dict[str, Entry]:
     """The entries still needed: a pod that is gone or terminal frees its entry at once (no replica
-    may count it any more); any other entry stays until it has expired and this replica's cache has
-    shown the pod for longer than `lifetime` (or never: the pod was never created)."""
+    may count it any more), and so does a pod that was never created (`never_created`, from when
+    this replica first saw the entry, `first_seen`); any other entry stays until it has expired and
+    this replica's cache has shown the pod for longer than `lifetime` (or never)."""
     kept: dict[str, Entry] = {}
+    seen = first_seen or {}
     for uid, entry in entries.items():
         if cache.released(uid):
+            continue
+        first = seen.get(uid)
+        if (
+            first is not None
+            and not cache.accounts_for(uid)
+            and never_created(first, cache.stream_current_at)
+        ):
             continue
         if now >= entry.expires:
             shown = cache.shown_for(uid)
@@ -154,10 +223,16 @@ def prune(entries: Mapping[str, Entry], cache: CacheState, now: float, lifetime:
     return kept
 
 
-def in_flight(entries: Mapping[str, Entry], cache: CacheState, now: float, lifetime: float) -> Charge:
+def in_flight(
+    entries: Mapping[str, Entry],
+    cache: CacheState,
+    now: float,
+    lifetime: float,
+    first_seen: Mapping[str, float] | None = None,
+) -> Charge:
     """What the entries add to the cache's usage: live ones the cache does not account for."""
     total = Charge()
-    for uid, entry in prune(entries, cache, now, lifetime).items():
+    for uid, entry in prune(entries, cache, now, lifetime, first_seen).items():
         if not cache.accounts_for(uid):
             total += entry.charge
     return total
@@ -171,6 +246,7 @@ def decide(
     now: float,
     lifetime: float,
     max_entries: int = MAX_ENTRIES,
+    first_seen: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, Entry], list[Answer]]:
     """The object's next entries and one answer per ask, in order.
 
@@ -178,7 +254,7 @@ def decide(
     asks of the batch booked. An ask whose uid already has an entry replaces it (one pod counts
     once, however often it is decided).
     """
-    kept = prune(entries, cache, now, lifetime)
+    kept = prune(entries, cache, now, lifetime, first_seen)
     pending = in_flight(kept, cache, now, lifetime)
     expires = math.ceil(now + lifetime)
     answers: list[Answer] = []

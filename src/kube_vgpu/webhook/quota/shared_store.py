@@ -7,6 +7,12 @@ against; a 409 Conflict (another replica wrote first) re-reads and decides again
 of times within `budget_seconds`. Anything else (API slow, unreachable, refusing) refuses the
 reviews with a message saying why: the API server retries (failurePolicy Fail); nothing is ever
 admitted that was not booked.
+
+Entries this replica can drop (their pod never created, gone, or expired) leave the object at the
+next write; so that they leave it even when this replica decides nothing more for the namespace,
+a sweep every `sweep_seconds` writes the pruned object for each namespace where pruning changes
+it. The replica that admitted a review saw its entry first, so that entry's release never waits
+for another replica to have watched it for long enough.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ from kube_vgpu.webhook.quota.shared import (
     Ask,
     CacheState,
     SharedStateError,
+    Sightings,
     Unrecorded,
     decide,
     decode_entries,
     encode_object,
     in_flight,
     object_name,
+    prune,
 )
 
 log = logging.getLogger("kube_vgpu.webhook.quota")
@@ -45,6 +53,8 @@ MAX_CONFLICTS = 64
 BACKOFF_SECONDS = 0.002
 BACKOFF_CAP_SECONDS = 0.05
 CALL_TIMEOUT = (1.0, 2.5)  # (connect, read) seconds per API call
+# How often each namespace's last-seen object is checked for entries that can go (see the docstring).
+SWEEP_SECONDS = 5.0
 
 
 @dataclass
@@ -57,6 +67,7 @@ class SharedStats:
     failures: int = 0
     batches: int = 0
     asks: int = 0
+    sweeps: int = 0  # writes made only to drop entries (no review asked)
 
 
 @dataclass
@@ -79,6 +90,8 @@ class SharedReservations:
         budget_seconds: float = BUDGET_SECONDS,
         max_conflicts: int = MAX_CONFLICTS,
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        sweep_seconds: float = SWEEP_SECONDS,
     ) -> None:
         self.kube = kube
         self.release_namespace = release_namespace
@@ -87,6 +100,11 @@ class SharedReservations:
         self.budget = budget_seconds
         self.max_conflicts = max_conflicts
         self.wall = wall_clock
+        # The clock of the cache's `stream_current_at` (monotonic): first sightings are on it.
+        self.clock = clock
+        self.sweep_seconds = sweep_seconds
+        self.sightings = Sightings()
+        self._sweeper: asyncio.Task[None] | None = None
         self.stats = SharedStats()
         self._rng = random.Random()
         # The last version of each namespace's object this replica read or wrote: the next write
@@ -100,6 +118,9 @@ class SharedReservations:
 
         Raises `Unrecorded` when that could not be done within the budget.
         """
+        if self._sweeper is None:
+            # Started by the first decision: before it this replica holds no object to prune.
+            self._sweeper = asyncio.create_task(self._sweep_forever(), name="quota-sweep")
         waiting = _Waiting(ask)
         self._queues.setdefault(namespace, []).append(waiting)
         if namespace not in self._writers:
@@ -120,7 +141,9 @@ class SharedReservations:
             entries = decode_entries(self._latest.get(namespace), namespace)
         except SharedStateError:
             return Charge()
-        return in_flight(entries, self.cache_state(namespace), self.wall(), self.lifetime)
+        return in_flight(
+            entries, self.cache_state(namespace), self.wall(), self.lifetime, self.sightings.of(namespace)
+        )
 
     def namespaces(self) -> list[str]:
         """The namespaces this replica remembers a version of the shared object for."""
@@ -130,16 +153,61 @@ class SharedReservations:
         """The namespace was deleted: drop the version remembered (a write in flight re-adds nothing
         once it is done; the next decision, if any, reads afresh)."""
         self._latest.pop(namespace, None)
+        self.sightings.forget(namespace)
+
+    async def sweep(self) -> list[str]:
+        """Write the pruned object of every namespace whose last-seen object holds entries this
+        replica can drop now, where no write is under way already; returns those namespaces once
+        their writes are done (a failed one is logged and read afresh next time)."""
+        started: dict[str, asyncio.Task[None]] = {}
+        for namespace, obj in list(self._latest.items()):
+            if namespace in self._writers:
+                continue  # the write under way prunes too
+            try:
+                entries = decode_entries(obj, namespace)
+            except SharedStateError:
+                continue
+            state = self.cache_state(namespace)
+            seen = self.sightings.of(namespace)
+            if prune(entries, state, self.wall(), self.lifetime, seen).keys() != entries.keys():
+                task = asyncio.create_task(self._drain(namespace, sweep=True), name=f"quota-{namespace}")
+                self._writers[namespace] = started[namespace] = task
+        await asyncio.gather(*started.values(), return_exceptions=True)
+        return list(started)
 
     async def close(self) -> None:
-        """Stop the writers (reviews still waiting are refused)."""
-        for task in list(self._writers.values()):
+        """Stop the sweep and the writers (reviews still waiting are refused)."""
+        tasks = list(self._writers.values())
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)
+            self._sweeper = None
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._writers.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _drain(self, namespace: str) -> None:
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_seconds)
+            try:
+                await self.sweep()
+            except Exception as exc:  # a sweep that dies would leave forged entries to expiry alone
+                log.error("event=quota_sweep_failed error=%r", f"{type(exc).__name__}: {exc}")
+
+    async def _drain(self, namespace: str, *, sweep: bool = False) -> None:
         batch: list[_Waiting] = []
         try:
+            if sweep:
+                try:
+                    async with asyncio.timeout(self.budget):
+                        await self._settle(namespace, [])
+                    self.stats.sweeps += 1
+                except Exception as exc:
+                    self._latest.pop(namespace, None)  # an unknown outcome: read before the next write
+                    log.warning(
+                        "event=quota_sweep_failed namespace=%s reason=%r",
+                        namespace,
+                        _reason(exc, self.budget),
+                    )
             while self._queues.get(namespace):
                 batch = [w for w in self._queues.pop(namespace) if not w.abandoned]
                 if not batch:
@@ -182,7 +250,13 @@ class SharedReservations:
         while True:
             entries = decode_entries(current, namespace)
             state = self.cache_state(namespace)
-            kept, answers = decide(entries, asks, state, now=self.wall(), lifetime=self.lifetime)
+            seen = self.sightings.note(namespace, entries, self.clock())
+            kept, answers = decide(
+                entries, asks, state, now=self.wall(), lifetime=self.lifetime, first_seen=seen
+            )
+            # The entries booked now are first seen now, during their admission (those pruned are
+            # kept in mind until the object no longer holds them: this write may yet fail).
+            self.sightings.note(namespace, [*entries, *kept], self.clock())
             if kept == entries:
                 if fresh:
                     # Nothing to write, and the version decided on was current when read.

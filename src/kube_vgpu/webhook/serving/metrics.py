@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -169,10 +169,23 @@ class WebhookMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.caller_protection = Gauge(
+            "kube_vgpu_webhook_caller_protection",
+            "1 for each way callers are checked that is on: client-certificate (the TLS handshake "
+            "requires one), network-policy (the install put a NetworkPolicy in front of the port). "
+            "Both 0: any pod that reaches the port can send forged reviews.",
+            ["mechanism"],
+            registry=self.registry,
+        )
         self._cache: CacheState | None = None
         self.registry.register(_CacheCollector(lambda: self._cache))
         self._connections: ConnectionState | None = None
         self.registry.register(_ConnectionCollector(lambda: self._connections))
+
+    def report_caller_protection(self, *, client_certificate: bool, network_policy: bool) -> None:
+        """Say which protections of the admission port are on."""
+        self.caller_protection.labels("client-certificate").set(float(client_certificate))
+        self.caller_protection.labels("network-policy").set(float(network_policy))
 
     def track_cache(self, cache: CacheState) -> None:
         """Report this cache's size, lag and readiness."""
