@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import jsonpatch
 import orjson
@@ -39,10 +39,11 @@ sys.path.insert(0, str(REPO))
 
 from kube_vgpu.contract.config import Config  # noqa: E402
 from kube_vgpu.kubeapi.client import Kube  # noqa: E402
+from kube_vgpu.kubeapi.listwatch import Listed, object_key  # noqa: E402
 from kube_vgpu.webhook.admission.mutation import Admission  # noqa: E402
 from kube_vgpu.webhook.admission.review import Verdict, encode_json, encode_response, parse_review  # noqa: E402
 from kube_vgpu.webhook.admission.validation import Validation  # noqa: E402
-from kube_vgpu.webhook.cache import ClusterCache  # noqa: E402
+from kube_vgpu.webhook.cache import CachedKind, ClusterCache  # noqa: E402
 from kube_vgpu.webhook.quota.charge import ZERO, Charge  # noqa: E402
 from kube_vgpu.webhook.quota.ledger import QuotaLedger  # noqa: E402
 from kube_vgpu.webhook.quota.shared import Answer, Ask, SharedBook  # noqa: E402
@@ -88,10 +89,17 @@ def filled_phases(nodes: int, pods: int, *, shared_book: bool = True) -> Phases:
     services = build_services(cache, Config(), WebhookMetrics(), shared=shared)
     names = [f"team-{i}" for i in range(bench_webhook.NAMESPACES)] + [bench_webhook.REVIEW_NAMESPACE]
     metadata = [{"name": n, "labels": {}, "resourceVersion": "1"} for n in names]
-    cache._on_list("namespace", [{"apiVersion": "v1", "kind": "Namespace", "metadata": m} for m in metadata])
-    cache._on_list("node", [bench_webhook.node(i) for i in range(nodes)])
+
+    def listed(kind: CachedKind, objects: list[dict[str, Any]]) -> None:
+        """Hand the cache a complete list as its reflector would: each object reduced as it arrives."""
+        reduce = cache._reducers[kind]
+        kept = [(object_key(o), r) for o in objects if (r := reduce(o)) is not None]
+        cache._on_list(kind, Listed(kept, "1", 1, len(objects), time.monotonic()))
+
+    listed("namespace", [{"apiVersion": "v1", "kind": "Namespace", "metadata": m} for m in metadata])
+    listed("node", [bench_webhook.node(i) for i in range(nodes)])
     spread = bench_webhook.NAMESPACES
-    cache._on_list("pod", [bench_webhook.vgpu_pod(i, namespace=f"team-{i % spread}") for i in range(pods)])
+    listed("pod", [bench_webhook.vgpu_pod(i, namespace=f"team-{i % spread}") for i in range(pods)])
     return services.admission, services.validation
 
 
