@@ -305,3 +305,21 @@ def test_bad_connection_bounds_are_refused_at_start(
     )
     assert run(args) == 2
     assert any(message in r.getMessage() for r in caplog.records)
+
+
+def test_a_body_begun_in_the_same_read_as_the_previous_answer_is_cut_at_the_deadline(
+    strict: ThreadedWebhook,
+) -> None:
+    # Attack: one write holds a whole request and the head plus half the body of the next; the next
+    # request's bytes arrived while the first was still in progress, so no deadline started with them.
+    # Its handler then waits for the rest of the body (holding its share of the body budget) until
+    # the idle timeout, not the request deadline.
+    body = json.dumps(review(pod(container(memory=1000)))).encode()
+    sock = _tls_socket(strict)
+    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(_request() + head.encode() + body[: len(body) // 2])
+    assert b" 200 " in _read_response(sock)  # the first request is answered
+    sock.settimeout(5 * STRICT_DEADLINE)  # well under the 60 s idle timeout
+    assert closed_by_server(sock)
+    listener = strict.server.listener
+    assert listener is not None and strict.read(lambda: listener.expired) >= 1

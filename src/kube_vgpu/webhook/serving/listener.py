@@ -104,6 +104,10 @@ class Slot:
     def began(self) -> None:
         """A request's head has arrived and its handler runs."""
         self.handling = True
+        if self._timer is None:
+            # Its first bytes came in the same read as the end of the previous request, while that
+            # one's deadline ran: none started with them, so its body's deadline starts now.
+            self._arm(self.listener.loop.time())
 
     def request_complete(self) -> None:
         """The request's head and body have arrived: its deadline no longer runs."""
