@@ -16,7 +16,17 @@ import pytest
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.serving.body_budget import BodyBudget, body_reservation
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
-from tests.support.webhook import A100, ThreadedWebhook, container, gpu_node, pod, post, review, write_tls
+from tests.support.webhook import (
+    A100,
+    ThreadedWebhook,
+    closed_by_server,
+    container,
+    gpu_node,
+    pod,
+    post,
+    review,
+    write_tls,
+)
 
 BOUND = 10.0
 
@@ -75,7 +85,7 @@ def _stalled_gzip_body(webhook: ThreadedWebhook) -> ssl.SSLSocket:
     return sock
 
 
-def test_stalled_compressed_bodies_fill_the_budget_and_others_are_refused_at_once(
+def test_stalled_compressed_bodies_fill_the_budget_and_the_one_waiting_longest_makes_room(
     webhook: ThreadedWebhook,
 ) -> None:
     budget = webhook.server.app.bodies
@@ -88,15 +98,79 @@ def test_stalled_compressed_bodies_fill_the_budget_and_others_are_refused_at_onc
         assert status == 200 and answer["response"]["allowed"]  # small bodies still fit
         third = _stalled_gzip_body(webhook)
         stalled.append(third)
-        third.settimeout(BOUND)
-        answer_bytes = third.recv(65536)
-        assert b" 429 " in answer_bytes.split(b"\r\n", 1)[0]
-        assert json.loads(answer_bytes.split(b"\r\n\r\n", 1)[1])["error"].startswith(
-            "too many request bodies"
-        )
+        stalled[0].settimeout(BOUND)
+        assert closed_by_server(stalled[0])  # closed to make room; the newcomer is read
+        _wait(lambda: webhook.read(lambda: budget.held_bytes) >= 2 * MAX_BODY_BYTES, "the third held")
+        assert webhook.read(lambda: budget.held_bytes) <= budget.limit_bytes
+        stalled[1].settimeout(0.2)
+        assert not closed_by_server(stalled[1])
     finally:
         for sock in stalled:
             sock.close()
     _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
     status, _ = post(webhook.connect(), review(pod(container(memory=1000))))
     assert status == 200
+
+
+def test_a_body_that_could_never_fit_the_budget_is_refused_at_once(webhook: ThreadedWebhook) -> None:
+    budget = webhook.server.app.bodies
+    budget.limit_bytes = MAX_BODY_BYTES  # a compressed body reserves the whole body limit: it fits
+    fits = _stalled_gzip_body(webhook)
+    try:
+        _wait(lambda: webhook.read(lambda: budget.held_bytes) == MAX_BODY_BYTES, "the body held")
+    finally:
+        fits.close()
+    _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
+    budget.limit_bytes = MAX_BODY_BYTES - 1  # one byte short: closing others would never make room
+    sock = _stalled_gzip_body(webhook)
+    try:
+        sock.settimeout(BOUND)
+        answer_bytes = sock.recv(65536)
+        assert b" 429 " in answer_bytes.split(b"\r\n", 1)[0]
+        reason = json.loads(answer_bytes.split(b"\r\n\r\n", 1)[1])["error"]
+        assert reason.startswith("too many request bodies")
+    finally:
+        sock.close()
+    status, _ = post(webhook.connect(), review(pod(container(memory=1000))))
+    assert status == 200
+
+
+def _stalled_declared_body(webhook: ThreadedWebhook, length: int) -> ssl.SSLSocket:
+    """A connection that declares a plain body of `length` bytes and sends none of it."""
+    raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+    sock = webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost")
+    head = (
+        "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    )
+    sock.sendall(head.encode())
+    return sock
+
+
+def test_bodies_declared_to_fill_the_budget_exactly_do_not_lock_the_api_server_out(
+    webhook: ThreadedWebhook,
+) -> None:
+    # Attack: a few connections declare bodies whose lengths add up to the whole budget (21 of 3 MiB
+    # and one of 1 MiB fill the default 64 MiB) and send nothing. Each is cut at its request deadline,
+    # but the attacker opens new ones; meanwhile every review, however small, found no room.
+    budget = webhook.server.app.bodies
+    budget.limit_bytes = 2 * MAX_BODY_BYTES + 64 * 1024
+    lengths = [MAX_BODY_BYTES, MAX_BODY_BYTES, 64 * 1024]
+    stalled = []
+    try:
+        for length in lengths:
+            stalled.append(_stalled_declared_body(webhook, length))
+            _wait(lambda: webhook.read(lambda: budget.held_bytes) == sum(lengths[: len(stalled)]), "held")
+        status, answer = post(webhook.connect(), review(pod(container(memory=1000))))
+        assert status == 200 and answer["response"]["allowed"]
+        # Room was made by closing the body that had been waiting longest, and only it.
+        stalled[0].settimeout(BOUND)
+        assert closed_by_server(stalled[0])
+        for sock in stalled[1:]:
+            sock.settimeout(0.2)
+            assert not closed_by_server(sock)
+        assert webhook.read(lambda: budget.held_bytes) <= budget.limit_bytes
+    finally:
+        for sock in stalled:
+            sock.close()
+    _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")

@@ -4,7 +4,8 @@ The connection cap bounds idle connections, but each connection may also hold a 
 body limit (3 MiB after decompression) until its request deadline: about 90 stalled gzip bodies of
 3 kB each would have held 3 MiB apiece and pushed the webhook past its memory limit. Before a body is
 read, the bytes it may take are reserved here (its Content-Length, or the whole limit when it is
-compressed or chunked); a request that does not fit is answered 429 at once, holding nothing.
+compressed or chunked); when a request does not fit, the server closes the bodies waiting longest
+to make room (`webhook.serving.server`), or answers 429 if it never could fit.
 Pure bookkeeping: no I/O, used from the event loop only.
 """
 

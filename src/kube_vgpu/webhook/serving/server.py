@@ -95,6 +95,10 @@ class AdmissionApp:
         self.turns = turns or FairTurns()
         self.max_body_bytes = max_body_bytes
         self.bodies = bodies or BodyBudget()
+        # Bodies being read and the bytes each reserved, oldest first: when the budget is full, the one
+        # waiting longest is closed to make room (as the connection cap does), so stalled bodies
+        # cannot refuse the API server's reviews.
+        self._readers: dict[int, tuple[web.BaseRequest, int]] = {}  # by id(): requests are unhashable
         # Set by shutdown: every answer from then on closes its connection.
         self.draining = False
         # Requests whose handler has started and not yet answered (shutdown waits for them).
@@ -163,9 +167,10 @@ class AdmissionApp:
         if not request.body_exists:
             return b""
         size = body_reservation(length, encoding not in ("", "identity") or length is None, limit)
-        if not self.bodies.hold(size):
+        if not self.bodies.hold(size) and not self._make_room(size):
             log.info("event=review_refused_busy remote=%s reserved_bytes=%d", request.remote, size)
             return self._refuse(request, 429, "too many request bodies are being read right now; retry")
+        self._readers[id(request)] = (request, size)
         try:
             if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
                 # aiohttp's low-level server leaves this to the handler (its router does it for apps).
@@ -178,7 +183,23 @@ class AdmissionApp:
         except ConnectionError:  # the caller went (or its deadline closed it): nobody reads an answer
             return error_response(400, "connection closed before the body arrived", close=True)
         finally:
-            self.bodies.release(size)
+            if self._readers.pop(id(request), None) is not None:  # not already given back by `_make_room`
+                self.bodies.release(size)
+
+    def _make_room(self, size: int) -> bool:
+        """Close the bodies waiting longest until `size` bytes fit; False (none closed) if it never would."""
+        if size > self.bodies.limit_bytes:
+            return False
+        while not self.bodies.hold(size):
+            if not self._readers:
+                return False
+            key, (victim, held) = next(iter(self._readers.items()))
+            del self._readers[key]
+            self.bodies.release(held)  # its reading task gives up as soon as it runs
+            log.info("event=body_evicted remote=%s reserved_bytes=%d", victim.remote, held)
+            if victim.transport is not None:
+                victim.transport.abort()
+        return True
 
     def _refuse(self, request: web.BaseRequest, status: int, reason: str) -> web.Response:
         """A review that never reaches its phase: counted, logged at INFO, and its connection closed
