@@ -3,6 +3,7 @@ limit under a flood): stalled compressed bodies cannot each hold the whole body 
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import socket
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.webhook.serving.body_budget import BodyBudget, body_reservation
+from kube_vgpu.webhook.serving.body_budget import SMALL_BODIES_ROOM_BYTES, BodyBudget, body_reservation
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
 from tests.support.webhook import (
     A100,
@@ -89,7 +90,7 @@ def test_stalled_compressed_bodies_fill_the_budget_and_the_one_waiting_longest_m
     webhook: ThreadedWebhook,
 ) -> None:
     budget = webhook.server.app.bodies
-    budget.limit_bytes = 2 * MAX_BODY_BYTES + 64 * 1024  # two worst-case bodies and some small ones
+    budget.limit_bytes = 2 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES  # two worst-case bodies, small ones
     stalled = [_stalled_gzip_body(webhook) for _ in range(2)]
     try:
         _wait(lambda: webhook.read(lambda: budget.held_bytes) >= 2 * MAX_BODY_BYTES, "two bodies held")
@@ -114,14 +115,15 @@ def test_stalled_compressed_bodies_fill_the_budget_and_the_one_waiting_longest_m
 
 def test_a_body_that_could_never_fit_the_budget_is_refused_at_once(webhook: ThreadedWebhook) -> None:
     budget = webhook.server.app.bodies
-    budget.limit_bytes = MAX_BODY_BYTES  # a compressed body reserves the whole body limit: it fits
+    # A compressed body reserves the whole body limit, beside the room kept for small bodies: it fits.
+    budget.limit_bytes = MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES
     fits = _stalled_gzip_body(webhook)
     try:
         _wait(lambda: webhook.read(lambda: budget.held_bytes) == MAX_BODY_BYTES, "the body held")
     finally:
         fits.close()
     _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
-    budget.limit_bytes = MAX_BODY_BYTES - 1  # one byte short: closing others would never make room
+    budget.limit_bytes = MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES - 1  # one byte short: it never could
     sock = _stalled_gzip_body(webhook)
     try:
         sock.settimeout(BOUND)
@@ -150,12 +152,13 @@ def _stalled_declared_body(webhook: ThreadedWebhook, length: int) -> ssl.SSLSock
 def test_bodies_declared_to_fill_the_budget_exactly_do_not_lock_the_api_server_out(
     webhook: ThreadedWebhook,
 ) -> None:
-    # Attack: a few connections declare bodies whose lengths add up to the whole budget (21 of 3 MiB
-    # and one of 1 MiB fill the default 64 MiB) and send nothing. Each is cut at its request deadline,
+    # Attack: a few connections declare bodies whose lengths add up to the whole budget (20 of 3 MiB
+    # and 64 of 64 KiB fill the default 64 MiB) and send nothing. Each is cut at its request deadline,
     # but the attacker opens new ones; meanwhile every review, however small, found no room.
     budget = webhook.server.app.bodies
-    budget.limit_bytes = 2 * MAX_BODY_BYTES + 64 * 1024
-    lengths = [MAX_BODY_BYTES, MAX_BODY_BYTES, 64 * 1024]
+    budget.limit_bytes = 2 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES
+    small = 64 * 1024  # the largest body that never waits for a turn, so it may use the small bodies' room
+    lengths = [MAX_BODY_BYTES, MAX_BODY_BYTES] + [small] * (SMALL_BODIES_ROOM_BYTES // small)
     stalled = []
     try:
         for length in lengths:
@@ -166,11 +169,64 @@ def test_bodies_declared_to_fill_the_budget_exactly_do_not_lock_the_api_server_o
         # Room was made by closing the body that had been waiting longest, and only it.
         stalled[0].settimeout(BOUND)
         assert closed_by_server(stalled[0])
-        for sock in stalled[1:]:
+        for sock in (stalled[1], stalled[-1]):
             sock.settimeout(0.2)
             assert not closed_by_server(sock)
         assert webhook.read(lambda: budget.held_bytes) <= budget.limit_bytes
     finally:
         for sock in stalled:
+            sock.close()
+    _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
+
+
+def _large_review_sent(webhook: ThreadedWebhook, size: int) -> ssl.SSLSocket:
+    """A connection that sends a whole review body of `size` bytes, larger than waits for a turn."""
+    raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+    sock = webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost")
+    prefix = b'{"request":{"namespace":"flood"},"pad":"'
+    body = prefix + b"x" * (size - len(prefix) - 2) + b'"}'
+    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_bodies_waiting_for_their_turn_stay_within_the_budget(webhook: ThreadedWebhook) -> None:
+    # Attack: many connections each send a whole 2 MiB review as fast as they can. Large reviews are
+    # answered one at a time (fair turns), so they queue; the budget was given back as soon as a body
+    # had been read, so the queued bodies (up to the connection cap's worth, gigabytes) counted nowhere.
+    app = webhook.server.app
+    budget = app.bodies
+    budget.limit_bytes = 4 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES  # four worst-case bodies, small ones
+    size = 2 * 1024 * 1024
+
+    async def hold_the_turn(release: asyncio.Event) -> None:
+        # A large review being answered (its quota write waiting on the API, say): the others queue.
+        await app.turns.run(b"x" * (app.turns.large_bytes + 1), release.wait)
+
+    release = webhook.read(asyncio.Event)
+    holder = webhook.submit(hold_the_turn(release))
+    flood: list[ssl.SSLSocket] = []
+    try:
+        for _ in range(12):
+            flood.append(_large_review_sent(webhook, size))
+        refused = 0
+        for sock in flood:
+            sock.settimeout(1.0)
+            try:
+                first = sock.recv(65536)
+            except TimeoutError:
+                continue  # read whole and waiting for its turn
+            refused += b" 429 " in first.split(b"\r\n", 1)[0]
+        waiting = len(flood) - refused
+        # What the webhook holds for the queued reviews never passes the budget.
+        assert waiting * size <= budget.limit_bytes
+        assert waiting >= 4  # and the budget is used: four of them wait
+        # A small review is still answered while they wait.
+        status, answer = post(webhook.connect(), review(pod(container(memory=1000))))
+        assert status == 200 and answer["response"]["allowed"]
+    finally:
+        webhook.read(release.set)
+        holder.result(timeout=BOUND)
+        for sock in flood:
             sock.close()
     _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")

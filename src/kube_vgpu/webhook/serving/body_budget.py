@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import Final
 
 DEFAULT_BUDGET_BYTES: Final = 64 * 1024 * 1024
+# Kept free of large bodies (those that wait for a turn) for the few-kB reviews the API server sends.
+SMALL_BODIES_ROOM_BYTES: Final = 4 * 1024 * 1024
 
 
 class BodyBudget:
@@ -25,10 +27,10 @@ class BodyBudget:
         self.limit_bytes = limit_bytes
         self.held_bytes = 0
 
-    def hold(self, size: int) -> bool:
-        """Reserve `size` bytes; False (reserving nothing) when they do not fit. Give them back
-        with `release` once the body's request is answered or abandoned."""
-        if self.held_bytes + size > self.limit_bytes:
+    def hold(self, size: int, keep_free: int = 0) -> bool:
+        """Reserve `size` bytes, leaving `keep_free` unreserved; False (reserving nothing) when they do
+        not fit. Give them back with `release` once the body's request is answered or abandoned."""
+        if self.held_bytes + size > self.limit_bytes - keep_free:
             return False
         self.held_bytes += size
         return True
