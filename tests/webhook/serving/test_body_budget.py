@@ -3,6 +3,7 @@ limit under a flood): stalled compressed bodies cannot each hold the whole body 
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import socket
@@ -14,15 +15,25 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.webhook.serving.body_budget import SMALL_BODY_BYTES, BodyBudget, body_reservation
+from kube_vgpu.webhook.serving.body_budget import SMALL_BODIES_ROOM_BYTES, BodyBudget, body_reservation
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
-from tests.support.webhook import A100, ThreadedWebhook, container, gpu_node, pod, post, review, write_tls
+from tests.support.webhook import (
+    A100,
+    ThreadedWebhook,
+    closed_by_server,
+    container,
+    gpu_node,
+    pod,
+    post,
+    review,
+    write_tls,
+)
 
 BOUND = 10.0
 
 
 def test_a_budget_refuses_what_does_not_fit_and_frees_what_it_held() -> None:
-    budget = BodyBudget(100, small_reserve_bytes=0)
+    budget = BodyBudget(100)
     assert budget.hold(60) and budget.held_bytes == 60
     assert not budget.hold(50) and budget.held_bytes == 60  # refused: nothing reserved
     assert budget.hold(40) and budget.held_bytes == 100
@@ -31,21 +42,15 @@ def test_a_budget_refuses_what_does_not_fit_and_frees_what_it_held() -> None:
     assert budget.held_bytes == 0
     with pytest.raises(ValueError, match="positive"):
         BodyBudget(0)
-    with pytest.raises(ValueError, match="reserve"):
-        BodyBudget(100, small_reserve_bytes=100)
 
 
-def test_the_last_bytes_of_the_budget_are_kept_for_small_bodies() -> None:
-    # Attack: one namespace's large reviews (dry-run creates of 1-3 MiB pods, or stalled large
-    # bodies) wait for their fair turn holding their bytes; once they held the whole budget, every
-    # other namespace's ordinary review was answered 429, and the API server refused those pods.
-    small = SMALL_BODY_BYTES
-    budget = BodyBudget(10 * small, small_reserve_bytes=4 * small)
-    assert not budget.hold(6 * small + 1)  # a large body one byte into the reserve: refused
-    assert budget.hold(6 * small)  # a large body up to the limit less the reserve: accepted
-    assert not budget.hold(small + 1)  # the smallest large body: no room left for it
-    for _ in range(4):
-        assert budget.hold(small)  # the largest small body: the reserve is its
+def test_room_kept_free_is_left_to_bodies_that_ask_for_none() -> None:
+    # Large bodies (those that wait for a fair turn) leave room for the API server's small reviews.
+    budget = BodyBudget(100)
+    assert not budget.hold(61, keep_free=40)  # one byte into the kept room: refused
+    assert budget.hold(60, keep_free=40)  # up to it: accepted
+    assert not budget.hold(1, keep_free=40)
+    assert budget.hold(40)  # a small body may take the kept room
     assert budget.held_bytes == budget.limit_bytes
     assert not budget.hold(1)  # the whole budget is still the bound for everyone
 
@@ -92,12 +97,11 @@ def _stalled_gzip_body(webhook: ThreadedWebhook) -> ssl.SSLSocket:
     return sock
 
 
-def test_stalled_compressed_bodies_fill_the_budget_and_others_are_refused_at_once(
+def test_stalled_compressed_bodies_fill_the_budget_and_the_one_waiting_longest_makes_room(
     webhook: ThreadedWebhook,
 ) -> None:
     budget = webhook.server.app.bodies
-    # two worst-case bodies and the small ones' reserve
-    budget.limit_bytes = 2 * MAX_BODY_BYTES + budget.small_reserve_bytes
+    budget.limit_bytes = 2 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES  # two worst-case bodies, small ones
     stalled = [_stalled_gzip_body(webhook) for _ in range(2)]
     try:
         _wait(lambda: webhook.read(lambda: budget.held_bytes) >= 2 * MAX_BODY_BYTES, "two bodies held")
@@ -106,12 +110,12 @@ def test_stalled_compressed_bodies_fill_the_budget_and_others_are_refused_at_onc
         assert status == 200 and answer["response"]["allowed"]  # small bodies still fit
         third = _stalled_gzip_body(webhook)
         stalled.append(third)
-        third.settimeout(BOUND)
-        answer_bytes = third.recv(65536)
-        assert b" 429 " in answer_bytes.split(b"\r\n", 1)[0]
-        assert json.loads(answer_bytes.split(b"\r\n\r\n", 1)[1])["error"].startswith(
-            "too many request bodies"
-        )
+        stalled[0].settimeout(BOUND)
+        assert closed_by_server(stalled[0])  # closed to make room; the newcomer is read
+        _wait(lambda: webhook.read(lambda: budget.held_bytes) >= 2 * MAX_BODY_BYTES, "the third held")
+        assert webhook.read(lambda: budget.held_bytes) <= budget.limit_bytes
+        stalled[1].settimeout(0.2)
+        assert not closed_by_server(stalled[1])
     finally:
         for sock in stalled:
             sock.close()
@@ -120,59 +124,140 @@ def test_stalled_compressed_bodies_fill_the_budget_and_others_are_refused_at_onc
     assert status == 200
 
 
-def _stalled_large_body(webhook: ThreadedWebhook, size: int) -> ssl.SSLSocket:
-    """A connection that announces a plain body of `size` bytes, sends part of it, then waits."""
+def test_a_body_that_could_never_fit_the_budget_is_refused_at_once(webhook: ThreadedWebhook) -> None:
+    budget = webhook.server.app.bodies
+    # A compressed body reserves the whole body limit, beside the room kept for small bodies: it fits.
+    budget.limit_bytes = MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES
+    fits = _stalled_gzip_body(webhook)
+    try:
+        _wait(lambda: webhook.read(lambda: budget.held_bytes) == MAX_BODY_BYTES, "the body held")
+    finally:
+        fits.close()
+    _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
+    budget.limit_bytes = MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES - 1  # one byte short: it never could
+    sock = _stalled_gzip_body(webhook)
+    try:
+        sock.settimeout(BOUND)
+        answer_bytes = sock.recv(65536)
+        assert b" 429 " in answer_bytes.split(b"\r\n", 1)[0]
+        reason = json.loads(answer_bytes.split(b"\r\n\r\n", 1)[1])["error"]
+        assert reason.startswith("too many request bodies")
+    finally:
+        sock.close()
+    status, _ = post(webhook.connect(), review(pod(container(memory=1000))))
+    assert status == 200
+
+
+def _stalled_declared_body(webhook: ThreadedWebhook, length: int) -> ssl.SSLSocket:
+    """A connection that declares a plain body of `length` bytes and sends none of it."""
     raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
     sock = webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost")
     head = (
         "POST /validate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {size}\r\n\r\n"
+        f"Content-Length: {length}\r\n\r\n"
     )
-    sock.sendall(head.encode() + b'{"request": ')
+    sock.sendall(head.encode())
     return sock
 
 
-def test_large_bodies_cannot_take_the_budget_from_ordinary_reviews(webhook: ThreadedWebhook) -> None:
-    # One tenant holds as many large bodies as the budget lets it (here stalled; through the API
-    # server, its large reviews waiting for their fair turn): another namespace's ordinary review
-    # is still read and answered, not refused 429.
+def test_bodies_declared_to_fill_the_budget_exactly_do_not_lock_the_api_server_out(
+    webhook: ThreadedWebhook,
+) -> None:
+    # Attack: a few connections declare bodies whose lengths add up to the whole budget (20 of 3 MiB
+    # and 64 of 64 KiB fill the default 64 MiB) and send nothing. Each is cut at its request deadline,
+    # but the attacker opens new ones; meanwhile every review, however small, found no room.
     budget = webhook.server.app.bodies
-    budget.limit_bytes = 8 * 1024 * 1024 + budget.small_reserve_bytes
-    large = 1024 * 1024
-    stalled: list[ssl.SSLSocket] = []
+    budget.limit_bytes = 2 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES
+    small = 64 * 1024  # the largest body that never waits for a turn, so it may use the small bodies' room
+    lengths = [MAX_BODY_BYTES, MAX_BODY_BYTES] + [small] * (SMALL_BODIES_ROOM_BYTES // small)
+    stalled = []
     try:
-        refused = False
-        for _ in range(budget.limit_bytes // large + 1):
-            sock = _stalled_large_body(webhook, large)
-            stalled.append(sock)
-            held = len(stalled) * large
-            deadline = time.monotonic() + BOUND
-            while webhook.read(lambda: budget.held_bytes) < held:
-                assert time.monotonic() < deadline, "timed out waiting for the body held or refused"
-                if _refused(sock):
-                    refused = True
-                    break
-                time.sleep(0.01)
-            if refused:
-                break
-        assert refused, f"the large bodies were never refused ({budget.held_bytes} bytes held)"
-        assert webhook.read(lambda: budget.held_bytes) <= budget.limit_bytes - budget.small_reserve_bytes
-        ordinary = review(pod(container(memory=1000), namespace="team-b"))
-        status, answer = post(webhook.connect(), ordinary, "/validate")
-        assert status == 200 and answer["response"]["allowed"], answer
+        for length in lengths:
+            stalled.append(_stalled_declared_body(webhook, length))
+            _wait(lambda: webhook.read(lambda: budget.held_bytes) == sum(lengths[: len(stalled)]), "held")
+        status, answer = post(webhook.connect(), review(pod(container(memory=1000))))
+        assert status == 200 and answer["response"]["allowed"]
+        # Room was made by closing the body that had been waiting longest, and only it.
+        stalled[0].settimeout(BOUND)
+        assert closed_by_server(stalled[0])
+        for sock in (stalled[1], stalled[-1]):
+            sock.settimeout(0.2)
+            assert not closed_by_server(sock)
+        assert webhook.read(lambda: budget.held_bytes) <= budget.limit_bytes
     finally:
         for sock in stalled:
             sock.close()
+    _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
 
 
-def _refused(sock: ssl.SSLSocket) -> bool:
-    """Whether the server answered this stalled request already (429: no room for its body)."""
-    sock.setblocking(False)
+def _large_review_sent(webhook: ThreadedWebhook, size: int) -> ssl.SSLSocket:
+    """A connection that sends a whole review body of `size` bytes, larger than waits for a turn."""
+    raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+    sock = webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost")
+    prefix = b'{"request":{"namespace":"flood"},"pad":"'
+    body = prefix + b"x" * (size - len(prefix) - 2) + b'"}'
+    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_bodies_waiting_for_their_turn_stay_within_the_budget(webhook: ThreadedWebhook) -> None:
+    # Attack: many connections each send a whole 2 MiB review as fast as they can. Large reviews are
+    # answered one at a time (fair turns), so they queue; the budget was given back as soon as a body
+    # had been read, so the queued bodies (up to the connection cap's worth, gigabytes) counted nowhere.
+    app = webhook.server.app
+    budget = app.bodies
+    budget.limit_bytes = 4 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES  # four worst-case bodies, small ones
+    size = 2 * 1024 * 1024
+
+    async def hold_the_turn(release: asyncio.Event) -> None:
+        # A large review being answered (its quota write waiting on the API, say): the others queue.
+        await app.turns.run(b"x" * (app.turns.large_bytes + 1), release.wait)
+
+    release = webhook.read(asyncio.Event)
+    holder = webhook.submit(hold_the_turn(release))
+    flood: list[ssl.SSLSocket] = []
     try:
-        first = sock.recv(65536)
-    except (ssl.SSLWantReadError, BlockingIOError):
-        return False
+        for _ in range(12):
+            flood.append(_large_review_sent(webhook, size))
+        listener = webhook.server.listener
+        assert listener is not None
+
+        def waiting() -> int | None:
+            # Once every connection still open has its review read whole and waiting for a turn (the
+            # others were refused with 429 or closed to make room), how many there are.
+            slots = list(listener.connections)
+            return len(slots) if slots and all(slot.busy for slot in slots) else None
+
+        def sweep() -> None:  # close the sockets that got their answer (a 429) or were closed
+            for sock in flood:
+                if sock.fileno() < 0:
+                    continue
+                sock.settimeout(0)
+                try:
+                    sock.recv(65536)
+                except (BlockingIOError, ssl.SSLWantReadError):
+                    continue
+                except OSError:
+                    pass
+                sock.close()
+
+        def settled() -> bool:
+            sweep()
+            return webhook.read(waiting) is not None
+
+        _wait(settled, "every large review waiting, refused or closed")
+        waiting_now = webhook.read(waiting)
+        assert waiting_now is not None
+        # What the webhook holds for the queued reviews never passes the budget.
+        assert waiting_now * size <= budget.limit_bytes
+        assert waiting_now >= 4  # and the budget is used: four of them wait
+        # A small review is still answered while they wait.
+        status, answer = post(webhook.connect(), review(pod(container(memory=1000))))
+        assert status == 200 and answer["response"]["allowed"]
     finally:
-        sock.setblocking(True)
-    assert b" 429 " in first.split(b"\r\n", 1)[0], first[:200]
-    return True
+        webhook.read(release.set)
+        holder.result(timeout=BOUND)
+        for sock in flood:
+            sock.close()
+    _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")

@@ -305,3 +305,55 @@ def test_bad_connection_bounds_are_refused_at_start(
     )
     assert run(args) == 2
     assert any(message in r.getMessage() for r in caplog.records)
+
+
+def test_a_body_begun_in_the_same_read_as_the_previous_answer_is_cut_at_the_deadline(
+    strict: ThreadedWebhook,
+) -> None:
+    # Attack: one write holds a whole request and the head plus half the body of the next; the next
+    # request's bytes arrived while the first was still in progress, so no deadline started with them.
+    # Its handler then waits for the rest of the body (holding its share of the body budget) until
+    # the idle timeout, not the request deadline.
+    body = json.dumps(review(pod(container(memory=1000)))).encode()
+    sock = _tls_socket(strict)
+    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(_request() + head.encode() + body[: len(body) // 2])
+    assert b" 200 " in _read_response(sock)  # the first request is answered
+    sock.settimeout(5 * STRICT_DEADLINE)  # well under the 60 s idle timeout
+    assert closed_by_server(sock)
+    listener = strict.server.listener
+    assert listener is not None and strict.read(lambda: listener.expired) >= 1
+
+
+def test_at_the_cap_a_request_arriving_on_a_long_idle_connection_is_not_the_one_closed(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    # Attack: fill the cap with silent connections and keep opening more while the API server's
+    # keep-alive connection, idle for a while, sends its next review. That connection's last
+    # progress was its previous answer, older than any silent newcomer's accept, so the review
+    # in progress on it was the one closed to make room.
+    limits = ConnectionLimits(max_connections=3, request_timeout_seconds=30, idle_timeout_seconds=60)
+    with _open_webhook(apiserver, tmp_path, limits=limits) as webhook:
+        listener = webhook.server.listener
+        assert listener is not None
+        keep_alive = _tls_socket(webhook)
+        keep_alive.sendall(_request())
+        assert b" 200 " in _read_response(keep_alive)
+        time.sleep(0.2)  # idle a while: the silent connections below are accepted after its answer
+        silent = [_tls_socket(webhook) for _ in range(2)]
+        _wait(lambda: webhook.read(lambda: len(listener.connections)) == 3, "three open connections")
+        body = json.dumps(review(pod(container(memory=1000)))).encode()
+        head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+        keep_alive.sendall(head.encode() + body[:100])  # a review in progress
+        _wait(
+            lambda: webhook.read(lambda: any(slot.handling for slot in listener.connections)),
+            "the review's head to arrive",
+        )
+        newcomer = _tls_socket(webhook)  # at the cap: someone is closed
+        assert closed_by_server(silent[0])  # the silent connection accepted first
+        keep_alive.sendall(body[100:])
+        head_bytes = _read_response(keep_alive)
+        assert b" 200 " in head_bytes
+        assert _served(lambda: newcomer)
+        assert webhook.read(lambda: listener.evicted) == 1
+        _close_sockets()

@@ -18,10 +18,19 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.webhook.serving.edge import MAX_FIELD_BYTES, MAX_HEADERS
+from kube_vgpu.webhook.serving.edge import MAX_FIELD_BYTES, MAX_HEAD_BYTES, MAX_HEADERS
 from kube_vgpu.webhook.serving.listener import ConnectionLimits
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
-from tests.support.webhook import A100, ThreadedWebhook, container, gpu_node, pod, review, write_tls
+from tests.support.webhook import (
+    A100,
+    ThreadedWebhook,
+    closed_by_server,
+    container,
+    gpu_node,
+    pod,
+    review,
+    write_tls,
+)
 
 # The issue's bound: a well-formed review is answered within this while the flood goes on.
 ANSWERED_WITHIN = 1.0
@@ -323,3 +332,51 @@ def test_a_compressed_body_is_bounded_after_decompression_on_both_sides(webhook:
         data = gzip.compress(body)
         headers = ["Host: localhost", "Content-Encoding: gzip", "Content-Type: application/json"]
         assert _post_with_headers(webhook, headers, data) == status, len(body)
+
+
+def _padded_head(headers: int) -> bytes:
+    """A GET /healthz head with `headers` extra headers of 8,000 bytes each (each within aiohttp's
+    per-field bound), without its final empty line."""
+    pad = b"".join(f"X-Pad-{i}: ".encode() + b"a" * 8000 + b"\r\n" for i in range(headers))
+    return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + pad
+
+
+def test_a_head_is_bounded_as_a_whole_on_both_sides(webhook: ThreadedWebhook) -> None:
+    # Attack: aiohttp bounds each header and their count (100), not the head: a head of 98 headers of
+    # 8 kB held ~2 MiB of the webhook per connection while it arrived, so a few hundred connections,
+    # well under the cap, outgrew the chart's memory limit.
+    with _tls(webhook) as sock:
+        sock.sendall(_padded_head(MAX_HEAD_BYTES // 8100) + b"\r\n")  # just under the bound: served
+        head, _ = _answer(sock)
+        assert b" 200 " in head.split(b"\r\n")[0]
+    listener = webhook.server.listener
+    assert listener is not None
+    expired = webhook.read(lambda: listener.expired)
+    with _tls(webhook) as sock:
+        sock.sendall(_padded_head(MAX_HEAD_BYTES // 8000 + 1))  # past it, and not even finished
+        assert closed_by_server(sock)
+    assert webhook.read(lambda: listener.expired) == expired  # by the bound, not the request deadline
+
+
+def test_pipelined_heads_never_answered_are_bounded_per_connection(webhook: ThreadedWebhook) -> None:
+    # Attack: 40 pipelined requests with 56 kB heads, answers never read: aiohttp queues up to 32
+    # requests, so a connection held ~15 MiB of heads; some 30 such connections exhausted the memory.
+    with _tls(webhook) as sock:
+        sock.settimeout(2.0)
+        request = _padded_head(MAX_HEAD_BYTES // 8100) + b"\r\n"
+        try:
+            for _ in range(40):
+                sock.sendall(request)
+        except (ConnectionError, ssl.SSLError, TimeoutError):
+            pass  # closed (or no longer read) while sending: what the bound does
+        sock.settimeout(BOUND)
+        data, closed = b"", False
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+            closed = True
+        except (ConnectionError, ssl.SSLError):
+            closed = True
+        except TimeoutError:
+            pass
+        assert closed and data.count(b"HTTP/1.1 200") < 32  # closed before its queue filled

@@ -4,10 +4,8 @@ The connection cap bounds idle connections, but each connection may also hold a 
 body limit (3 MiB after decompression) until its request deadline: about 90 stalled gzip bodies of
 3 kB each would have held 3 MiB apiece and pushed the webhook past its memory limit. Before a body is
 read, the bytes it may take are reserved here (its Content-Length, or the whole limit when it is
-compressed or chunked); a request that does not fit is answered 429 at once, holding nothing.
-The last `small_reserve_bytes` are kept for small bodies (every ordinary review): large ones wait
-for their fair turn (`webhook.fairness`) holding their bytes, and one namespace's flood of them
-would otherwise fill the budget and have every other namespace's reviews refused 429.
+compressed or chunked); when a request does not fit, the server closes the bodies waiting longest
+to make room (`webhook.serving.server`), or answers 429 if it never could fit.
 Pure bookkeeping: no I/O, used from the event loop only.
 """
 
@@ -16,34 +14,23 @@ from __future__ import annotations
 from typing import Final
 
 DEFAULT_BUDGET_BYTES: Final = 64 * 1024 * 1024
-# A body this size or smaller may use the reserve (the size `webhook.fairness` calls large, past it).
-SMALL_BODY_BYTES: Final = 64 * 1024
-# 64 small bodies at their largest, hundreds of the API server's few-kB reviews.
-DEFAULT_SMALL_RESERVE_BYTES: Final = 4 * 1024 * 1024
+# Kept free of large bodies (those that wait for a turn) for the few-kB reviews the API server sends.
+SMALL_BODIES_ROOM_BYTES: Final = 4 * 1024 * 1024
 
 
 class BodyBudget:
     """Bytes reserved by the bodies being read or answered right now."""
 
-    def __init__(
-        self, limit_bytes: int = DEFAULT_BUDGET_BYTES, small_reserve_bytes: int = DEFAULT_SMALL_RESERVE_BYTES
-    ) -> None:
+    def __init__(self, limit_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         if limit_bytes <= 0:
             raise ValueError(f"the body budget must be positive, got {limit_bytes}")
-        if not 0 <= small_reserve_bytes < limit_bytes:
-            raise ValueError(
-                f"the small bodies' reserve must be >= 0 and below the budget, got {small_reserve_bytes}"
-            )
         self.limit_bytes = limit_bytes
-        self.small_reserve_bytes = small_reserve_bytes
         self.held_bytes = 0
 
-    def hold(self, size: int) -> bool:
-        """Reserve `size` bytes; False (reserving nothing) when they do not fit. Give them back
-        with `release` once the body's request is answered or abandoned. A body over
-        `SMALL_BODY_BYTES` may not take the last `small_reserve_bytes`."""
-        room = self.limit_bytes if size <= SMALL_BODY_BYTES else self.limit_bytes - self.small_reserve_bytes
-        if self.held_bytes + size > room:
+    def hold(self, size: int, keep_free: int = 0) -> bool:
+        """Reserve `size` bytes, leaving `keep_free` unreserved; False (reserving nothing) when they do
+        not fit. Give them back with `release` once the body's request is answered or abandoned."""
+        if self.held_bytes + size > self.limit_bytes - keep_free:
             return False
         self.held_bytes += size
         return True

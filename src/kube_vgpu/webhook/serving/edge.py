@@ -33,6 +33,10 @@ MAX_LINE_BYTES = 8190
 # its value each by MAX_FIELD_BYTES.
 MAX_FIELD_BYTES = 8190
 MAX_HEADERS = 100
+# A request's head as a whole, and the heads of the requests queued on one connection together: aiohttp
+# bounds each header and their count but not their sum (100 x 8 kB), and a head arriving (or queued
+# behind an answer nobody reads) is held whole. The API server's heads are under 2 kB.
+MAX_HEAD_BYTES = 64 * 1024
 # aiohttp's read-ahead for one connection's body before it pauses reading (flow control).
 READ_BUFFER_BYTES = 64 * 1024
 # An answer given before the body was read (413, 415, 429, 404): aiohttp reads and drops the rest for
@@ -85,12 +89,15 @@ class AdmissionProtocol(RequestHandler):
     """aiohttp's RequestHandler for one connection, reporting to its slot and answering framing errors
     with JSON."""
 
-    __slots__ = ("edge", "slot")
+    __slots__ = ("_head_bytes", "_last_payload", "edge", "slot")
 
     def __init__(self, manager: EdgeServer, slot: SlotHooks | None, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.edge = manager
         self.slot = slot
+        # Bytes of the head arriving now (none while a body arrives), and the last request's body.
+        self._head_bytes = 0
+        self._last_payload: StreamReader | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -106,7 +113,23 @@ class AdmissionProtocol(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self.slot is not None and data:
             self.slot.received()
+        count = self._request_count
+        # Whether a body was arriving: asked before the feed, since the feed may complete it.
+        in_body = self._last_payload is not None and not self._last_payload.is_eof()
         super().data_received(data)
+        if self._request_count != count:  # a head completed: what follows is its body or the next head
+            self._head_bytes = 0
+            self._last_payload = self._messages[-1][1] if self._messages else None
+            held = sum(_head_size(message) for message, _ in self._messages) if self._messages else 0
+        elif not in_body:  # no body arriving: these bytes are a head
+            self._head_bytes += len(data)
+            held = self._head_bytes
+        else:
+            return
+        if held > MAX_HEAD_BYTES and self.transport is not None:
+            log.info("event=http_head_too_large bytes=%d limit=%d", held, MAX_HEAD_BYTES)
+            self.edge.refused("malformed")
+            self.transport.abort()
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         """aiohttp's ERROR line with a traceback, kept for bugs; a body the caller broke is INFO.
@@ -140,6 +163,12 @@ class AdmissionProtocol(RequestHandler):
             log.info("event=http_bad_request remote=%s reason=%r", request.remote, reason[:300])
         self.edge.refused("malformed" if status < 500 else "error")
         return error_response(status, reason, close=True)
+
+
+def _head_size(message: Any) -> int:
+    """What a parsed head holds: its path and its headers' names and values."""
+    raw = getattr(message, "raw_headers", ())  # a framing error's stand-in has none
+    return len(getattr(message, "path", "")) + sum(len(name) + len(value) for name, value in raw)
 
 
 class EdgeServer(web.Server):

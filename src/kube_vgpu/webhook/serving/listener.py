@@ -4,8 +4,9 @@ aiohttp (`webhook.serving.edge`) serves HTTP on each connection; this module dec
 connections exist. It accepts on its own, so that a connection is counted from its accept, before
 any TLS work: a flood of connections that never finish their handshake fills the cap like any other.
 At the cap the newcomer is never refused: the connection that has gone longest without progress
-(idle since its last answer, or since its accept or last answer without completing a request) is
-closed to make room, so the API server's reviews always get through a flood of idle or slow callers.
+(idle since its last answer, or without completing the request it began: counted from its accept or
+that request's first byte) is closed to make room, so the API server's reviews always get through
+a flood of idle or slow callers.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Slot:
     def __init__(self, listener: Listener, sock: socket.socket, now: float) -> None:
         self.listener = listener
         self.sock = sock
-        # When the connection was accepted or last answered: the order in which the cap closes.
+        # When the connection was accepted, last answered or began a request: the order the cap closes in.
         self.since = now
         # A request has arrived whole and its handler is running: never closed to make room.
         self.busy = False
@@ -89,7 +90,7 @@ class Slot:
         if self.busy:
             self.woke = True
         elif self._timer is None:
-            self._arm(self.listener.loop.time())
+            self._began_request(self.listener.loop.time())
 
     def opened(self, protocol: AdmissionProtocol) -> None:
         """The handshake is done; HTTP is aiohttp's from here."""
@@ -104,6 +105,10 @@ class Slot:
     def began(self) -> None:
         """A request's head has arrived and its handler runs."""
         self.handling = True
+        if self._timer is None:
+            # Its first bytes came in the same read as the end of the previous request, while that
+            # one's deadline ran: none started with them, so its body's deadline starts now.
+            self._began_request(self.listener.loop.time())
 
     def request_complete(self) -> None:
         """The request's head and body have arrived: its deadline no longer runs."""
@@ -136,6 +141,13 @@ class Slot:
             self.opening.cancel()
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def _began_request(self, now: float) -> None:
+        """A request began on a kept-alive connection: its deadline runs, and the cap counts from now, so
+        a review arriving on a connection idle for a while is not closed before silent newcomers."""
+        self.since = now
+        self.listener.progressed(self)
+        self._arm(now)
 
     def _arm(self, now: float) -> None:
         self._timer = self.listener.loop.call_at(

@@ -32,7 +32,7 @@ from kube_vgpu.webhook.admission.review import (
 )
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.fairness import FairTurns
-from kube_vgpu.webhook.serving.body_budget import BodyBudget, body_reservation
+from kube_vgpu.webhook.serving.body_budget import SMALL_BODIES_ROOM_BYTES, BodyBudget, body_reservation
 from kube_vgpu.webhook.serving.edge import JSON, AdmissionProtocol, SlotHooks, error_response
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
@@ -95,6 +95,10 @@ class AdmissionApp:
         self.turns = turns or FairTurns()
         self.max_body_bytes = max_body_bytes
         self.bodies = bodies or BodyBudget()
+        # Bodies being read and the bytes each reserved, oldest first: when the budget is full, the one
+        # waiting longest is closed to make room (as the connection cap does), so stalled bodies
+        # cannot refuse the API server's reviews.
+        self._readers: dict[int, tuple[web.BaseRequest, int]] = {}  # by id(): requests are unhashable
         # Set by shutdown: every answer from then on closes its connection.
         self.draining = False
         # Requests whose handler has started and not yet answered (shutdown waits for them).
@@ -143,15 +147,21 @@ class AdmissionApp:
             return error_response(
                 405, f"method {method[:16]} is not served at {path}; use POST", close=request.body_exists
             )
-        body = await self._read(request)
+        read = await self._read(request)
         if slot is not None:  # arrived whole: its deadline stops; the cap will not close it now
             slot.request_complete()
-        if isinstance(body, web.StreamResponse):
-            return body
-        return await _settle(self.turns.run(body, lambda: review(request, body, started)))
+        if isinstance(read, web.StreamResponse):
+            return read
+        body, held = read
+        try:
+            return await _settle(self.turns.run(body, lambda: review(request, body, started)))
+        finally:
+            # Held until answered: a large body may wait for its turn, and waiting bodies count too.
+            self.bodies.release(held)
 
-    async def _read(self, request: web.BaseRequest) -> bytes | web.StreamResponse:
-        """The body, decoded, within the body limit and the process-wide body budget; or the 4xx."""
+    async def _read(self, request: web.BaseRequest) -> tuple[bytes, int] | web.StreamResponse:
+        """The body, decoded, within the body limit and the process-wide body budget, and the bytes it
+        holds of that budget (the caller gives them back once answered); or the 4xx."""
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in ENCODINGS:
             reason = f"content encoding {encoding[:40]!r} is not served; send gzip, deflate or none"
@@ -161,16 +171,21 @@ class AdmissionApp:
         if length is not None and length > limit:
             return self._refuse(request, 413, f"body of {length} bytes is over the {limit}-byte limit")
         if not request.body_exists:
-            return b""
+            return b"", 0
         size = body_reservation(length, encoding not in ("", "identity") or length is None, limit)
-        if not self.bodies.hold(size):
+        keep_free = SMALL_BODIES_ROOM_BYTES if size > self.turns.large_bytes else 0
+        if not self.bodies.hold(size, keep_free) and not self._make_room(size, keep_free):
             log.info("event=review_refused_busy remote=%s reserved_bytes=%d", request.remote, size)
             return self._refuse(request, 429, "too many request bodies are being read right now; retry")
+        self._readers[id(request)] = (request, size)
         try:
             if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
                 # aiohttp's low-level server leaves this to the handler (its router does it for apps).
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            return await request.read()
+            body = await request.read()
+            if self._readers.pop(id(request), None) is None:  # evicted as its last bytes arrived
+                return error_response(400, "connection closed to make room for other bodies", close=True)
+            return body, size
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(request, 413, f"body is over the {limit}-byte limit (after decompression)")
         except (HttpProcessingError, RequestPayloadError) as exc:
@@ -178,7 +193,23 @@ class AdmissionApp:
         except ConnectionError:  # the caller went (or its deadline closed it): nobody reads an answer
             return error_response(400, "connection closed before the body arrived", close=True)
         finally:
-            self.bodies.release(size)
+            if self._readers.pop(id(request), None) is not None:  # not already given back by `_make_room`
+                self.bodies.release(size)
+
+    def _make_room(self, size: int, keep_free: int) -> bool:
+        """Close the bodies waiting longest until `size` bytes fit; False (none closed) if it never would."""
+        if size > self.bodies.limit_bytes - keep_free:
+            return False
+        while not self.bodies.hold(size, keep_free):
+            if not self._readers:
+                return False
+            key, (victim, held) = next(iter(self._readers.items()))
+            del self._readers[key]
+            self.bodies.release(held)  # its reading task gives up as soon as it runs
+            log.info("event=body_evicted remote=%s reserved_bytes=%d", victim.remote, held)
+            if victim.transport is not None:
+                victim.transport.abort()
+        return True
 
     def _refuse(self, request: web.BaseRequest, status: int, reason: str) -> web.Response:
         """A review that never reaches its phase: counted, logged at INFO, and its connection closed

@@ -1,0 +1,102 @@
+"""The metrics port is bounded like the admission port (SPEC §2.3): any pod can reach it when no
+NetworkPolicy is rendered, so its connections are capped and a request must arrive within its
+deadline; otherwise connections holding part of a head pile up (about 13 kB each, closed only by
+aiohttp's 75 s keep-alive timeout) until the webhook runs out of memory or file descriptors."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kube_vgpu.webhook.serving.listener import ConnectionLimits
+from kube_vgpu.webhook.serving.metrics import WebhookMetrics
+from kube_vgpu.webhook.serving.metrics_http import METRICS_LIMITS, MetricsServer
+
+BOUND = 10.0
+_PARTIAL_HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 8000
+
+
+async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    return reader, writer
+
+
+async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
+    try:
+        async with asyncio.timeout(BOUND):
+            return await reader.read(65536) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+async def _scrape(port: int) -> bytes:
+    reader, writer = await _connect(port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(BOUND):
+            return await reader.read()
+    finally:
+        writer.close()
+
+
+async def test_connections_holding_partial_heads_are_capped_and_a_scrape_still_answered() -> None:
+    server = MetricsServer(WebhookMetrics(), host="127.0.0.1", port=0)
+    await server.start()
+    cap = METRICS_LIMITS.max_connections
+    opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(cap + 20):
+            reader, writer = await _connect(server.port)
+            writer.write(_PARTIAL_HEAD)
+            await writer.drain()
+            opened.append((reader, writer))
+        # The 20 accepted first are closed to make room; the cap's worth that came after stay open.
+        for reader, _ in opened[:20]:
+            assert await _closed_by_server(reader)
+        assert b" 200 " in (await _scrape(server.port)).split(b"\r\n", 1)[0]
+    finally:
+        for _, writer in opened:
+            writer.close()
+        await server.stop()
+
+
+async def test_a_partial_head_is_cut_at_the_deadline_and_an_idle_scraper_outlives_it() -> None:
+    limits = ConnectionLimits(max_connections=10, request_timeout_seconds=0.5, idle_timeout_seconds=60)
+    server = MetricsServer(WebhookMetrics(), host="127.0.0.1", port=0, limits=limits)
+    await server.start()
+    try:
+        slow_reader, slow_writer = await _connect(server.port)
+        slow_writer.write(_PARTIAL_HEAD)
+        scraper_reader, scraper_writer = await _connect(server.port)
+        for _ in range(2):  # keep-alive scrapes, two deadlines apart
+            scraper_writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(BOUND):
+                head = await scraper_reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await scraper_reader.readexactly(length)
+            assert b" 200 " in head.split(b"\r\n", 1)[0]
+            await asyncio.sleep(2 * limits.request_timeout_seconds)
+        assert await _closed_by_server(slow_reader)
+        slow_writer.close()
+        scraper_writer.close()
+    finally:
+        await server.stop()
+
+
+async def test_only_get_metrics_is_served_there() -> None:
+    server = MetricsServer(WebhookMetrics(), host="127.0.0.1", port=0)
+    await server.start()
+    try:
+        reader, writer = await _connect(server.port)
+        writer.write(b"GET /mutate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(BOUND):
+            assert b" 404 " in (await reader.read()).split(b"\r\n", 1)[0]
+        writer.close()
+        reader, writer = await _connect(server.port)
+        writer.write(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(BOUND):
+            assert b" 405 " in (await reader.read()).split(b"\r\n", 1)[0]
+        writer.close()
+    finally:
+        await server.stop()
