@@ -6,9 +6,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node import short_tempdir
+
+# Property tests share two cores with servers the suite starts: how fast an example is generated or
+# run measures the machine's load, not the code, so neither is a failure (each test's own settings
+# still choose how many examples it runs).
+settings.register_profile("kube-vgpu", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kube-vgpu")
 
 # --- standins.apiserver: the stand-in Kubernetes API server -------------------------------------------
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kube_vgpu.kubeapi.rawlist import contains_any, read_page
@@ -42,7 +42,7 @@ def wanted(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objects if keep(orjson.dumps(o))]
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(items(), max_size=8))
 def test_split_items_are_exactly_the_kept_items_of_a_whole_decode(objects: list[dict[str, Any]]) -> None:
     raw = page(objects, resourceVersion="9", remainingItemCount=3)
