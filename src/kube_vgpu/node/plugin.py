@@ -48,6 +48,8 @@ from kube_vgpu.node.usage.cgroups import CgroupReader, read_proc_cgroup
 from kube_vgpu.node.usage.metrics import UsageSampler
 
 log = logging.getLogger("kube_vgpu.node.plugin")
+# How long stopping waits for a watch thread to end once its stream was cut.
+WATCH_STOP_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -394,10 +396,16 @@ class NodePlugin:
             self.publisher.stop_watch()
         if self.pod_watch is not None:
             self.pod_watch.stop()
-        for thread in (self._watch_thread, self._pod_watch_thread):
-            if thread is not None:
+        # A watch whose stream does not wake when it is cut ends at its read timeout on its own;
+        # stopping waits a bounded time for it rather than for ever (the thread holds no state).
+        watches = {thread for thread in (self._watch_thread, self._pod_watch_thread) if thread is not None}
+        if watches:
+            _, pending = await asyncio.wait(watches, timeout=WATCH_STOP_SECONDS)
+            for thread in watches - pending:
                 with contextlib.suppress(Exception):
-                    await thread
+                    thread.result()
+            if pending:
+                log.warning("event=watch_stop_slow node=%s watches=%d", self.settings.node_name, len(pending))
         self._watch_thread = self._pod_watch_thread = None
         if self.allocator is not None:
             await self.allocator.drain()
