@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node import short_tempdir
+from tests.support.timeouts import set_timer
 
 # Property tests share two cores with servers the suite starts: how fast an example is generated or
 # run measures the machine's load, not the code, so neither is a failure (each test's own settings
 # still choose how many examples it runs).
 settings.register_profile("kube-vgpu", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("kube-vgpu")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    """A stuck test ends the run with its pending asyncio tasks, its log's tail and, last, its id."""
+    return set_timer(item, settings)
+
 
 # --- standins.apiserver: the stand-in Kubernetes API server -------------------------------------------
 
