@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node import short_tempdir
-from tests.support.timeouts import set_timer
+from tests.support.timeouts import cancel_timer, protocol_finished, set_timer
 
 # Property tests share two cores with servers the suite starts: how fast an example is generated or
 # run measures the machine's load, not the code, so neither is a failure (each test's own settings
@@ -24,6 +24,16 @@ settings.load_profile("kube-vgpu")
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """A stuck test ends the run with its pending asyncio tasks, its log's tail and, last, its id."""
     return set_timer(item, settings)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> bool | None:
+    """The bound also covers the teardown of a test that failed (pytest-timeout drops it there)."""
+    return cancel_timer(item)
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    protocol_finished(nodeid)
 
 
 # --- standins.apiserver: the stand-in Kubernetes API server -------------------------------------------

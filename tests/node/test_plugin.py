@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from pathlib import Path
 from typing import Any
@@ -242,6 +243,55 @@ async def test_stop_ends_the_stream_and_removes_the_socket(
             await h.kubelet.wait_for(lambda: plugin.ended is not None)
         assert not (kdir / socket_name(RESOURCE)).exists()
         assert plugin.healthy == 0
+
+
+async def test_stop_as_the_publisher_wakes_still_ends_it(
+    api: ApiServerStandin, kdir: Path, tmp_path: Path
+) -> None:
+    # The publisher's wake-up completing in the same loop turn as its cancellation: Python 3.11's
+    # asyncio.wait_for returned the wake-up and lost the cancellation, and stop waited for ever.
+    async with running_plugin(api, kdir, tmp_path) as h:
+        assert h.plugin.publisher is not None
+        h.plugin.publisher.trigger()
+        async with asyncio.timeout(15):
+            await h.plugin.stop()
+        assert all(task.done() for task in asyncio.all_tasks() if task.get_name().startswith("kube-vgpu-"))
+
+
+async def test_stop_names_a_loop_that_does_not_end_and_finishes_anyway(
+    api: ApiServerStandin, kdir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    swallowed = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            swallowed.set()  # the first cancellation is lost, as a buggy loop would lose it
+        await asyncio.sleep(3600)
+
+    async with running_plugin(api, kdir, tmp_path) as h:
+        h.plugin._spawn(stubborn(), "stubborn")
+        await asyncio.sleep(0)
+        async with asyncio.timeout(30):
+            await h.plugin.stop()
+        assert swallowed.is_set()
+        assert "event=task_stop_slow node=gpu-node-1 tasks=kube-vgpu-stubborn" in caplog.text
+        assert not (kdir / socket_name(RESOURCE)).exists()  # the rest of stop ran
+
+
+async def test_a_stop_whose_caller_is_cancelled_still_finishes(
+    api: ApiServerStandin, kdir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="kube_vgpu")
+    async with running_plugin(api, kdir, tmp_path) as h:
+        caller = asyncio.create_task(h.plugin.stop())
+        await asyncio.sleep(0)
+        caller.cancel()
+        async with asyncio.timeout(30):
+            await h.plugin.stop()  # waits for the first stop, which went on
+        assert not (kdir / socket_name(RESOURCE)).exists()
+        assert "event=stopped node=gpu-node-1" in caplog.text
 
 
 async def test_legacy_handshake_when_configured(api: ApiServerStandin, kdir: Path, tmp_path: Path) -> None:

@@ -6,6 +6,10 @@ the event loop waits in `select`, and a CI log that keeps the last part of the o
 test's name and its log. This timer writes every thread's stack, then the stack of every task still
 pending on a running event loop (where the test actually waits), then the last records of the
 test's log, and last of all the test's id; then it ends the process as pytest-timeout does.
+
+pytest-timeout also cancels the timer as soon as a test fails (to leave a debugger alone), so a
+failed test's teardown would have no bound at all; here the timer runs until the test's whole
+protocol (teardown included) has finished, unless a debugger was asked for.
 """
 
 from __future__ import annotations
@@ -116,4 +120,19 @@ def set_timer(item: pytest.Item, settings: Any) -> bool | None:
 
     item.cancel_timeout = cancel  # type: ignore[attr-defined]  # read by pytest-timeout's cancel hook
     timer.start()
+    return True
+
+
+_finished: set[str] = set()
+
+
+def protocol_finished(nodeid: str) -> None:
+    """pytest_runtest_logfinish: the test's setup, call and teardown are over."""
+    _finished.add(nodeid)
+
+
+def cancel_timer(item: pytest.Item) -> bool | None:
+    """pytest_timeout_cancel_timer: True (the timer kept) while the test still runs, without --pdb."""
+    if item.nodeid in _finished or item.config.getoption("usepdb", False):
+        return None  # pytest-timeout's own hook cancels it
     return True

@@ -158,7 +158,8 @@ class LocalCluster:
         node = self.nodes[spec.name] = SimulatedNode(spec, kubelet, plugin, nvml, kube, admission)
         await plugin.start()
         await admission.start()
-        endpoint = await asyncio.wait_for(kubelet.wait_registered(plugin.resource_name), 10)
+        async with asyncio.timeout(10):
+            endpoint = await kubelet.wait_registered(plugin.resource_name)
         await kubelet.wait_devices(plugin.resource_name, bool)
         self._sync_allocatable(node, len([d for d in endpoint.devices if d.health == "Healthy"]))
 
@@ -187,7 +188,8 @@ class LocalCluster:
         )
         self.webhook = WebhookServer(options, self.config, kube=self.kube("webhook"))
         await self.webhook.start()
-        await asyncio.wait_for(self.webhook.cache.wait_synced(), 15)
+        async with asyncio.timeout(15):
+            await self.webhook.cache.wait_synced()
 
     async def _wait_inventory(self, within: float = 15.0) -> None:
         """Until the webhook's cache knows every node's GPUs, as published by the node plugins."""

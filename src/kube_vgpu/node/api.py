@@ -52,7 +52,8 @@ class NodeApi:
             self._pool, functools.partial(fn, *args, **kwargs)
         )
         try:
-            return await asyncio.wait_for(future, budget)
+            async with asyncio.timeout(budget):
+                return await future
         except TimeoutError:
             raise ApiUnavailable(f"no answer from the API server within {budget:.1f}s") from None
 

@@ -50,6 +50,8 @@ from kube_vgpu.node.usage.metrics import UsageSampler
 log = logging.getLogger("kube_vgpu.node.plugin")
 # How long stopping waits for a watch thread to end once its stream was cut.
 WATCH_STOP_SECONDS = 5.0
+# How long stop waits for its own asyncio loops to end once cancelled.
+TASK_STOP_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class NodePlugin:
         self._config = settings.config
         self.api = NodeApi(kube, settings.node_name)
         self._stop = asyncio.Event()
-        self._stopped = False
+        self._stopping: asyncio.Future[None] | None = None
         self._external_stop: asyncio.Event | None = None
         self.failed = False  # a background loop died: the process should exit non-zero
         self._tasks: list[asyncio.Task[None]] = []
@@ -379,16 +381,30 @@ class NodePlugin:
             await self.stop()
 
     async def stop(self) -> None:
-        """Stop everything started, end the kubelet's stream, remove our socket (once)."""
-        if self._stopped:
-            return
-        self._stopped = True
+        """Stop everything started, end the kubelet's stream, remove our socket.
+
+        Runs once: a second call waits for the first, and a caller cancelled while it waits leaves
+        the stopping to finish (a half-done stop would leave the watch threads running).
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop_all())
+        await asyncio.shield(self._stopping)
+
+    async def _stop_all(self) -> None:
         self._stop.set()
         if self.inventory is not None:
             self.inventory.close()  # ends ListAndWatch streams cleanly
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            # Each loop ends at its next await; one that does not is named, and stop goes on.
+            _, stuck = await asyncio.wait(self._tasks, timeout=TASK_STOP_SECONDS)
+            if stuck:
+                log.error(
+                    "event=task_stop_slow node=%s tasks=%s",
+                    self.settings.node_name,
+                    ",".join(sorted(task.get_name() for task in stuck)),
+                )
         self._tasks.clear()
         if self.server is not None:
             await self.server.stop(grace=1.0)

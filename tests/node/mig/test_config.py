@@ -105,9 +105,11 @@ async def test_load_retries_while_the_api_is_down_until_it_answers_or_stop(
         await asyncio.sleep(0.3)  # several failed tries
         assert not waiting.done() and not given_up.done()
         stop.set()
-        assert await asyncio.wait_for(waiting, 10) is None
+        async with asyncio.timeout(10):
+            assert await waiting is None
         await asyncio.to_thread(apiserver.set_outage, False)
-        loaded = await asyncio.wait_for(given_up, 10)
+        async with asyncio.timeout(10):
+            loaded = await given_up
         assert loaded is not None and loaded.source == "built-in default"
     finally:
         kube.close()

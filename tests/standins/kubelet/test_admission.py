@@ -146,7 +146,8 @@ async def test_pods_already_bound_at_start_form_one_update_and_ties_have_no_prom
         await admission.start()
         try:
             await admission.wait_admitted("default", "p")
-            await asyncio.wait_for(_all(admission, 4), 10)
+            async with asyncio.timeout(10):
+                await _all(admission, 4)
             orders.add(tuple(a.name for a in admission.admitted))
         finally:
             await admission.stop()

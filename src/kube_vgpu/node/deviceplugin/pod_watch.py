@@ -76,7 +76,8 @@ class PodWatch:
                 return False
             changed = self._changed
             try:
-                await asyncio.wait_for(changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await changed.wait()
             except TimeoutError:
                 return False
         return True

@@ -97,7 +97,8 @@ async def load_geometry(
             log.info("event=mig_geometry_loaded source=%r", loaded.source)
             return loaded
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), retry_seconds)
+            async with asyncio.timeout(retry_seconds):
+                await stop.wait()
     return None
 
 

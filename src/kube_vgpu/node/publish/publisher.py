@@ -158,7 +158,8 @@ class NodePublisher:
                     _RETRY_SECONDS,
                 )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), _RETRY_SECONDS)
+                async with asyncio.timeout(_RETRY_SECONDS):
+                    await stop.wait()
         return False
 
     def trigger(self) -> None:
@@ -169,7 +170,8 @@ class NodePublisher:
         """Reconcile on every trigger and every interval, forever (cancel to stop)."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
             self._wake.clear()
             try:
                 await self.reconcile()

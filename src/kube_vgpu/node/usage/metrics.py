@@ -76,7 +76,8 @@ class UsageSampler:
             self._running = asyncio.ensure_future(asyncio.to_thread(self.refresh))
             self._running.add_done_callback(self._refresh_ended)
         try:
-            await asyncio.wait_for(asyncio.shield(self._running), self._refresh_timeout)
+            async with asyncio.timeout(self._refresh_timeout):
+                await asyncio.shield(self._running)
         except TimeoutError:
             log.warning(
                 "event=usage_read_slow node=%s timeout=%gs: serving the previous sample",
@@ -90,7 +91,8 @@ class UsageSampler:
         """Wait (at most `refresh_timeout`) for a refresh still running, before NVML shuts down."""
         if self._running is not None and not self._running.done():
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._running), self._refresh_timeout)
+                async with asyncio.timeout(self._refresh_timeout):
+                    await asyncio.shield(self._running)
 
     def _refresh_ended(self, future: asyncio.Future[None]) -> None:
         if not future.cancelled() and future.exception() is not None:

@@ -245,7 +245,8 @@ class ApiHttp:
         while (now := loop.time()) < deadline:
             wait = min(deadline, next_bookmark) - now if params.bookmarks else deadline - now
             try:
-                item = await asyncio.wait_for(subscription.queue.get(), wait)
+                async with asyncio.timeout(wait):
+                    item = await subscription.queue.get()
             except TimeoutError:
                 if params.bookmarks and loop.time() >= next_bookmark:
                     # Queued behind pending changes, so its revision never runs ahead of them.
