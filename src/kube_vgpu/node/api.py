@@ -20,6 +20,10 @@ from kube_vgpu.node.events import EventRecorder
 _T = TypeVar("_T")
 # Never wait less than this on a connect, however little budget is left: it is the floor of a try.
 _MIN_CALL_SECONDS = 0.05
+# The socket's read timeout runs this much past a call's budget: the budget (an asyncio deadline) is
+# what decides, with one message, and the socket timeout only frees the worker thread soon after.
+# Were they equal, whichever fired first would pick the error (a flaky answer for the same hang).
+_SOCKET_GRACE_SECONDS = 1.0
 # An Event is best effort and posted in the background: it may take this long, never more.
 EVENT_BUDGET_SECONDS = 5.0
 
@@ -47,7 +51,7 @@ class NodeApi:
 
     async def _run(self, budget: float, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         budget = max(budget, _MIN_CALL_SECONDS)
-        kwargs["timeout"] = (min(budget, 5.0), budget)
+        kwargs["timeout"] = (min(budget, 5.0) + _SOCKET_GRACE_SECONDS, budget + _SOCKET_GRACE_SECONDS)
         future = asyncio.get_running_loop().run_in_executor(
             self._pool, functools.partial(fn, *args, **kwargs)
         )
