@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 
 from kube_vgpu.cli.main import build_parser
-from kube_vgpu.webhook.serving.listener import ConnectionLimits
+from kube_vgpu.httpedge.listener import ConnectionLimits
 from tests.support.helm_render import Obj, Rendered, lint, render
 
 KUBE = "v1.31.0"

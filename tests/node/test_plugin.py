@@ -14,6 +14,7 @@ import pytest
 from kube_vgpu.contract.models import register_type
 from kube_vgpu.contract.names import NODE_HANDSHAKE, NODE_REGISTER
 from kube_vgpu.contract.register import GpuRecord, decode_register
+from kube_vgpu.httpedge.metrics_server import METRICS_LIMITS
 from kube_vgpu.node.deviceplugin.server import socket_name
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -231,6 +232,32 @@ async def test_metrics_endpoint(api: ApiServerStandin, kdir: Path, tmp_path: Pat
     assert f'kube_vgpu_gpu_memory_total_mib{{gpu="{UUID_A}",model="{V100}",node="{NODE}"}} 32768.0' in text
     assert f'kube_vgpu_gpu_healthy{{gpu="{UUID_B}",model="{V100}",node="{NODE}"}} 1.0' in text
     assert 'kube_vgpu_allocation_failures_total{reason="no_pod"} 0.0' in text
+
+
+async def test_a_flood_of_half_sent_requests_on_the_metrics_port_leaves_scrapes_answered(
+    api: ApiServerStandin, kdir: Path, tmp_path: Path
+) -> None:
+    # Any pod may reach the port: a flood past the cap must neither keep Prometheus out nor hold
+    # more connections (file descriptors, which the kubelet socket needs too) than the cap.
+    async with running_plugin(api, kdir, tmp_path) as h:
+        assert h.plugin.metrics_server is not None
+        port = h.plugin.metrics_server.port
+        flood = []
+        try:
+            for _ in range(METRICS_LIMITS.max_connections + 20):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 1000)
+                flood.append((reader, writer))
+            await asyncio.sleep(0.2)
+            url = f"http://127.0.0.1:{port}/metrics"
+            async with asyncio.timeout(10), aiohttp.ClientSession() as session, session.get(url) as response:
+                assert response.status == 200
+                assert "kube_vgpu_gpu_healthy" in await response.text()
+            listener = h.plugin.metrics_server.listener
+            assert listener is not None and len(listener.connections) <= METRICS_LIMITS.max_connections
+        finally:
+            for _, writer in flood:
+                writer.close()
 
 
 async def test_stop_ends_the_stream_and_removes_the_socket(

@@ -6,20 +6,17 @@ that is gone leaves no stale series behind; Allocate outcomes are counters.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kube_vgpu.httpedge.metrics_server import MetricsServer
 from kube_vgpu.node.deviceplugin.ledger import Ledger
 from kube_vgpu.node.hookpath import HookPathWatch
 from kube_vgpu.node.nvml.inventory import Inventory
 from kube_vgpu.node.usage.metrics import UsageCollector, UsageSampler
-
-log = logging.getLogger("kube_vgpu.node.metrics")
 
 # Allocate failure reasons: a closed set, so the counter's cardinality stays bounded.
 FAILURE_REASONS = ("no_pod", "broken_pod", "rejected", "api_unavailable", "timeout", "conflict", "internal")
@@ -129,36 +126,13 @@ class Metrics:
         """The text exposition of every metric."""
         return generate_latest(self.registry)
 
+    async def scrape(self) -> bytes:
+        """What a scrape answers: GPU usage sampled afresh (bounded), then every metric."""
+        if self.usage is not None:
+            await self.usage.refresh_async()
+        return self.render()
 
-class MetricsServer:
-    """`GET /metrics` on a port of its own (0 picks a free one; see `port` once started)."""
-
-    def __init__(self, metrics: Metrics, port: int, host: str = "0.0.0.0") -> None:
-        self._metrics = metrics
-        self._host = host  # all interfaces by default: Prometheus scrapes the pod's IP
-        self._requested_port = port
-        self.port = port
-        self._runner: web.AppRunner | None = None
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        if self._metrics.usage is not None:
-            await self._metrics.usage.refresh_async()
-        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def start(self) -> None:
-        """Listen."""
-        app = web.Application()
-        app.router.add_get("/metrics", self._handle)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._requested_port)
-        await site.start()
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
-        log.info("event=metrics_serving port=%d", self.port)
-
-    async def stop(self) -> None:
-        """Stop listening and close connections."""
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()
+    def server(self, port: int, host: str = "0.0.0.0") -> MetricsServer:
+        """`GET /metrics` on `port` (0 picks a free one), on all interfaces by default since Prometheus
+        scrapes the pod's IP; bounded like the webhook's metrics port (`httpedge.metrics_server`)."""
+        return MetricsServer(self.scrape, host=host, port=port, content_type=CONTENT_TYPE_LATEST)

@@ -21,6 +21,7 @@ import grpc
 
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import HAMI_CORE, MIG
+from kube_vgpu.httpedge.metrics_server import MetricsServer
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.allocator import Allocator
@@ -38,7 +39,7 @@ from kube_vgpu.node.deviceplugin.server import (
     socket_name,
 )
 from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, found_message, missing_message
-from kube_vgpu.node.metrics import Metrics, MetricsServer
+from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.mig.start import reconcile_interval, start_mig
 from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml, check_inventory, discover
 from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
@@ -164,9 +165,7 @@ class NodePlugin:
             handshake=node.write_handshake,
         )
         inventory.on_change(publisher.trigger)
-        self.metrics_server = MetricsServer(
-            metrics, node.metrics_port if s.metrics_port is None else s.metrics_port
-        )
+        self.metrics_server = metrics.server(node.metrics_port if s.metrics_port is None else s.metrics_port)
         await self.metrics_server.start()
 
         loop = asyncio.get_running_loop()

@@ -12,10 +12,10 @@ from typing import Any
 
 from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
+from kube_vgpu.httpedge.listener import ConnectionLimits
 from kube_vgpu.kubeapi.client import KubeConfigError
 from kube_vgpu.kubeapi.flags import add_cluster_arguments
 from kube_vgpu.webhook.service import Options, serve
-from kube_vgpu.webhook.serving.listener import ConnectionLimits
 from kube_vgpu.webhook.serving.tls import TlsFilesError
 
 

@@ -21,6 +21,9 @@ from kube_vgpu.contract.mig.geometry import DeviceConfig, MigGeometryError, pars
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import DEVICE_CONFIG_KEY
 from kube_vgpu.contract.resources import PodRequest
+from kube_vgpu.httpedge.edge import EdgeServer
+from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
+from kube_vgpu.httpedge.metrics_server import MetricsServer
 from kube_vgpu.kubeapi.client import Kube, KubeError, load_api_client
 from kube_vgpu.webhook.admission.gates import QuotaGate
 from kube_vgpu.webhook.admission.mutation import Admission
@@ -32,10 +35,7 @@ from kube_vgpu.webhook.quota.ledger import QuotaLedger
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics, SharedBookMetrics
 from kube_vgpu.webhook.quota.shared import SharedBook
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
-from kube_vgpu.webhook.serving.edge import EdgeServer
-from kube_vgpu.webhook.serving.listener import ConnectionLimits, Listener
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
-from kube_vgpu.webhook.serving.metrics_http import MetricsServer
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES, AdmissionApp, Readiness, Services
 from kube_vgpu.webhook.serving.tls import CertReloader
 
@@ -270,7 +270,7 @@ class WebhookServer:
             self.cache, config, self.metrics, lambda: self.geometry, shared, clock=clock
         )
         self.app = AdmissionApp(self.services, max_body_bytes=MAX_BODY_BYTES)
-        self.metrics_server = MetricsServer(self.metrics, host=options.host, port=options.metrics_port)
+        self.metrics_server = MetricsServer(self._exposition, host=options.host, port=options.metrics_port)
         self.listener: Listener | None = None
         self._stopped = False
         self._reload_task: asyncio.Task[None] | None = None
@@ -305,6 +305,9 @@ class WebhookServer:
             self.metrics_server.port,
         )
         log_caller_protection(self.options)
+
+    async def _exposition(self) -> bytes:
+        return self.metrics.exposition()
 
     async def stop(self) -> None:
         """Stop accepting, close idle keep-alive connections, let requests in flight finish, close

@@ -24,9 +24,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kube_vgpu.certs.issue import Issued, issue_ca
 from kube_vgpu.cli.main import build_parser
+from kube_vgpu.httpedge.listener import ConnectionLimits
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cli import run
-from kube_vgpu.webhook.serving.listener import ConnectionLimits
 from tests.support.webhook import (
     A100,
     ThreadedWebhook,

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kube_vgpu.httpedge.listener import ConnectionLimits
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.webhook.serving.listener import ConnectionLimits
 from tests.support.webhook import A100, ThreadedWebhook, container, gpu_node, pod, review, write_tls
 
 BOUND = 20.0  # seconds any wait may take before the test fails; far above the shutdown timeout

@@ -44,7 +44,7 @@ class CacheState(Protocol):
 
 
 class ConnectionState(Protocol):
-    """What the connection gauges read (implemented by `webhook.serving.listener.Listener`)."""
+    """What the connection gauges read (implemented by `httpedge.listener.Listener`)."""
 
     @property
     def connections(self) -> Sized:

@@ -4,7 +4,7 @@ The handler aiohttp calls reads the body (within the process-wide body budget), 
 pipeline of the path's phase (`webhook.admission` for /mutate, `webhook.validation` for /validate),
 and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON reason;
 neither it nor a policy refusal is ever a traceback or a 5xx. Framing is aiohttp's
-(`webhook.serving.edge`); which connections exist is `webhook.serving.listener`'s.
+(`httpedge.edge`); which connections exist is `httpedge.listener`'s.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from kube_vgpu.httpedge.edge import JSON, AdmissionProtocol, SlotHooks, error_response
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import (
     AdmissionRequest,
@@ -33,7 +34,6 @@ from kube_vgpu.webhook.admission.review import (
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.fairness import FairTurns
 from kube_vgpu.webhook.serving.body_budget import SMALL_BODIES_ROOM_BYTES, BodyBudget, body_reservation
-from kube_vgpu.webhook.serving.edge import JSON, AdmissionProtocol, SlotHooks, error_response
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
 log = logging.getLogger("kube_vgpu.webhook.server")

@@ -1,17 +1,27 @@
-"""The metrics port is bounded like the admission port (SPEC §2.3): any pod can reach it when no
-NetworkPolicy is rendered, so its connections are capped and a request must arrive within its
-deadline; otherwise connections holding part of a head pile up (about 13 kB each, closed only by
-aiohttp's 75 s keep-alive timeout) until the webhook runs out of memory or file descriptors."""
+"""The metrics port (the webhook's and the node plugin's) is bounded like the admission port: any pod
+can reach it when no NetworkPolicy is rendered, so its connections are capped and a request must
+arrive within its deadline; otherwise connections holding part of a head pile up (about 13 kB each,
+closed only by aiohttp's 75 s keep-alive timeout) until the process runs out of memory or file
+descriptors."""
 
 from __future__ import annotations
 
 import asyncio
 
-from kube_vgpu.webhook.serving.listener import ConnectionLimits
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
-from kube_vgpu.webhook.serving.metrics_http import METRICS_LIMITS, MetricsServer
+from kube_vgpu.httpedge.listener import ConnectionLimits
+from kube_vgpu.httpedge.metrics_server import METRICS_LIMITS, MetricsServer, Render
 
 BOUND = 10.0
+EXPOSITION = b"# TYPE kube_vgpu_up gauge\nkube_vgpu_up 1\n"
+
+
+def exposition() -> Render:
+    async def render() -> bytes:
+        return EXPOSITION
+
+    return render
+
+
 _PARTIAL_HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 8000
 
 
@@ -41,7 +51,7 @@ async def _scrape(port: int) -> bytes:
 
 
 async def test_connections_holding_partial_heads_are_capped_and_a_scrape_still_answered() -> None:
-    server = MetricsServer(WebhookMetrics(), host="127.0.0.1", port=0)
+    server = MetricsServer(exposition(), host="127.0.0.1", port=0)
     await server.start()
     cap = METRICS_LIMITS.max_connections
     opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
@@ -54,7 +64,8 @@ async def test_connections_holding_partial_heads_are_capped_and_a_scrape_still_a
         # The 20 accepted first are closed to make room; the cap's worth that came after stay open.
         for reader, _ in opened[:20]:
             assert await _closed_by_server(reader)
-        assert b" 200 " in (await _scrape(server.port)).split(b"\r\n", 1)[0]
+        answer = await _scrape(server.port)
+        assert b" 200 " in answer.split(b"\r\n", 1)[0] and answer.endswith(b"\r\n\r\n" + EXPOSITION)
     finally:
         for _, writer in opened:
             writer.close()
@@ -63,7 +74,7 @@ async def test_connections_holding_partial_heads_are_capped_and_a_scrape_still_a
 
 async def test_a_partial_head_is_cut_at_the_deadline_and_an_idle_scraper_outlives_it() -> None:
     limits = ConnectionLimits(max_connections=10, request_timeout_seconds=0.5, idle_timeout_seconds=60)
-    server = MetricsServer(WebhookMetrics(), host="127.0.0.1", port=0, limits=limits)
+    server = MetricsServer(exposition(), host="127.0.0.1", port=0, limits=limits)
     await server.start()
     try:
         slow_reader, slow_writer = await _connect(server.port)
@@ -85,7 +96,7 @@ async def test_a_partial_head_is_cut_at_the_deadline_and_an_idle_scraper_outlive
 
 
 async def test_only_get_metrics_is_served_there() -> None:
-    server = MetricsServer(WebhookMetrics(), host="127.0.0.1", port=0)
+    server = MetricsServer(exposition(), host="127.0.0.1", port=0)
     await server.start()
     try:
         reader, writer = await _connect(server.port)

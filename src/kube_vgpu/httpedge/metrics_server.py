@@ -1,22 +1,25 @@
-"""`GET /metrics` of the webhook on a port of its own, apart from admission (SPEC §2.3).
+"""`GET /metrics` on a port of its own, for the webhook and the node plugin.
 
-Plain HTTP on aiohttp's low-level server behind a `Listener` of its own: scraping never shares a
-connection cap, deadline or TLS handshake budget with the API server's reviews, and a NetworkPolicy
-can open this port to Prometheus without opening the admission port to it. The port has its own
-(smaller) cap and the same request deadline, since without a NetworkPolicy any pod can reach it.
+Plain HTTP on aiohttp's low-level server behind a `Listener` of its own. The webhook's scrapes never
+share a connection cap, deadline or TLS handshake budget with the API server's reviews, and a
+NetworkPolicy can open this port to Prometheus without opening the admission port to it. The port
+has its own (smaller) cap and the request deadline, since without a NetworkPolicy any pod can reach
+it: a flood of idle or half-sent requests holds at most the cap's connections (the one longest
+without progress closes for each newcomer), so it neither exhausts the process's file descriptors
+(the node plugin's kubelet socket needs them) nor keeps Prometheus out.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from kube_vgpu.webhook.serving.edge import AdmissionProtocol, EdgeServer, error_response
-from kube_vgpu.webhook.serving.listener import ConnectionLimits, Listener
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
+from kube_vgpu.httpedge.edge import AdmissionProtocol, EdgeServer, error_response
+from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
 
-log = logging.getLogger("kube_vgpu.webhook.metrics")
+log = logging.getLogger("kube_vgpu.httpedge.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Prometheus keeps one or two connections per target; at the cap the one longest without progress
@@ -26,17 +29,29 @@ METRICS_LIMITS = ConnectionLimits(max_connections=100)
 _STOP_SECONDS = 1.0
 
 
+# The exposition of every metric, read at each scrape.
+Render = Callable[[], Awaitable[bytes]]
+
+
 class MetricsServer:
-    """Serves `metrics` at `/metrics` on `host:port` (0 picks a free port; see `port` once started)."""
+    """Serves what `render` returns at `/metrics` on `host:port` (0 picks a free port; see `port`
+    once started)."""
 
     def __init__(
-        self, metrics: WebhookMetrics, *, host: str, port: int, limits: ConnectionLimits = METRICS_LIMITS
+        self,
+        render: Render,
+        *,
+        host: str,
+        port: int,
+        limits: ConnectionLimits = METRICS_LIMITS,
+        content_type: str = CONTENT_TYPE,
     ) -> None:
-        self.metrics = metrics
+        self.render = render
+        self.content_type = content_type
         self.host = host
         self.port = port
         self.limits = limits
-        self._listener: Listener | None = None
+        self.listener: Listener | None = None  # while serving
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         protocol = request.protocol
@@ -49,7 +64,8 @@ class MetricsServer:
                 return error_response(404, "only /metrics is served on this port", close=True)
             if request.method not in ("GET", "HEAD"):
                 return error_response(405, f"method {request.method[:16]} is not served; use GET", close=True)
-            response = web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+            body = await self.render()
+            response = web.Response(body=body, headers={"Content-Type": self.content_type})
             if request.body_exists:
                 response.force_close()
             return response
@@ -64,13 +80,13 @@ class MetricsServer:
         )
         listener = Listener(edge, None, self.limits, host=self.host, port=self.port)
         await listener.start()
-        self._listener = listener
+        self.listener = listener
         self.port = listener.port
         log.info("event=metrics_serving address=%s:%d", self.host, self.port)
 
     async def stop(self) -> None:
         """Stop listening and close its connections."""
-        if self._listener is not None:
-            listener, self._listener = self._listener, None
+        if self.listener is not None:
+            listener, self.listener = self.listener, None
             await listener.close()
             await listener.drain(listener.loop.time() + _STOP_SECONDS)

@@ -1,6 +1,6 @@
 """The webhook's listening socket: TLS, the cap on open connections and the request deadline (SPEC §2.3).
 
-aiohttp (`webhook.serving.edge`) serves HTTP on each connection; this module decides which
+aiohttp (`httpedge.edge`) serves HTTP on each connection; this module decides which
 connections exist. It accepts on its own, so that a connection is counted from its accept, before
 any TLS work: a flood of connections that never finish their handshake fills the cap like any other.
 At the cap the newcomer is never refused: the connection that has gone longest without progress
@@ -18,7 +18,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from kube_vgpu.webhook.serving.edge import AdmissionProtocol, EdgeServer
+from kube_vgpu.httpedge.edge import AdmissionProtocol, EdgeServer
 
 log = logging.getLogger("kube_vgpu.webhook.listener")
 

@@ -58,7 +58,7 @@ def error_response(status: int, reason: str, *, close: bool = False) -> web.Resp
 
 
 class SlotHooks(Protocol):
-    """What a connection tells the listener's record of it (`webhook.serving.listener.Slot`)."""
+    """What a connection tells the listener's record of it (`httpedge.listener.Slot`)."""
 
     def received(self) -> None:
         """Bytes arrived (a request may have begun)."""
