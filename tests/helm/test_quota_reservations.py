@@ -1,6 +1,6 @@
-"""The chart's side of shared quota reservations (issue 13): the webhook is told its own namespace and
-may read, create and update ConfigMaps there and nowhere else (`test_helm_admission_phases` holds the
-verbs equal to `kubeapi.permissions`; this pins where they apply)."""
+"""The chart's side of shared quota reservations: the webhook is told its own namespace and may read,
+create, update, list and delete ConfigMaps there and nowhere else (`test_helm_admission_phases`
+holds the verbs equal to `kubeapi.permissions`; this pins where they apply)."""
 
 from __future__ import annotations
 
@@ -41,16 +41,18 @@ def test_configmap_writes_are_granted_in_the_release_namespace_only(rendered: Re
             continue
         role = roles[(binding["metadata"]["namespace"], binding["roleRef"]["name"])]
         for rule in role["rules"]:
-            if "configmaps" in rule["resources"] and {"create", "update"} & set(rule["verbs"]):
+            if "configmaps" in rule["resources"] and {"create", "update", "delete"} & set(rule["verbs"]):
                 writers.append((binding["metadata"]["namespace"], rule))
     assert [ns for ns, _ in writers] == [rendered.namespace]
     (_, rule) = writers[0]
-    assert sorted(rule["verbs"]) == ["create", "get", "update"] and "resourceNames" not in rule
+    assert sorted(rule["verbs"]) == ["create", "delete", "get", "list", "update"]
+    assert "resourceNames" not in rule
     # No ClusterRole lets the webhook write ConfigMaps anywhere else.
     for role in rendered.of_kind("ClusterRole"):
         for rule in role["rules"]:
-            assert not ("configmaps" in rule["resources"] and {"create", "update"} & set(rule["verbs"]))
+            writes = {"create", "update", "delete"} & set(rule["verbs"])
+            assert not ("configmaps" in rule["resources"] and writes)
     declared = {
         c.verb for c in API_CALLS if c.component == "webhook" and c.resource == "configmaps" and not c.named
     }
-    assert declared == {"get", "create", "update"}
+    assert declared == {"get", "create", "update", "delete", "list"}

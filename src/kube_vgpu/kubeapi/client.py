@@ -481,6 +481,35 @@ class Kube:
             **self._ns(namespace),
         )
 
+    def delete(
+        self,
+        kind: Kind,
+        name: str,
+        *,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+    ) -> bool:
+        """Delete an object; whether it existed. With `resource_version`, only that version of it:
+        an object written since raises ApiError 409 (a DeleteOptions precondition) and stays."""
+        self._require("delete", kind)
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if resource_version is not None:
+            body["preconditions"] = {"resourceVersion": resource_version}
+        try:
+            self._raw(
+                self._method("delete", kind, namespace),
+                name=name,
+                body=body,
+                timeout=timeout,
+                **self._ns(namespace),
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     def create_binding(self, pod: str, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """POST a Binding for a pod (used by the local Volcano stand-in, as the real scheduler does)."""
         self._require("create", "pod", "binding")

@@ -13,7 +13,7 @@ from typing import Final, Literal
 
 Component = Literal["webhook", "node", "certs-create", "certs-patch", "certs-renew"]
 COMPONENTS: Final[tuple[Component, ...]] = ("webhook", "node", "certs-create", "certs-patch", "certs-renew")
-Verb = Literal["get", "list", "watch", "create", "update", "patch"]
+Verb = Literal["get", "list", "watch", "create", "update", "patch", "delete"]
 
 
 class UndeclaredCall(RuntimeError):
@@ -49,6 +49,8 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("webhook", "get", "configmaps", why="shared quota reservations (release namespace)"),
     ApiCall("webhook", "create", "configmaps", why="shared quota reservations (release namespace)"),
     ApiCall("webhook", "update", "configmaps", why="shared quota reservations (release namespace)"),
+    ApiCall("webhook", "delete", "configmaps", why="reservations of a deleted namespace (release namespace)"),
+    ApiCall("webhook", "list", "configmaps", why="reservations of namespaces deleted meanwhile (release ns)"),
     # node plugin: its node's registration, labels and capacity; the pods bound to it.
     ApiCall("node", "list", "nodes", why="read its own node (field selector)"),
     ApiCall("node", "watch", "nodes", why="capacity zeroed by the kubelet"),

@@ -154,6 +154,8 @@ def build_quota(
             for name in set(gate.ledger.namespaces()) | set(gate.last_limits) | held:
                 if name not in listed:
                     gate.forget_namespace(name)
+            if gate.shared is not None:
+                gate.shared.namespaces_listed(lambda name: cache.namespace_labels(name) is not None)
 
     def on_namespace(event: CacheEvent) -> None:
         name = (event.obj.get("metadata") or {}).get("name")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -198,6 +199,9 @@ class Book:
 
     def forget(self, namespace: str) -> None:
         self.entries.clear()
+
+    def namespaces_listed(self, exists: Callable[[str], bool]) -> None:
+        pass
 
 
 def shared_gate(book: Book) -> NamespaceQuota:

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL
 from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain, Admitted
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.quota.shared import encode_object, object_name
 from tests.support.webhook import A100, ThreadedWebhook, container, gpu_node, write_tls
 
 NAMESPACE = "team-q"
@@ -146,3 +147,38 @@ async def test_two_hundred_concurrent_https_reviews_admit_exactly_37(
 
         await client.wait_for(relabelled, "the new label")
         assert (await client.admit(burst_pod())).allowed
+
+
+@pytest.fixture
+def webhook_after_a_deletion(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[ThreadedWebhook]:
+    """A webhook started where a namespace was deleted while no webhook ran: its object is left."""
+    apiserver.put(gpu_node("a100", "hami-core", [(A100, 40960)] * 8))
+    apiserver.put(quota_namespace({QUOTA_MEMORY_LABEL: str(LIMIT_MIB)}))
+    apiserver.put(encode_object("deleted-meanwhile", "default", {}, None))
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    with ThreadedWebhook(kubeconfig, write_tls(tmp_path / "tls")) as running:
+        yield running
+
+
+async def test_reservation_objects_go_with_their_namespace_and_at_start_for_those_already_gone(
+    apiserver: ApiServerStandin, webhook_after_a_deletion: ThreadedWebhook
+) -> None:
+    def reservations(namespace: str) -> dict[str, Any] | None:
+        return apiserver.get("ConfigMap", object_name(namespace), "default")
+
+    async with aiohttp.ClientSession() as session:
+        client = Client(session, webhook_after_a_deletion)
+
+        async def orphan_gone() -> bool:
+            return reservations("deleted-meanwhile") is None
+
+        await client.wait_for(orphan_gone, "the object of a namespace that no longer exists")
+        assert (await client.admit(burst_pod())).allowed
+        assert reservations(NAMESPACE) is not None
+
+        apiserver.delete("Namespace", NAMESPACE)
+
+        async def object_gone() -> bool:
+            return reservations(NAMESPACE) is None
+
+        await client.wait_for(object_gone, "the namespace's deletion")

@@ -11,6 +11,7 @@ import pytest
 
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.quota import shared_store
 from kube_vgpu.webhook.quota.charge import Charge, Limits
 from kube_vgpu.webhook.quota.shared import (
     NEVER_CREATED_AFTER,
@@ -18,6 +19,7 @@ from kube_vgpu.webhook.quota.shared import (
     CacheState,
     Unrecorded,
     decode_entries,
+    encode_object,
     object_name,
 )
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
@@ -308,3 +310,106 @@ async def test_a_replica_dates_an_entry_from_its_own_first_sight_not_the_writers
     finally:
         await a.close()
         await b.close()
+
+
+# -- the objects of deleted namespaces --------------------------------------------------------------
+
+
+def object_of(apiserver: ApiServerStandin, namespace: str) -> dict[str, object] | None:
+    return apiserver.get("ConfigMap", object_name(namespace), RELEASE)
+
+
+async def booked(r: SharedReservations, *namespaces: str) -> None:
+    for namespace in namespaces:
+        assert (await r.decide(namespace, ask(f"pod-in-{namespace}", 2))).fits
+
+
+async def test_the_object_of_a_deleted_namespace_is_deleted(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    r = replica(clients[0])
+    try:
+        await booked(r, NAMESPACE, "team-b")
+        assert await r.remove(NAMESPACE)
+        assert object_of(apiserver, NAMESPACE) is None
+        assert object_of(apiserver, "team-b") is not None  # another namespace's object is not touched
+        assert not await r.remove(NAMESPACE)  # gone already: nothing to delete, no error
+    finally:
+        await r.close()
+
+
+async def test_forgetting_a_namespace_deletes_its_object_in_the_background(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    r = replica(clients[0])
+    try:
+        await booked(r, NAMESPACE)
+        r.forget(NAMESPACE)
+        async with asyncio.timeout(10):
+            while object_of(apiserver, NAMESPACE) is not None:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    finally:
+        await r.close()
+
+
+class WrittenAfterRead(Kube):
+    """A client whose next read of an object, once armed, is followed (before the caller sees it) by a
+    write of another replica: the namespace was created again under its name and booked a pod."""
+
+    def __init__(self, apiserver: ApiServerStandin, other: SharedReservations) -> None:
+        super().__init__(apiserver.api_client(), component="webhook")
+        self.other = other
+        self.loop = asyncio.get_running_loop()
+        self.armed = False
+
+    def get(self, *args: object, **kwargs: object) -> dict[str, object] | None:
+        found = super().get(*args, **kwargs)  # type: ignore[arg-type]
+        if self.armed:
+            self.armed = False
+            again = self.other.decide(NAMESPACE, ask("pod-of-the-new-namespace", 2))
+            assert asyncio.run_coroutine_threadsafe(again, self.loop).result(10).fits
+        return found
+
+
+async def test_an_object_written_after_it_was_read_for_deletion_stays(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    other = replica(clients[1])
+    kube = WrittenAfterRead(apiserver, other)
+    r = replica(kube)
+    try:
+        await booked(r, NAMESPACE)
+        kube.armed = True
+        assert not await r.remove(NAMESPACE)  # its precondition failed: 409, kept
+        assert set(stored(apiserver)) == {f"pod-in-{NAMESPACE}", "pod-of-the-new-namespace"}
+        assert await r.remove(NAMESPACE)  # read again, nothing written since: deleted
+    finally:
+        await r.close()
+        await other.close()
+        kube.close()
+
+
+async def test_objects_of_namespaces_gone_meanwhile_are_deleted_page_by_page_and_nothing_else(
+    apiserver: ApiServerStandin, clients: list[Kube], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shared_store, "ORPHAN_PAGE", 2)
+    r = replica(clients[0])
+    try:
+        await booked(r, "gone-1", "kept-1", "gone-2", "kept-2", "gone-3")
+        unrelated = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "app", "namespace": RELEASE},
+        }
+        apiserver.put(unrelated)
+        # Our labels on an object whose name is not the one its namespace's object has: not ours.
+        lookalike = dict(encode_object("gone-4", RELEASE, {}, None))
+        lookalike["metadata"] = {**lookalike["metadata"], "name": "kube-vgpu-quota-lookalike"}
+        apiserver.put(lookalike)
+        removed = await r.remove_orphans(lambda namespace: namespace.startswith("kept-"))
+        assert sorted(removed) == ["gone-1", "gone-2", "gone-3"]
+        left = {obj["metadata"]["name"] for obj in apiserver.list("ConfigMap", RELEASE)}
+        assert left == {object_name("kept-1"), object_name("kept-2"), "app", "kube-vgpu-quota-lookalike"}
+        assert await r.remove_orphans(lambda namespace: namespace.startswith("kept-")) == []
+    finally:
+        await r.close()

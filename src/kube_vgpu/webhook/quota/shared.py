@@ -34,6 +34,7 @@ OBJECT_PREFIX = "kube-vgpu-quota-"
 # read, so a (vanishingly unlikely) hash collision fails closed instead of mixing two namespaces.
 NAMESPACE_LABEL = "kube-vgpu.io/quota-namespace"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+OBJECT_COMPONENT = "quota-reservations"  # the COMPONENT_LABEL value of every reservation object
 # Far below the 1 MiB object limit (~60 bytes per entry); past it new reservations are refused.
 MAX_ENTRIES = 10_000
 # kube-apiserver's --request-timeout (default 1m0s): a create request, admission and the storage
@@ -103,7 +104,7 @@ def encode_object(
     metadata: dict[str, Any] = {
         "name": object_name(namespace),
         "namespace": release_namespace,
-        "labels": {NAMESPACE_LABEL: namespace, COMPONENT_LABEL: "quota-reservations"},
+        "labels": {NAMESPACE_LABEL: namespace, COMPONENT_LABEL: OBJECT_COMPONENT},
     }
     if resource_version is not None:
         metadata["resourceVersion"] = resource_version
@@ -293,5 +294,9 @@ class SharedBook(Protocol):
         ...
 
     def forget(self, namespace: str) -> None:
-        """The namespace was deleted: remember nothing for it."""
+        """The namespace was deleted: remember nothing for it, and delete its object."""
+        ...
+
+    def namespaces_listed(self, exists: Callable[[str], bool]) -> None:
+        """The namespaces were listed: delete the objects of those `exists` does not know."""
         ...

@@ -13,6 +13,12 @@ next write; so that they leave it even when this replica decides nothing more fo
 a sweep every `sweep_seconds` writes the pruned object for each namespace where pruning changes
 it. The replica that admitted a review saw its entry first, so that entry's release never waits
 for another replica to have watched it for long enough.
+
+A namespace's object is deleted with the namespace (each replica tries; the first wins), and at
+each list of namespaces (start, relist) the objects of namespaces deleted meanwhile are deleted
+too, so the release namespace does not collect one ConfigMap for every namespace that ever had a
+quota. A deletion carries the resourceVersion it read: an object written since, by a namespace
+created again under the same name, stays.
 """
 
 from __future__ import annotations
@@ -21,13 +27,16 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from kube_vgpu.kubeapi.client import ApiError, Kube, KubeError
 from kube_vgpu.webhook.quota.charge import Charge
 from kube_vgpu.webhook.quota.shared import (
+    COMPONENT_LABEL,
+    NAMESPACE_LABEL,
+    OBJECT_COMPONENT,
     Answer,
     Ask,
     CacheState,
@@ -55,6 +64,8 @@ BACKOFF_CAP_SECONDS = 0.05
 CALL_TIMEOUT = (1.0, 2.5)  # (connect, read) seconds per API call
 # How often each namespace's last-seen object is checked for entries that can go (see the docstring).
 SWEEP_SECONDS = 5.0
+# Objects read per page when looking for those of deleted namespaces.
+ORPHAN_PAGE = 500
 
 
 @dataclass
@@ -112,6 +123,8 @@ class SharedReservations:
         self._latest: dict[str, dict[str, Any] | None] = {}
         self._queues: dict[str, list[_Waiting]] = {}
         self._writers: dict[str, asyncio.Task[None]] = {}
+        # Deletions of objects whose namespace is gone, under way.
+        self._removals: set[asyncio.Task[Any]] = set()
 
     async def decide(self, namespace: str, ask: Ask) -> Answer:
         """The answer for one ask, booked in the shared object when it fits and reserves.
@@ -151,9 +164,88 @@ class SharedReservations:
 
     def forget(self, namespace: str) -> None:
         """The namespace was deleted: drop the version remembered (a write in flight re-adds nothing
-        once it is done; the next decision, if any, reads afresh)."""
+        once it is done; the next decision, if any, reads afresh) and delete its object."""
         self._latest.pop(namespace, None)
         self.sightings.forget(namespace)
+        self._in_background(self.remove(namespace), f"quota-remove-{namespace}")
+
+    def namespaces_listed(self, exists: Callable[[str], bool]) -> None:
+        """The namespaces were listed (start, relist): delete the objects of those that are gone."""
+        self._in_background(self.remove_orphans(exists), "quota-orphans")
+
+    async def remove(self, namespace: str) -> bool:
+        """Delete the object of a deleted namespace, in the version read now; whether it was deleted.
+
+        An object written after that read (a namespace created again under the same name) stays:
+        the deletion's precondition fails (409). A failure is logged; the next list of namespaces
+        finds the object again.
+        """
+        name = object_name(namespace)
+        try:
+            current = await self._read(name)
+            if current is None:
+                return False
+            return await self._delete(name, current)
+        except KubeError as exc:
+            log.warning("event=quota_object_not_removed namespace=%s reason=%r", namespace, str(exc))
+            return False
+
+    async def remove_orphans(self, exists: Callable[[str], bool]) -> list[str]:
+        """Delete the objects of namespaces that `exists` no longer knows; returns those namespaces."""
+        removed: list[str] = []
+        token: str | None = None
+        try:
+            while True:
+                page = await asyncio.to_thread(
+                    self.kube.list,
+                    "configmap",
+                    namespace=self.release_namespace,
+                    label_selector=f"{COMPONENT_LABEL}={OBJECT_COMPONENT}",
+                    limit=ORPHAN_PAGE,
+                    continue_token=token,
+                    timeout=CALL_TIMEOUT,
+                )
+                for obj in page.get("items") or ():
+                    metadata = obj.get("metadata") or {}
+                    namespace = (metadata.get("labels") or {}).get(NAMESPACE_LABEL)
+                    # Only an object this code wrote for that namespace (name and label agree).
+                    if not isinstance(namespace, str) or metadata.get("name") != object_name(namespace):
+                        continue
+                    if not exists(namespace) and await self._delete(str(metadata["name"]), obj):
+                        removed.append(namespace)
+                token = (page.get("metadata") or {}).get("continue") or None
+                if token is None:
+                    break
+        except KubeError as exc:
+            log.warning("event=quota_orphans_not_removed reason=%r", str(exc))
+        if removed:
+            log.info("event=quota_objects_removed namespaces=%d", len(removed))
+        return removed
+
+    async def _delete(self, name: str, current: dict[str, Any]) -> bool:
+        version = str((current.get("metadata") or {}).get("resourceVersion") or "") or None
+        try:
+            return await asyncio.to_thread(
+                self.kube.delete,
+                "configmap",
+                name,
+                namespace=self.release_namespace,
+                resource_version=version,
+                timeout=CALL_TIMEOUT,
+            )
+        except ApiError as exc:
+            if exc.status == 409:
+                return False  # written since it was read: a namespace of that name is back
+            raise
+
+    def _in_background(self, work: Coroutine[Any, Any, Any], name: str) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(work, name=name)
+        except RuntimeError:  # no loop (a caller outside the server): nothing runs the deletion
+            work.close()
+            return
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
 
     async def sweep(self) -> list[str]:
         """Write the pruned object of every namespace whose last-seen object holds entries this
@@ -177,7 +269,7 @@ class SharedReservations:
 
     async def close(self) -> None:
         """Stop the sweep and the writers (reviews still waiting are refused)."""
-        tasks = list(self._writers.values())
+        tasks = [*self._writers.values(), *self._removals]
         if self._sweeper is not None:
             tasks.append(self._sweeper)
             self._sweeper = None
