@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kube_vgpu.contract.mig.geometry import parse_device_config
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import (
     QUOTA_CORES_LABEL,
@@ -420,3 +421,37 @@ def test_the_mig_slot_of_a_pod_follows_its_mode() -> None:
     assert hami_default(bare) is None
     slot = hami_default(in_cache(make_pod(1, name="m", annotations={VGPU_MODE: "mig"})))
     assert slot is not None and slot(1) == 9984
+
+
+# A geometry where the smaller card has the larger smallest slot (a custom ConfigMap may say so).
+BIG_SMALL_SLOTS = parse_device_config(
+    """\
+nvidia:
+  resourceCountName: volcano.sh/vgpu-number
+  resourceMemoryName: volcano.sh/vgpu-memory
+  resourceMemoryPercentageName: volcano.sh/vgpu-memory-percentage
+  resourceCoreName: volcano.sh/vgpu-cores
+  knownMigGeometries:
+  - models: ["A100-PCIE-40GB"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.12gb, memory: 12000, count: 3}]
+  - models: ["H100 80GB HBM3"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.10gb, memory: 9984, count: 7}]
+    - group: group2
+      geometries: [{name: 7g.80gb, memory: 81152, count: 1}]
+"""
+)
+
+
+def test_the_mig_slot_weighs_every_gpu_of_the_mode_even_ones_smaller_than_the_largest_ask() -> None:
+    # One node holds both cards: the pod's small container may land on the A100 next to its big
+    # one on the H100, so its slot is the A100's 12000 MiB, not the H100's 9984.
+    inventory = Inventory()
+    inventory.upsert(gpu_node("mixed", "mig", [(A100, 40960), (H100, 81920)]))
+    pod = in_cache(make_pod(60000, name="two", annotations={VGPU_MODE: "mig"}))
+    pod["spec"]["containers"].append({"name": "small", "resources": {"limits": {NAMES.memory: "1"}}})
+    slot = mig_slot_sizer(lambda: inventory, lambda: BIG_SMALL_SLOTS, NAMES, "hami-core")(pod)
+    assert slot is not None and slot(1) == 12000 and slot(60000) == 81152
