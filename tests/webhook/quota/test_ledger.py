@@ -584,3 +584,27 @@ def test_each_lapsed_reservation_is_logged_with_its_pod_and_why(caplog: pytest.L
         "event=quota_reservation_expired namespace=team-a pod_uid=r4 pod=ghost "
         "detail=the pod watch has passed the admission by more than a create can take",
     ]
+
+
+def test_a_booked_mig_pod_asking_a_share_of_a_card_still_counts_its_whole_slot() -> None:
+    # 10 % of a 40 GiB card is 4096 MiB, held as a 1g.5gb slot of 4864 MiB (A100 40GB). The
+    # booking records the 4096 MiB asked; usage must not drop below the slot once it is booked.
+    def a100_slot(mib: int) -> int:
+        return 4864 if mib <= 4864 else 9856
+
+    def slots(p: Mapping[str, Any]) -> SlotSize | None:
+        return a100_slot if p["metadata"]["annotations"].get(VGPU_MODE) == MIG else None
+
+    gate = make_gate(gpu_memory={GPU_A: 40960}.get, gpu_size=lambda pod: 40960, slot_size=slots)
+    pod = make_pod(None, percent=10, name="m", annotations={VGPU_MODE: MIG})
+    assert admit(gate, pod, {}, gpu=40960, review="u-m") is None
+    assert gate.ledger.usage("team-a") == Charge(1, 4864, 100)
+    shown = in_cache(make_pod(None, percent=10, name="m", uid="u-m", annotations={VGPU_MODE: MIG}))
+    gate.ledger.pod_seen(shown)
+    assert gate.ledger.usage("team-a") == Charge(1, 4864, 100)
+    gate.ledger.pod_seen(booked(shown, encode_pod_devices([[DeviceRecord(GPU_A, 4096, 0)]])))
+    assert gate.ledger.usage("team-a") == Charge(1, 4864, 100)
+    # With no GPU known to size it, the booked pod still counts at least the smallest slot.
+    unsized = make_gate(gpu_memory={GPU_A: 40960}.get, slot_size=slots)
+    unsized.ledger.pod_seen(booked(shown, encode_pod_devices([[DeviceRecord(GPU_A, 4096, 0)]])))
+    assert unsized.ledger.usage("team-a") == Charge(1, 4864, 100)
