@@ -23,6 +23,8 @@ from kube_vgpu.webhook.quota.charge import (
     pod_charge,
     pod_needs_gpu_size,
     restartable_init_flags,
+    states_no_cores,
+    unsized_message,
 )
 
 NAMES = ResourceNames()
@@ -91,8 +93,11 @@ def test_percentage_rounds_down_per_card_like_volcano() -> None:
 def test_percentage_without_a_gpu_size_is_refused_to_size() -> None:
     p = pod(ctr("a", percent=50))
     assert pod_needs_gpu_size(parse_pod(p, NAMES))
-    with pytest.raises(GpuSizeUnknown, match="'a'"):
+    with pytest.raises(GpuSizeUnknown) as info:
         charge_of(p, gpu_mib=None)
+    assert (
+        str(info.value) == "container 'a' asks for a share of a GPU's memory and no GPU it could use is known"
+    )
     assert not pod_needs_gpu_size(parse_pod(pod(ctr("a", memory=10)), NAMES))
 
 
@@ -166,9 +171,54 @@ def test_limits_parse_absent_zero_and_values() -> None:
 @pytest.mark.parametrize("value", ["10Gi", "-1", "", "1.5", " 4", "four"])
 def test_a_label_that_is_not_a_non_negative_integer_is_reported(value: str) -> None:
     limits = parse_limits({QUOTA_MEMORY_LABEL: value, QUOTA_NUMBER_LABEL: "2"})
-    assert limits.invalid == ((QUOTA_MEMORY_LABEL, value),)
-    message = invalid_label_message("team-a", limits.invalid)
-    assert "namespace team-a" in message and QUOTA_MEMORY_LABEL in message and repr(value) in message
+    # The label that does not parse sets no limit; the one that does keeps its own.
+    assert limits == Limits(number=2, memory_mib=None, cores=None, invalid=((QUOTA_MEMORY_LABEL, value),))
+    assert invalid_label_message("team-a", limits.invalid) == (
+        f"namespace team-a: GPU quota label {QUOTA_MEMORY_LABEL}={value!r} is not a non-negative integer; "
+        "vGPU pods in this namespace are refused until the label is fixed or removed"
+    )
+
+
+def test_every_label_that_does_not_parse_is_named_in_one_message() -> None:
+    limits = parse_limits({QUOTA_NUMBER_LABEL: "two", QUOTA_MEMORY_LABEL: "1024", QUOTA_CORES_LABEL: "50%"})
+    assert limits == Limits(
+        number=None,
+        memory_mib=1024,
+        cores=None,
+        invalid=((QUOTA_NUMBER_LABEL, "two"), (QUOTA_CORES_LABEL, "50%")),
+    )
+    assert invalid_label_message("team-a", limits.invalid) == (
+        f"namespace team-a: GPU quota label {QUOTA_NUMBER_LABEL}='two', {QUOTA_CORES_LABEL}='50%' is not a "
+        "non-negative integer; vGPU pods in this namespace are refused until the label is fixed or removed"
+    )
+
+
+def test_a_share_of_a_card_that_cannot_be_sized_is_refused_saying_how_to_fix_it() -> None:
+    assert unsized_message("team-a") == (
+        "namespace team-a: vgpu-memory quota: the pod asks for a share of a GPU's memory (a percentage, "
+        "or no vgpu-memory) and no GPU it could land on is known, so its charge cannot be computed; "
+        "write vgpu-memory in MiB or wait for a matching GPU node"
+    )
+
+
+@pytest.mark.parametrize(
+    ("amounts", "no_limit"),
+    [
+        ({"number": 1}, True),  # one vGPU, no vgpu-cores: no SM limit
+        ({"number": 1, "cores": 0}, True),  # 0 is no limit too
+        ({"number": 1, "cores": 1}, False),  # the smallest limit
+        ({"number": 2, "cores": 100}, False),
+        ({"memory": 1024}, True),  # one vGPU implied by the memory, no cores stated
+    ],
+)
+def test_a_vgpu_container_without_an_sm_limit_is_told_apart(amounts: dict[str, int], no_limit: bool) -> None:
+    (container,) = parse_pod(pod(ctr("c", **amounts)), NAMES).containers
+    assert states_no_cores(container) is no_limit
+
+
+def test_a_container_without_a_vgpu_states_no_sm_limit_to_charge() -> None:
+    (container,) = parse_pod(pod(ctr("cpu-only")), NAMES).containers
+    assert container.vgpus == 0 and states_no_cores(container) is False
 
 
 def test_exceeded_names_only_limited_resources_the_request_uses() -> None:
@@ -251,6 +301,9 @@ def slot_of(mib: int) -> int:
         ({"number": 1, "memory": 1}, 40960, 30000, Charge(1, 30000, 100)),  # booked more: that
         # A share of a card no GPU known can size: the booking alone.
         ({"number": 1, "percent": 50}, None, 5000, Charge(1, 5000, 100)),
+        ({"number": 1, "percent": 50}, None, 0, Charge(1, 0, 100)),  # nothing added when nothing is known
+        # A share of a card booked below its slot: the card's size gives the slot (50% -> 20 GiB).
+        ({"number": 1, "percent": 50}, 40960, 5000, Charge(1, 20480, 100)),
         ({"number": 1, "percent": 50}, 40960, None, Charge(1, 20480, 100)),  # 50% -> the 20 GiB slot
         ({"number": 1, "percent": 10}, 40960, None, Charge(1, 10240, 100)),  # 4096 MiB -> 10 GiB
         ({"number": 1, "memory": 10241}, None, None, Charge(1, 20480, 100)),
@@ -280,6 +333,18 @@ def test_every_sidecar_adds_up_and_init_containers_are_sized_and_slotted_like_ap
     request = parse_pod(q, NAMES)
     assert pod_charge(request, gpu_mib=40960) == Charge(1, 20480, 100)
     assert pod_charge(request, gpu_mib=4096, slot=slot_of) == Charge(1, 10240, 100)
+    # 50 % of 24 GiB is 12288 MiB, held as a 20 GiB slot: more than the app's 10 GiB slot.
+    assert pod_charge(request, gpu_mib=24576, slot=slot_of) == Charge(1, 20480, 100)
+    # A plain init container after two sidecars runs beside both of them.
+    s = pod(
+        ctr("app", number=1, memory=1000),
+        init=(
+            ctr("s1", "Always", number=1, memory=2000),
+            ctr("s2", "Always", number=1, memory=3000),
+            ctr("setup", number=1, memory=10000),
+        ),
+    )
+    assert charge_of(s) == Charge(3, 10000 + 2000 + 3000, 300)
     # More init containers than flags given: the rest are plain init containers.
     r = pod(
         ctr("app", number=1, memory=1000),

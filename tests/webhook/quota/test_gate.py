@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+from kube_vgpu.contract.mig.geometry import parse_device_config
+from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import (
     QUOTA_CORES_LABEL,
     QUOTA_MEMORY_LABEL,
@@ -17,8 +22,8 @@ from kube_vgpu.contract.names import (
 from kube_vgpu.contract.resources import parse_pod
 from kube_vgpu.webhook.admission import gates
 from kube_vgpu.webhook.placement.inventory import Inventory
-from kube_vgpu.webhook.quota.charge import Charge
-from kube_vgpu.webhook.quota.gate import NamespaceQuota, placement_sizer
+from kube_vgpu.webhook.quota.charge import Charge, Limits
+from kube_vgpu.webhook.quota.gate import NamespaceQuota, mig_slot_sizer, placement_sizer
 from kube_vgpu.webhook.quota.shared import Answer, Ask, CacheState, Entry, Unrecorded, decide
 from tests.support.webhook import A100, H100, gpu_node
 from tests.support.webhook_quota import MEM_80G, NAMES, admit, in_cache, make_gate, make_pod
@@ -101,8 +106,10 @@ def test_a_share_of_a_card_with_no_gpu_to_size_it_is_denied_only_under_a_memory_
     gate = make_gate()
     message = admit(gate, make_pod(None, percent=50, name="a"), MEM_80G, gpu=None)
     assert message is not None and "vgpu-memory" in message and "team-a" in message
-    assert admit(gate, make_pod(None, percent=50, name="a"), {QUOTA_NUMBER_LABEL: "1"}, gpu=None) is None
-    assert gate.ledger.usage("team-a") == Charge(1, 0, 100)
+    assert admit(gate, make_pod(None, percent=50, name="a"), {QUOTA_NUMBER_LABEL: "2"}, gpu=None) is None
+    # A whole card (no memory asked) is not sized either: nothing is charged for memory until it can be.
+    assert admit(gate, make_pod(None, number=1, name="b"), {QUOTA_NUMBER_LABEL: "2"}, gpu=None) is None
+    assert gate.ledger.usage("team-a") == Charge(2, 0, 200)
 
 
 def test_dry_run_is_decided_the_same_way_and_reserves_nothing() -> None:
@@ -172,10 +179,10 @@ def test_cache_pods_are_sized_against_the_largest_gpu_their_selectors_allow() ->
 
 
 class Book:
-    """A SharedBook holding the entries in memory: the pure decision, without the API round trip."""
+    """A SharedBook holding the entries in memory, per namespace: the pure decision, without the API."""
 
     def __init__(self, fail: Exception | None = None, max_entries: int = 100) -> None:
-        self.entries: dict[str, Entry] = {}
+        self.books: dict[str, dict[str, Entry]] = {}
         self.asks: list[tuple[str, Ask]] = []
         self.fail = fail
         self.max_entries = max_entries
@@ -186,19 +193,19 @@ class Book:
         if self.fail is not None:
             raise self.fail
         state = CacheState(self.pods, lambda uid: False, lambda uid: False, lambda uid: None)
-        self.entries, (answer,) = decide(
-            self.entries, [ask], state, now=0.0, lifetime=120.0, max_entries=self.max_entries
+        self.books[namespace], (answer,) = decide(
+            self.books.get(namespace, {}), [ask], state, now=0.0, lifetime=120.0, max_entries=self.max_entries
         )
         return answer
 
     def in_flight(self, namespace: str) -> Charge:
-        return sum((e.charge for e in self.entries.values()), Charge())
+        return sum((e.charge for e in self.books.get(namespace, {}).values()), Charge())
 
     def namespaces(self) -> list[str]:
-        return ["team-a"] if self.entries else []
+        return [namespace for namespace, entries in self.books.items() if entries]
 
     def forget(self, namespace: str) -> None:
-        self.entries.clear()
+        self.books.pop(namespace, None)
 
     def namespaces_listed(self, exists: Callable[[str], bool]) -> None:
         pass
@@ -223,7 +230,7 @@ def test_with_a_shared_book_each_pod_is_asked_for_by_its_uid_charge_and_limits()
         True,
     )
     assert (second.uid, second.reserve) == ("uid-b", False)  # a dry run books nothing
-    assert set(book.entries) == {"uid-a"} and gate.reserved("team-a") == Charge(1, 40960, 100)
+    assert set(book.books["team-a"]) == {"uid-a"} and gate.reserved("team-a") == Charge(1, 40960, 100)
     assert gate.usage("team-a") == Charge(1, 40960, 100)
     # Over quota: the denial names the usage the book saw.
     message = admit(gate, make_pod(40961, name="c"), MEM_80G, review="uid-c")
@@ -235,7 +242,7 @@ def test_with_a_shared_book_each_pod_is_asked_for_by_its_uid_charge_and_limits()
     assert admit(gate, make_pod(10**6, name="d"), {}, review="uid-d") is None
     assert len(book.asks) == asks
     gate.forget_namespace("team-a")
-    assert book.entries == {} and "team-a" not in gate.last_limits
+    assert "team-a" not in book.books and "team-a" not in gate.last_limits
 
 
 def test_with_a_shared_book_a_review_that_cannot_be_recorded_is_refused() -> None:
@@ -245,3 +252,210 @@ def test_with_a_shared_book_a_review_that_cannot_be_recorded_is_refused() -> Non
     full = Book(max_entries=0)
     message = admit(shared_gate(full), make_pod(1), MEM_80G)
     assert message is not None and "too many GPU pods are being admitted at once" in message
+
+
+# -- edges of the quota step (mutation testing: docs/testing.md) ----------------------------------------
+
+
+class Denials:
+    """A DenialCounter that records what it is told."""
+
+    def __init__(self) -> None:
+        self.denied_for: list[tuple[str, str]] = []
+        self.forgotten: list[str] = []
+
+    def denied(self, namespace: str, reason: str) -> None:
+        self.denied_for.append((namespace, reason))
+
+    def forget(self, namespace: str) -> None:
+        self.forgotten.append(namespace)
+
+
+def test_without_a_shared_book_reserved_and_usage_are_per_namespace() -> None:
+    gate = make_gate()
+    gate.ledger.pod_seen(in_cache(make_pod(2048, name="old")))
+    assert admit(gate, make_pod(1024, name="new"), {}) is None
+    assert admit(gate, make_pod(4096, name="new", namespace="team-b"), {}) is None
+    assert (gate.reserved("team-a"), gate.usage("team-a")) == (Charge(1, 1024, 100), Charge(2, 3072, 200))
+    assert (gate.reserved("team-b"), gate.usage("team-b")) == (Charge(1, 4096, 100), Charge(1, 4096, 100))
+
+
+def test_with_a_shared_book_usage_is_the_cache_plus_the_books_reservations_per_namespace() -> None:
+    book = Book()
+    gate = shared_gate(book)
+    denials = Denials()
+    gate.denials = denials
+    gate.ledger.pod_seen(in_cache(make_pod(2048, name="old")))
+    assert admit(gate, make_pod(1024, name="new"), MEM_80G) is None
+    assert admit(gate, make_pod(4096, name="new", namespace="team-b"), MEM_80G) is None
+    assert gate.last_limits == {"team-a": Limits(memory_mib=81920), "team-b": Limits(memory_mib=81920)}
+    assert (gate.reserved("team-a"), gate.usage("team-a")) == (Charge(1, 1024, 100), Charge(2, 3072, 200))
+    assert (gate.reserved("team-b"), gate.usage("team-b")) == (Charge(1, 4096, 100), Charge(1, 4096, 100))
+    gate.forget_namespace("team-a")
+    assert gate.usage("team-a") == Charge() and gate.ledger.namespaces() == []
+    assert list(book.books) == ["team-b"] and list(gate.last_limits) == ["team-b"]
+    assert denials.forgotten == ["team-a"]
+    gate.forget_namespace("never-reviewed")  # nothing kept for it: nothing to drop, no error
+    assert denials.forgotten == ["team-a", "never-reviewed"]
+
+
+def renamed(p: dict[str, Any], **meta: object) -> dict[str, Any]:
+    """`p` with its name and generateName replaced (None: left out)."""
+    kept = {k: v for k, v in p["metadata"].items() if k not in ("name", "generateName")}
+    return {**p, "metadata": {**kept, **{k: v for k, v in meta.items() if v is not None}}}
+
+
+UNRECORDED = (
+    "namespace team-a: GPU quota cannot be checked right now: the webhook could not record the pod's "
+    "reservation with the API server (the API server did not answer); it refuses rather than risk "
+    "exceeding the quota; retry in a few seconds"
+)
+FULL = (
+    "namespace team-a: too many GPU pods are being admitted at once (the shared quota reservations are "
+    "full); retry in a few seconds"
+)
+NO_VGPU = "namespace team-a: vgpu-number quota exceeded: requested 1 vGPU, in use 0 vGPUs of 0 vGPUs"
+
+
+@dataclass
+class Refusal:
+    """One way a review is refused, and what the counter and the log must say of it."""
+
+    labels: dict[str, str]
+    meta: dict[str, object]  # the pod's name and generateName
+    reason: str
+    shown: str  # the pod as the log names it
+    message: str | None = None  # the whole denial, where the test pins it
+    book: Book | None = None
+    gpu: int | None = 81920
+
+
+ZERO_VGPUS = {QUOTA_NUMBER_LABEL: "0"}
+REFUSALS = [
+    Refusal({QUOTA_MEMORY_LABEL: "lots"}, {"name": "p1"}, "invalid-label", "p1"),
+    Refusal(MEM_80G, {"name": "p1"}, "unsized", "p1", gpu=None),
+    Refusal(
+        MEM_80G,
+        {"name": "p1"},
+        "unrecorded",
+        "p1",
+        UNRECORDED,
+        Book(fail=Unrecorded("the API server did not answer")),
+    ),
+    Refusal(MEM_80G, {"generateName": "job-"}, "unrecorded", "job-*", FULL, Book(max_entries=0)),
+    Refusal(ZERO_VGPUS, {"generateName": "job-"}, "vgpu-number", "job-*", NO_VGPU),
+    Refusal(ZERO_VGPUS, {}, "vgpu-number", "*", NO_VGPU),
+    # Names that are not text are not shown.
+    Refusal(ZERO_VGPUS, {"name": 5, "generateName": "job-"}, "vgpu-number", "job-*", NO_VGPU),
+    Refusal(ZERO_VGPUS, {"generateName": ["job-"]}, "vgpu-number", "*", NO_VGPU),
+]
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_each_denial_is_counted_and_logged_with_its_reason_and_pod(
+    case: Refusal, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = make_gate() if case.book is None else shared_gate(case.book)
+    denials = Denials()
+    gate.denials = denials
+    pod = renamed(make_pod(None, percent=50), **case.meta)
+    with caplog.at_level(logging.INFO, logger="kube_vgpu.webhook.quota"):
+        denial = admit(gate, pod, case.labels, gpu=case.gpu)
+    assert denial is not None
+    if case.message is not None:
+        assert denial == case.message
+    assert denials.denied_for == [("team-a", case.reason)]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"event=quota_denied namespace=team-a pod={case.shown} reason={case.reason} message={denial!r}"
+    ]
+
+
+def test_each_admission_is_logged_at_debug_with_its_charge(caplog: pytest.LogCaptureFixture) -> None:
+    gate = make_gate()
+    with caplog.at_level(logging.DEBUG, logger="kube_vgpu.webhook.quota"):
+        assert admit(gate, make_pod(1024, cores=30, name="a"), MEM_80G, review="uid-a") is None
+        assert (
+            admit(gate, make_pod(2048, number=2, generate_name="job-"), MEM_80G, review="uid-b", dry_run=True)
+            is None
+        )
+    assert [r.getMessage() for r in caplog.records] == [
+        "event=quota_admitted namespace=team-a pod=a uid=uid-a number=1 memory_mib=1024 cores=30 "
+        "dry_run=False",
+        "event=quota_admitted namespace=team-a pod=job-* uid=uid-b number=2 memory_mib=4096 cores=200 "
+        "dry_run=True",
+    ]
+
+
+def test_a_sidecar_is_charged_with_the_app_containers_at_admission() -> None:
+    gate = make_gate()
+    p = make_pod(1000, name="with-sidecar")
+    p["spec"]["initContainers"] = [
+        {"name": "side", "restartPolicy": "Always", "resources": {"limits": {NAMES.memory: "2000"}}}
+    ]
+    labels = {QUOTA_MEMORY_LABEL: "3000"}
+    assert admit(gate, p, labels) is None
+    assert gate.ledger.usage("team-a") == Charge(2, 3000, 200)
+    assert admit(gate, make_pod(1, name="one-more"), labels) is not None
+
+
+def two_mode_inventory() -> Inventory:
+    inventory = Inventory()
+    inventory.upsert(gpu_node("small", "hami-core", [(A100, 40960)]))
+    inventory.upsert(gpu_node("big", "mig", [(H100, 81920)]))
+    return inventory
+
+
+def test_cache_pods_are_sized_in_the_default_mode_and_with_no_annotations_at_all() -> None:
+    inventory = two_mode_inventory()
+    bare = in_cache(make_pod(None, percent=50, name="bare"))
+    del bare["metadata"]["annotations"]
+    assert placement_sizer(lambda: inventory, NAMES, "hami-core")(bare) == 40960
+    assert placement_sizer(lambda: inventory, NAMES, "mig")(bare) == 81920
+
+
+def test_the_mig_slot_of_a_pod_follows_its_mode() -> None:
+    inventory = two_mode_inventory()
+    size = mig_slot_sizer(lambda: inventory, default_device_config, NAMES, "mig")
+    bare = in_cache(make_pod(1, name="bare"))
+    del bare["metadata"]["annotations"]
+    slot = size(bare)  # the default mode, mig here
+    assert slot is not None and slot(1) == 9984  # the H100 80GB's 1g.10gb
+    assert size(in_cache(make_pod(1, name="h", annotations={VGPU_MODE: "hami-core"}))) is None
+    hami_default = mig_slot_sizer(lambda: inventory, default_device_config, NAMES, "hami-core")
+    assert hami_default(bare) is None
+    slot = hami_default(in_cache(make_pod(1, name="m", annotations={VGPU_MODE: "mig"})))
+    assert slot is not None and slot(1) == 9984
+
+
+# A geometry where the smaller card has the larger smallest slot (a custom ConfigMap may say so).
+BIG_SMALL_SLOTS = parse_device_config(
+    """\
+nvidia:
+  resourceCountName: volcano.sh/vgpu-number
+  resourceMemoryName: volcano.sh/vgpu-memory
+  resourceMemoryPercentageName: volcano.sh/vgpu-memory-percentage
+  resourceCoreName: volcano.sh/vgpu-cores
+  knownMigGeometries:
+  - models: ["A100-PCIE-40GB"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.12gb, memory: 12000, count: 3}]
+  - models: ["H100 80GB HBM3"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.10gb, memory: 9984, count: 7}]
+    - group: group2
+      geometries: [{name: 7g.80gb, memory: 81152, count: 1}]
+"""
+)
+
+
+def test_the_mig_slot_weighs_every_gpu_of_the_mode_even_ones_smaller_than_the_largest_ask() -> None:
+    # One node holds both cards: the pod's small container may land on the A100 next to its big
+    # one on the H100, so its slot is the A100's 12000 MiB, not the H100's 9984.
+    inventory = Inventory()
+    inventory.upsert(gpu_node("mixed", "mig", [(A100, 40960), (H100, 81920)]))
+    pod = in_cache(make_pod(60000, name="two", annotations={VGPU_MODE: "mig"}))
+    pod["spec"]["containers"].append({"name": "small", "resources": {"limits": {NAMES.memory: "1"}}})
+    slot = mig_slot_sizer(lambda: inventory, lambda: BIG_SMALL_SLOTS, NAMES, "hami-core")(pod)
+    assert slot is not None and slot(1) == 12000 and slot(60000) == 81152

@@ -5,15 +5,18 @@ relists, and 200 concurrent reviews.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from kube_vgpu.contract.devices import DeviceRecord, encode_pod_devices
-from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, VGPU_IDS_NEW
+from kube_vgpu.contract.names import MIG, QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, VGPU_IDS_NEW, VGPU_MODE
 from kube_vgpu.contract.resources import parse_pod
-from kube_vgpu.webhook.quota.charge import Charge
+from kube_vgpu.webhook.quota.charge import Charge, SlotSize
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.shared import NEVER_CREATED_AFTER
 from tests.support.webhook_quota import MEM_80G, NAMES, PENDING, Clocks, admit, in_cache, make_gate, make_pod
@@ -281,3 +284,327 @@ def test_a_pod_that_appears_is_matched_by_uid_and_never_released_early() -> None
         watch.current_at = clocks.mono
         assert gate.ledger.usage("team-a") == Charge(1, 81920, 100)
         assert admit(gate, make_pod(1, name="other"), MEM_80G) is not None
+
+
+# -- edges of the ledger's rules (mutation testing: docs/testing.md) -------------------------------------
+
+
+def stamp(wall: float) -> str:
+    """A deletionTimestamp for a wall-clock time."""
+    return datetime.fromtimestamp(wall, tz=UTC).isoformat()
+
+
+def terminating(p: dict[str, Any], at: float, grace: object = 0) -> dict[str, Any]:
+    """`p` with a deletionTimestamp at wall time `at`, and `grace` as its grace period (ABSENT: none)."""
+    meta = {**p["metadata"], "deletionTimestamp": stamp(at)}
+    if grace is not ABSENT:
+        meta["deletionGracePeriodSeconds"] = grace
+    return {**p, "metadata": meta}
+
+
+ABSENT = object()
+ONE_GIB = Charge(1, 1024, 100)
+
+
+@pytest.mark.parametrize("grace", [ABSENT, None, True, "30", 1.5])
+def test_a_terminating_pod_without_a_whole_grace_period_stops_counting_at_its_deletion_timestamp(
+    grace: object,
+) -> None:
+    clocks = Clocks()
+    gate = make_gate(clocks)
+    gate.ledger.pod_seen(terminating(in_cache(make_pod(1024, name="old")), clocks.wall + 10, grace))
+    clocks.advance(9.5)
+    assert gate.ledger.usage("team-a") == ONE_GIB
+    clocks.advance(0.5)
+    assert gate.ledger.usage("team-a") == Charge()
+
+
+def test_a_pod_past_its_deadline_when_first_seen_is_never_counted_even_if_the_clock_steps_back() -> None:
+    clocks = Clocks()
+    gate = make_gate(clocks)
+    gate.ledger.pod_seen(terminating(in_cache(make_pod(1024, name="old")), clocks.wall))
+    clocks.wall -= 5  # the node's clock is stepped back (NTP): the deadline was already judged
+    assert gate.ledger.usage("team-a") == Charge()
+
+
+def test_a_pod_that_starts_terminating_later_stops_counting_once_its_grace_has_passed() -> None:
+    clocks = Clocks()
+    gate = make_gate(clocks)
+    running = in_cache(make_pod(1024, name="old", phase="Running"))
+    gate.ledger.pod_seen(running)
+    gate.ledger.pod_seen(terminating(running, clocks.wall + 30))
+    clocks.advance(29.5)
+    assert gate.ledger.usage("team-a") == ONE_GIB
+    clocks.advance(0.5)
+    assert gate.ledger.usage("team-a") == Charge()
+
+
+def test_a_terminating_pod_is_subtracted_once_whether_it_is_deleted_before_or_after_its_deadline() -> None:
+    clocks = Clocks()
+    gate = make_gate(clocks)
+    stays = in_cache(make_pod(2048, name="stays"))
+    early = terminating(in_cache(make_pod(1024, name="early")), clocks.wall + 10)
+    late = terminating(in_cache(make_pod(4096, name="late")), clocks.wall + 10)
+    for p in (stays, early, late):
+        gate.ledger.pod_seen(p)
+    gate.ledger.pod_gone(early)  # deleted before its deadline: freed at once, once
+    assert gate.ledger.usage("team-a") == Charge(2, 2048 + 4096, 200)
+    clocks.advance(10)  # past the deadline of both: only the one still shown had to be uncounted
+    assert gate.ledger.usage("team-a") == Charge(1, 2048, 100)
+    gate.ledger.pod_seen(late)  # later events and the deletion of a pod already uncounted
+    gate.ledger.pod_gone(late)
+    assert gate.ledger.usage("team-a") == Charge(1, 2048, 100)
+
+
+def test_a_terminating_pods_deadline_is_applied_while_reservations_are_live() -> None:
+    clocks = Clocks()
+    gate = make_gate(clocks)
+    gate.ledger.pod_seen(terminating(in_cache(make_pod(4096, name="old")), clocks.wall + 10))
+    assert admit(gate, make_pod(1024, name="new"), {}) is None  # a live reservation
+    clocks.advance(10)
+    assert gate.ledger.usage("team-a") == ONE_GIB
+
+
+def test_forgetting_a_namespace_keeps_the_others() -> None:
+    gate = make_gate()
+    gate.ledger.pod_seen(in_cache(make_pod(1024, name="a")))
+    gate.ledger.pod_seen(in_cache(make_pod(2048, name="b", namespace="team-b")))
+    gate.ledger.forget("team-a")
+    assert gate.ledger.namespaces() == ["team-b"]
+    assert gate.ledger.usage("team-a") == Charge() and gate.ledger.usage("team-b") == Charge(1, 2048, 100)
+
+
+def test_events_the_ledger_cannot_file_change_nothing() -> None:
+    gate = make_gate()
+    real = in_cache(make_pod(1024, name="real"))
+    gate.ledger.pod_seen(real)
+    no_uid = make_pod(2048, name="no-uid")  # a namespace but no uid
+    no_namespace = in_cache(make_pod(2048, name="x"))
+    del no_namespace["metadata"]["namespace"]
+    odd_namespace = in_cache(make_pod(2048, name="y"))
+    odd_namespace["metadata"]["namespace"] = ["team-a"]
+    for p in (no_uid, no_namespace, odd_namespace, {"metadata": None}, {"metadata": ["x"]}):
+        gate.ledger.pod_seen(p)
+        gate.ledger.pod_gone(p)
+    gate.ledger.pod_gone(in_cache(make_pod(2048, name="never-seen")))  # a known namespace, unknown uid
+    gate.ledger.pod_gone(in_cache(make_pod(2048, name="z", namespace="team-z")))  # an unknown namespace
+    assert gate.ledger.usage("team-a") == ONE_GIB
+    gate.ledger.resync([real, odd_namespace, no_uid, {"metadata": None}])
+    assert gate.ledger.usage("team-a") == ONE_GIB and gate.ledger.namespaces() == ["team-a"]
+
+
+def test_the_cache_state_tells_shown_finished_and_deleted_pods_apart() -> None:
+    clocks = Clocks()
+    gate = make_gate(clocks, stream_current_at=lambda: 42.0)
+    running = in_cache(make_pod(1024, name="run", uid="u-run", phase="Running"))
+    gate.ledger.pod_seen(running)
+    gate.ledger.pod_seen(in_cache(make_pod(2048, name="done", uid="u-done", phase="Succeeded")))
+    deleted = in_cache(make_pod(4096, name="deleted", uid="u-deleted"))
+    gate.ledger.pod_seen(deleted)
+    gate.ledger.pod_gone(deleted)
+    clocks.advance(10)
+    gate.ledger.pod_seen(running)  # a later event: the pod is still shown since its first
+    clocks.advance(20)
+    state = gate.ledger.cache_state("team-a")
+    assert state.pods == ONE_GIB  # the running pod alone
+    assert state.stream_current_at == 42.0
+    uids = ("u-run", "u-done", "u-deleted", "u-other")
+    assert [state.accounts_for(u) for u in uids] == [True, True, True, False]
+    assert [state.released(u) for u in uids] == [False, True, True, False]
+    assert [state.shown_for(u) for u in uids] == [30.0, 30.0, None, None]
+    # A namespace the ledger holds nothing for: no pods, and only the deletions it remembers.
+    other = gate.ledger.cache_state("team-b")
+    assert other.pods == Charge() and other.accounts_for("u-deleted") and not other.accounts_for("u-run")
+
+
+def test_a_deleted_pod_is_remembered_for_two_reservation_lifetimes() -> None:
+    clocks = Clocks()
+    gate = make_gate(clocks)
+    deleted = in_cache(make_pod(1024, name="deleted", uid="u-deleted"))
+    relisted_out = in_cache(make_pod(1024, name="relisted-out", uid="u-relisted-out"))
+    gate.ledger.pod_seen(deleted)
+    gate.ledger.pod_seen(relisted_out)
+    gate.ledger.pod_gone(deleted)
+    gate.ledger.resync([])  # the relist no longer shows it: deleted while the watch was down
+    clocks.advance(2 * PENDING - 0.5)
+    state = gate.ledger.cache_state("team-a")
+    assert state.accounts_for("u-deleted") and state.released("u-deleted")
+    assert state.accounts_for("u-relisted-out") and state.released("u-relisted-out")
+    clocks.advance(0.5)
+    state = gate.ledger.cache_state("team-a")
+    assert not state.accounts_for("u-deleted") and not state.released("u-deleted")
+    assert not state.accounts_for("u-relisted-out")
+
+
+GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+
+
+def booked(p: dict[str, Any], booking: str) -> dict[str, Any]:
+    """`p` with the scheduler's `volcano.sh/vgpu-ids-new` booking."""
+    return {
+        **p,
+        "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], VGPU_IDS_NEW: booking}},
+    }
+
+
+def slot_of(mib: int) -> int:
+    """A MIG geometry whose slots are 10 GiB or 20 GiB: the smallest that holds `mib`."""
+    return 10240 if mib <= 10240 else 20480
+
+
+def mig_slots(p: Mapping[str, Any]) -> SlotSize | None:
+    """The slot sizer of a cluster whose `mig` pods get `slot_of`'s slots."""
+    return slot_of if p["metadata"]["annotations"].get(VGPU_MODE) == MIG else None
+
+
+def test_a_booking_the_ledger_can_check_replaces_the_sizing_of_a_share_of_a_card(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    on_40g = encode_pod_devices([[DeviceRecord(GPU_A, 20480, 0)]])
+    gate = make_gate(gpu_memory={GPU_A: 40960}.get, slot_size=mig_slots)
+    with caplog.at_level(logging.INFO, logger="kube_vgpu.webhook.quota"):
+        gate.ledger.pod_seen(booked(in_cache(make_pod(None, percent=50, name="pct")), on_40g))
+        # Booked on a known 40 GiB card: 20480 MiB, with no GPU size needed (none is known here).
+        assert gate.ledger.usage("team-a") == Charge(1, 20480, 100)
+        mig = in_cache(make_pod(None, percent=50, name="mig", annotations={VGPU_MODE: MIG}))
+        gate.ledger.pod_seen(booked(mig, on_40g))
+        assert gate.ledger.usage("team-a") == Charge(2, 40960, 200)
+    assert not [r for r in caplog.records if "quota_pod_unsized" in r.getMessage()]
+
+
+def test_a_booking_that_cannot_be_checked_keeps_the_charge_frozen_across_events() -> None:
+    sizes = {"gpu": 81920}
+    unknown_card = encode_pod_devices([[DeviceRecord(GPU_A, 20480, 0)]])  # no gpu_memory: not believed
+    gate = make_gate(gpu_size=lambda pod: sizes["gpu"])
+    pod = booked(in_cache(make_pod(None, percent=50, name="pct")), unknown_card)
+    gate.ledger.pod_seen(pod)
+    assert gate.ledger.usage("team-a").memory_mib == 40960
+    sizes["gpu"] = 24576
+    for _ in range(2):  # the same booking again and again: nothing to recompute
+        gate.ledger.pod_seen(pod)
+        assert gate.ledger.usage("team-a").memory_mib == 40960
+    # An empty booking annotation is no booking: the charge stays frozen.
+    sizes["gpu"] = 81920
+    fresh = in_cache(make_pod(None, percent=50, name="fresh"))
+    gate.ledger.pod_seen(fresh)
+    sizes["gpu"] = 24576
+    gate.ledger.pod_seen(booked(fresh, ""))
+    assert gate.ledger.usage("team-a").memory_mib == 40960 + 40960
+
+
+def test_cache_pods_are_charged_their_mig_slot_and_their_sidecars() -> None:
+    gate = make_gate(slot_size=mig_slots)
+    gate.ledger.pod_seen(in_cache(make_pod(1, name="mig", annotations={VGPU_MODE: MIG})))
+    gate.ledger.pod_seen(in_cache(make_pod(1, name="plain")))
+    assert gate.ledger.usage("team-a") == Charge(2, 10240 + 1, 200)
+    sidecar = in_cache(make_pod(1000, name="with-sidecar", namespace="team-b"))
+    sidecar["spec"]["initContainers"] = [
+        {"name": "side", "restartPolicy": "Always", "resources": {"limits": {NAMES.memory: "2000"}}}
+    ]
+    gate.ledger.pod_seen(sidecar)
+    assert gate.ledger.usage("team-b") == Charge(2, 3000, 200)
+
+
+def test_a_cache_pod_no_gpu_can_size_is_counted_without_memory_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = make_gate()  # no sizer: no GPU known
+    with caplog.at_level(logging.INFO, logger="kube_vgpu.webhook.quota"):
+        gate.ledger.pod_seen(in_cache(make_pod(None, number=1, name="whole")))
+    assert gate.ledger.usage("team-a") == Charge(1, 0, 100)
+    assert [r.getMessage() for r in caplog.records] == [
+        "event=quota_pod_unsized namespace=team-a pod=whole "
+        "detail=no GPU known to size its memory share; counted without that memory"
+    ]
+
+
+def test_an_unreadable_cache_pod_is_logged_with_the_reason(caplog: pytest.LogCaptureFixture) -> None:
+    gate = make_gate()
+    malformed = make_pod(None, name="bad")
+    malformed["spec"]["containers"][0]["resources"]["limits"] = {NAMES.memory: "3Gi"}
+    with caplog.at_level(logging.WARNING, logger="kube_vgpu.webhook.quota"):
+        gate.ledger.pod_seen(in_cache(malformed))
+    reason = (
+        "container 'main': volcano.sh/vgpu-memory='3Gi': volcano.sh/vgpu-memory is a number of MiB "
+        "without a binary suffix: write 3072, not 3Gi"
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"event=quota_pod_unreadable namespace=team-a pod=bad reason={reason!r}"
+    ]
+
+
+def test_a_pod_claims_the_reservation_of_its_uid_whatever_its_name() -> None:
+    gate = make_gate()
+    assert admit(gate, make_pod(1000, name="x"), {}, review="uid-x") is None
+    assert admit(gate, make_pod(3000, name="y"), {}, review="uid-y") is None
+    gate.ledger.pod_seen(in_cache(make_pod(3000, uid="uid-y"), name="renamed"))
+    assert gate.ledger.reserved("team-a") == Charge(1, 1000, 100)
+
+
+def test_a_name_whose_reservation_was_claimed_can_be_reserved_again() -> None:
+    gate = make_gate()
+    gate.ledger.pod_seen(in_cache(make_pod(4096, name="stays")))  # the namespace stays known throughout
+    assert admit(gate, make_pod(1024, name="a"), {}, review="first") is None
+    first = in_cache(make_pod(1024, name="a", uid="first"))
+    gate.ledger.pod_seen(first)
+    gate.ledger.pod_gone(first)
+    assert admit(gate, make_pod(2048, name="a"), {}, review="second") is None
+    assert gate.ledger.reserved("team-a") == Charge(1, 2048, 100)
+
+
+def test_a_review_retried_under_another_pods_name_leaves_nothing_when_both_lapse() -> None:
+    clocks = Clocks()
+    gate = make_gate(clocks)
+    assert admit(gate, make_pod(1024, name="a"), {}, review="k1") is None
+    assert admit(gate, make_pod(1024, name="b"), {}, review="k2") is None
+    assert admit(gate, make_pod(1024, name="b"), {}, review="k1") is None  # k1 again, now named b
+    assert gate.ledger.reserved("team-a") == Charge(2, 2048, 200)
+    clocks.advance(PENDING)
+    assert gate.ledger.reserved("team-a") == Charge()
+
+
+def test_each_lapsed_reservation_is_logged_with_its_pod_and_why(caplog: pytest.LogCaptureFixture) -> None:
+    clocks, watch = Clocks(), Watch()
+    gate = forged_gate(clocks, watch)
+    assert admit(gate, make_pod(1, name="named"), {}, review="r1") is None
+    assert admit(gate, make_pod(1, generate_name="job-"), {}, review="r2") is None
+    assert admit(gate, make_pod(1), {}, review="r3") is None  # neither name nor generateName
+    with caplog.at_level(logging.INFO, logger="kube_vgpu.webhook.quota"):
+        clocks.advance(120)
+        assert gate.ledger.reserved("team-a") == Charge()
+        assert admit(gate, make_pod(1, name="ghost"), {}, review="r4") is None
+        clocks.advance(NEVER_CREATED_AFTER)
+        watch.current_at = clocks.mono
+        assert gate.ledger.reserved("team-a") == Charge()
+    lapsed = "detail=admitted pod never appeared in the cache"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"event=quota_reservation_expired namespace=team-a pod_uid=r1 pod=named {lapsed}",
+        f"event=quota_reservation_expired namespace=team-a pod_uid=r2 pod=job-* {lapsed}",
+        f"event=quota_reservation_expired namespace=team-a pod_uid=r3 pod=* {lapsed}",
+        "event=quota_reservation_expired namespace=team-a pod_uid=r4 pod=ghost "
+        "detail=the pod watch has passed the admission by more than a create can take",
+    ]
+
+
+def test_a_booked_mig_pod_asking_a_share_of_a_card_still_counts_its_whole_slot() -> None:
+    # 10 % of a 40 GiB card is 4096 MiB, held as a 1g.5gb slot of 4864 MiB (A100 40GB). The
+    # booking records the 4096 MiB asked; usage must not drop below the slot once it is booked.
+    def a100_slot(mib: int) -> int:
+        return 4864 if mib <= 4864 else 9856
+
+    def slots(p: Mapping[str, Any]) -> SlotSize | None:
+        return a100_slot if p["metadata"]["annotations"].get(VGPU_MODE) == MIG else None
+
+    gate = make_gate(gpu_memory={GPU_A: 40960}.get, gpu_size=lambda pod: 40960, slot_size=slots)
+    pod = make_pod(None, percent=10, name="m", annotations={VGPU_MODE: MIG})
+    assert admit(gate, pod, {}, gpu=40960, review="u-m") is None
+    assert gate.ledger.usage("team-a") == Charge(1, 4864, 100)
+    shown = in_cache(make_pod(None, percent=10, name="m", uid="u-m", annotations={VGPU_MODE: MIG}))
+    gate.ledger.pod_seen(shown)
+    assert gate.ledger.usage("team-a") == Charge(1, 4864, 100)
+    gate.ledger.pod_seen(booked(shown, encode_pod_devices([[DeviceRecord(GPU_A, 4096, 0)]])))
+    assert gate.ledger.usage("team-a") == Charge(1, 4864, 100)
+    # With no GPU known to size it, the booked pod still counts at least the smallest slot.
+    unsized = make_gate(gpu_memory={GPU_A: 40960}.get, slot_size=slots)
+    unsized.ledger.pod_seen(booked(shown, encode_pod_devices([[DeviceRecord(GPU_A, 4096, 0)]])))
+    assert unsized.ledger.usage("team-a") == Charge(1, 4864, 100)

@@ -368,23 +368,28 @@ class QuotaLedger:
         if not request.asks_vgpu:
             return None
         booked = booked_memory(pod, request, self._gpu_memory)
+        slot = self.slot_size(pod)
+        unsized = pod_needs_gpu_size(request, booked)
         gpu_mib = None
-        if pod_needs_gpu_size(request, booked):
+        # A mig booking records the MiB asked, not the slot the card gives: a share of a card
+        # needs the card's size to find its slot even once booked (`container_charge`).
+        if unsized or (slot is not None and pod_needs_gpu_size(request)):
             gpu_mib = self._gpu_size(pod)
             if gpu_mib is None:
-                log.info(
-                    "event=quota_pod_unsized namespace=%s pod=%s detail=%s",
-                    meta.get("namespace"),
-                    meta.get("name"),
-                    "no GPU known to size its memory share; counted without that memory",
-                )
+                if unsized:
+                    log.info(
+                        "event=quota_pod_unsized namespace=%s pod=%s detail=%s",
+                        meta.get("namespace"),
+                        meta.get("name"),
+                        "no GPU known to size its memory share; counted without that memory",
+                    )
                 gpu_mib = 0
         charge = pod_charge(
             request,
             gpu_mib=gpu_mib,
             sidecars=restartable_init_flags(pod),
             booked_mib=booked,
-            slot=self.slot_size(pod),
+            slot=slot,
         )
         return _Pod(charge, booking, counted, deadline)
 
