@@ -124,14 +124,11 @@ def _where(key: str, container: Mapping[str, Any]) -> str:
     return f"{key}[{container.get('name', '?')}]"
 
 
-def _reserved_env(name: str) -> bool:
-    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
-
-
 def _env_escape(key: str, container: Mapping[str, Any]) -> Escape | None:
     for entry in container.get("env") or ():
         name = entry.get("name") if isinstance(entry, dict) else None
-        if isinstance(name, str) and _reserved_env(name):
+        # Tested inline: a function call per env entry of every container cost more than the test.
+        if isinstance(name, str) and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
             return Escape(
                 f"{_where(key, container)}: env {name} is set by the node plugin for vGPU containers "
                 "(it carries the GPU memory and core limits)",
@@ -237,10 +234,15 @@ def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escap
     return None
 
 
-def find_escape(pod: Mapping[str, Any], config: Config) -> Escape | None:
-    """The first way the pod would escape its vGPU limits, or None."""
+def find_escape(
+    pod: Mapping[str, Any],
+    config: Config,
+    containers: list[tuple[str, dict[str, Any]]] | None = None,
+) -> Escape | None:
+    """The first way the pod would escape its vGPU limits, or None. `containers` is
+    `grouped_containers(pod)` when the caller has it already (the pod's list is not built twice)."""
     guards = _guards(config.node.hook_path)
-    for key, container in grouped_containers(pod):
+    for key, container in grouped_containers(pod) if containers is None else containers:
         escape = _env_escape(key, container) or _mount_escape(key, container, guards)
         if escape is not None:
             return escape

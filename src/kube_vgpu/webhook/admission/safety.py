@@ -85,16 +85,17 @@ def check_containers(pod: Mapping[str, Any], config: Config) -> None:
     The one check of a pod's containers: run at CREATE, and on `kubectl debug` (an UPDATE of
     `pods/ephemeralcontainers`), where the debug container joins the GPU pod on its node.
     """
+    containers = grouped_containers(pod)
     if config.webhook.deny_privileged:
         # Every container of a vGPU pod: a privileged sidecar shares the pod with the GPU container
         # and can reach its mounts and every GPU of the node.
-        for _, container in grouped_containers(pod):
+        for _, container in containers:
             security = container.get("securityContext")
             # Values come from JSON, so a mapping is a `dict` (a far cheaper check than the Mapping
             # ABC); nearly every container states no securityContext at all.
             if security and isinstance(security, dict):
                 _check_security(container, security)
-    escape = find_escape(pod, config)
+    escape = find_escape(pod, config, containers)
     if escape is not None:
         raise Denied(ISOLATION_ESCAPE, escape.message())
 
