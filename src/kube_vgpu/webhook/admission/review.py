@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 import jsonpatch
 import orjson
@@ -336,6 +336,11 @@ class Verdict:
     # Short machine-readable cause of a denial, for the denials metric and the log line.
     reason: str = ""
     warnings: tuple[str, ...] = field(default=())
+
+
+# The plain "allowed" (no patch, no warning) of every review that is not a vGPU pod's: frozen, so
+# one instance serves them all rather than one built per review.
+ALLOWED: Final = Verdict(allowed=True)
 
 
 def make_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
