@@ -194,7 +194,7 @@ def _weight(requirements: Any) -> int:
 
 def combined_size(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requirement]]) -> Size:
     """The size `combine(terms, alternatives)` would have, counted without building it."""
-    alt_weight = sum(_weight(list(alt)) for alt in alternatives)
+    alt_weight = sum(_weight(alt if isinstance(alt, list) else list(alt)) for alt in alternatives)
     if not alternatives:
         return Size(len(terms or ()), sum(_own_weight(t) for t in terms or ()))
     if not terms:
