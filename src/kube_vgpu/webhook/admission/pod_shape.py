@@ -258,16 +258,9 @@ _POD_CHECK = _compile(POD, top=True)
 # problem, so every message, and which problem of several is named, stay exactly its own.
 
 
-def _plain_texts(values: Iterable[Any], max_chars: int | None) -> bool:
-    """Whether every value is an ASCII string (of at most `max_chars` characters), tested in C."""
-    try:
-        joined = "".join(values)
-    except TypeError:  # a value that is not a string
-        return False
-    if not joined.isascii():
-        return False
-    # Short in all means short each (quantities are a few characters): no length read one by one.
-    return max_chars is None or len(joined) <= max_chars or all(len(v) <= max_chars for v in values)
+def _each_short(values: Iterable[str], max_chars: int) -> bool:
+    """Whether every string is at most `max_chars` long (asked only when their sum is longer)."""
+    return all(len(v) <= max_chars for v in values)
 
 
 def _plain_text(value: str, shape: Text) -> bool:
@@ -299,6 +292,21 @@ class _QuickWriter:
     def emit(self, depth: int, line: str) -> None:
         self.lines.append("    " * depth + line)
 
+    def plain_texts(self, values: str, max_chars: int | None, depth: int) -> None:
+        """Statements that `return False` unless every one of `values` (an expression) is an ASCII
+        string of at most `max_chars`: joined and tested in C, not one statement per value."""
+        joined = self.name()
+        self.emit(depth, "try:")
+        self.emit(depth + 1, f'{joined} = "".join({values})')
+        self.emit(depth, "except TypeError:  # a value that is not a string")
+        self.emit(depth + 1, "return False")
+        self.emit(depth, f"if not {joined}.isascii():")
+        self.emit(depth + 1, "return False")
+        if max_chars is not None:
+            # Short in all means short each (quantities are a few characters).
+            self.emit(depth, f"if len({joined}) > {max_chars} and not _each_short({values}, {max_chars}):")
+            self.emit(depth + 1, "return False")
+
     def present(self, var: str, shape: Shape, depth: int) -> None:
         """Statements that `return False` unless `var`, a value that is there (null included), passes."""
         if isinstance(shape, Text):
@@ -312,10 +320,9 @@ class _QuickWriter:
             self.emit(depth + 1, "return False")
         elif isinstance(shape, ListOf):
             if isinstance(shape.item, Text) and not shape.item.dns_label:
-                self.emit(
-                    depth, f"if type({var}) is not list or not _plain_texts({var}, {shape.item.max_chars}):"
-                )
+                self.emit(depth, f"if type({var}) is not list:")
                 self.emit(depth + 1, "return False")
+                self.plain_texts(var, shape.item.max_chars, depth)
                 return
             self.emit(depth, f"if type({var}) is not list:")
             self.emit(depth + 1, "return False")
@@ -323,11 +330,11 @@ class _QuickWriter:
             self.emit(depth, f"for {item} in {var}:")
             self.present(item, shape.item, depth + 1)
         elif isinstance(shape, MapOf):
-            self.emit(depth, f"if type({var}) is not dict or not _plain_texts({var}, None):")
+            self.emit(depth, f"if type({var}) is not dict:")
             self.emit(depth + 1, "return False")
+            self.plain_texts(var, None, depth)  # the keys
             if isinstance(shape.value, Text) and not shape.value.dns_label:
-                self.emit(depth, f"if not _plain_texts({var}.values(), {shape.value.max_chars}):")
-                self.emit(depth + 1, "return False")
+                self.plain_texts(f"{var}.values()", shape.value.max_chars, depth)
                 return
             item = self.name()
             self.emit(depth, f"for {item} in {var}.values():")
@@ -354,7 +361,7 @@ def _compile_quick(shape: Shape) -> Callable[[Any], bool]:
     writer.emit(1, "return True")
     scope: dict[str, Any] = {
         "_ABSENT": object(),
-        "_plain_texts": _plain_texts,
+        "_each_short": _each_short,
         "_plain_text": _plain_text,
         **writer.constants,
     }
