@@ -356,7 +356,8 @@ def encode_response(uid: str, verdict: Verdict) -> ReviewResponse:
     body = ResponseBody(uid=uid, allowed=verdict.allowed)
     if verdict.allowed and verdict.patch:
         body["patchType"] = "JSONPatch"
-        body["patch"] = base64.b64encode(encode_json(list(verdict.patch))).decode()
+        patch = verdict.patch  # a list as the rules build it: encoded as it is, not copied first
+        body["patch"] = base64.b64encode(encode_json(patch if type(patch) is list else list(patch))).decode()
     if not verdict.allowed:
         # `reason` stays out of the Status: there it is an enum (Forbidden, ...), ours is a metrics label.
         body["status"] = Status(code=403, message=verdict.message)

@@ -160,7 +160,7 @@ def combine(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requir
     if not alternatives:
         return list(terms) if terms else None
     if not terms:
-        return _dedupe({"matchExpressions": [_copy_requirement(r) for r in alt]} for alt in alternatives)
+        return _dedupe([{"matchExpressions": [_copy_requirement(r) for r in alt]} for alt in alternatives])
     out: list[Term] = []
     for term in terms:
         if _is_empty(term):
