@@ -65,6 +65,8 @@ def _exact(text: str) -> tuple[Decimal, bool]:
 def parse_whole(raw: object) -> WholeQuantity:
     """Read a quantity (text or an integer) as Volcano does; raises QuantityError when it is not a
     whole number within int32."""
+    if type(raw) is str and len(raw) <= MAX_TEXT:
+        return _parse_text(raw)  # what the API server sends (its canonical quantity text)
     if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise QuantityError(f'must be a quantity such as "3000" or "3k", got a {type(raw).__name__}')
     if isinstance(raw, int):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
@@ -60,6 +61,9 @@ class ContainerRequest:
         return 1 if self.asks_vgpu else 0
 
 
+_ASKS_VGPU = attrgetter("asks_vgpu")
+
+
 @dataclass(frozen=True)
 class PodRequest:
     """Every container's request, init containers first as the kubelet admits them."""
@@ -69,7 +73,7 @@ class PodRequest:
     @property
     def asks_vgpu(self) -> bool:
         """Whether any container names a vGPU resource."""
-        return any(c.asks_vgpu for c in self.containers)
+        return any(map(_ASKS_VGPU, self.containers))  # in C: no generator for one or two containers
 
     @property
     def app(self) -> tuple[ContainerRequest, ...]:

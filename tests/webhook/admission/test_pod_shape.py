@@ -12,6 +12,8 @@ from kube_vgpu.contract.config import Config
 from kube_vgpu.webhook.admission.gates import StaticView
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.pod_shape import (
+    _POD_ACCEPTS,
+    _POD_CHECK,
     POD,
     ListOf,
     MapOf,
@@ -124,3 +126,54 @@ def test_a_wrong_value_anywhere_the_rules_read_is_a_verdict_never_an_exception(
 
 
 ADMISSION = Admission(Config(), StaticView())
+
+
+class _Str(str):
+    pass
+
+
+class _Dict(dict[str, Any]):
+    pass
+
+
+# What the quick yes must not wave through unread: every wrong value, and right ones it leaves to the
+# exact walk (non-ASCII text, subclasses), which must then find what it always found.
+QUICK_PROBES = [*WRONG, "é", "a\ud800b", _Str("x"), _Dict(), ["é"], {"é": "x"}, {"a": "é"}, 65 * "9"]
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(PATHS), st.sampled_from(QUICK_PROBES), st.booleans())
+def test_the_quick_yes_passes_only_pods_the_exact_check_finds_nothing_in(
+    path: tuple[str | int, ...], value: Any, vgpu: bool
+) -> None:
+    obj = pod(container(memory=1000) if vgpu else container(), annotations={"a": "b"}, labels={"l": "v"})
+    _put(obj, path, value)
+    if _POD_ACCEPTS(obj):
+        assert _POD_CHECK(obj) is None
+    assert pod_problem(obj) == _exact_problem(obj)
+
+
+def _exact_problem(obj: Any) -> str | None:
+    problem = _POD_CHECK(obj)
+    return None if problem is None else "".join(reversed(problem[0])) + problem[1]
+
+
+def test_the_quick_yes_passes_a_pod_as_the_api_server_sends_it() -> None:
+    obj = pod(container(memory=1000), annotations={"a": "b"}, labels={"l": "v"})
+    obj["spec"]["initContainers"] = [container(memory=1000)]
+    obj["spec"]["volumes"] = [{"name": "v", "hostPath": {"path": "/data"}}]
+    obj["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In", "values": ["a"]}]}]
+            }
+        }
+    }
+    assert _POD_ACCEPTS(obj)
+    assert _POD_ACCEPTS({"metadata": {"namespace": "team-a"}, "spec": {"nodeName": None}})
+    # Left to the exact walk, which passes them: non-ASCII text, and what only a Python caller sends.
+    assert (
+        not _POD_ACCEPTS({"metadata": {"labels": {"a": "ünï"}}})
+        and pod_problem({"metadata": {"labels": {"a": "ünï"}}}) is None
+    )
+    assert not _POD_ACCEPTS(_Dict()) and pod_problem(_Dict()) is None

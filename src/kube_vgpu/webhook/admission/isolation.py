@@ -124,14 +124,11 @@ def _where(key: str, container: Mapping[str, Any]) -> str:
     return f"{key}[{container.get('name', '?')}]"
 
 
-def _reserved_env(name: str) -> bool:
-    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
-
-
 def _env_escape(key: str, container: Mapping[str, Any]) -> Escape | None:
     for entry in container.get("env") or ():
         name = entry.get("name") if isinstance(entry, dict) else None
-        if isinstance(name, str) and _reserved_env(name):
+        # Tested inline: a function call per env entry of every container cost more than the test.
+        if isinstance(name, str) and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
             return Escape(
                 f"{_where(key, container)}: env {name} is set by the node plugin for vGPU containers "
                 "(it carries the GPU memory and core limits)",
@@ -197,28 +194,39 @@ def _mount_escape(key: str, container: Mapping[str, Any], guards: _Guards) -> Es
     devices = container.get("volumeDevices")
     if not mounts and not devices:
         return None
-    paths = [(m.get("mountPath"), "volumeMounts") for m in mounts or () if isinstance(m, dict)]
-    paths += [(d.get("devicePath"), "volumeDevices") for d in devices or () if isinstance(d, dict)]
-    for path, field in paths:
-        if not isinstance(path, str):
-            continue
-        mount = normalize(path)
-        if mount not in guards.normals and not mount.startswith(guards.insides):
-            continue  # covers no protected path (one set lookup and one prefix test, not one per path)
-        # One of them covers it (the test above says so); no default, so a broken invariant is a
-        # loud internal error, which denies the pod, rather than a mount let through.
-        hit = next(p.path for p in guards.protected if p.covered_by(mount))
-        why = (
-            "where the NVIDIA container runtime reads which GPUs to hand out (a mount there can "
-            "ask for every GPU of the node)"
-            if hit == NVIDIA_DEVICE_LIST_ROOT
-            else "which the node plugin mounts to enforce the vGPU limits"
-        )
-        return Escape(
-            f"{_where(key, container)}: {field} path {path!r} covers {hit}, {why}",
-            f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
-        )
+    normals, insides = guards.normals, guards.insides
+    for field, path_key, entries in (
+        ("volumeMounts", "mountPath", mounts),
+        ("volumeDevices", "devicePath", devices),
+    ):
+        for entry in entries or ():
+            path = entry.get(path_key) if isinstance(entry, dict) else None
+            if not isinstance(path, str):
+                continue
+            mount = normalize(path)
+            if mount in normals or mount.startswith(insides):
+                return _mount_denial(key, container, guards, field=field, path=path, mount=mount)
+            # else it covers no protected path (one set lookup and one prefix test, not one per path)
     return None
+
+
+def _mount_denial(
+    key: str, container: Mapping[str, Any], guards: _Guards, *, field: str, path: str, mount: str
+) -> Escape:
+    """The escape of a mount path that covers a protected path."""
+    # One of them covers it (the test above says so); no default, so a broken invariant is a
+    # loud internal error, which denies the pod, rather than a mount let through.
+    hit = next(p.path for p in guards.protected if p.covered_by(mount))
+    why = (
+        "where the NVIDIA container runtime reads which GPUs to hand out (a mount there can "
+        "ask for every GPU of the node)"
+        if hit == NVIDIA_DEVICE_LIST_ROOT
+        else "which the node plugin mounts to enforce the vGPU limits"
+    )
+    return Escape(
+        f"{_where(key, container)}: {field} path {path!r} covers {hit}, {why}",
+        f"mount the volume elsewhere (not at or under {', '.join(guards.written)})",
+    )
 
 
 def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escape | None:
@@ -237,10 +245,15 @@ def _host_path_escape(pod: Mapping[str, Any], folders: tuple[str, ...]) -> Escap
     return None
 
 
-def find_escape(pod: Mapping[str, Any], config: Config) -> Escape | None:
-    """The first way the pod would escape its vGPU limits, or None."""
+def find_escape(
+    pod: Mapping[str, Any],
+    config: Config,
+    containers: list[tuple[str, dict[str, Any]]] | None = None,
+) -> Escape | None:
+    """The first way the pod would escape its vGPU limits, or None. `containers` is
+    `grouped_containers(pod)` when the caller has it already (the pod's list is not built twice)."""
     guards = _guards(config.node.hook_path)
-    for key, container in grouped_containers(pod):
+    for key, container in grouped_containers(pod) if containers is None else containers:
         escape = _env_escape(key, container) or _mount_escape(key, container, guards)
         if escape is not None:
             return escape

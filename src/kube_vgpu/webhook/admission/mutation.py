@@ -26,7 +26,7 @@ from kube_vgpu.contract.resources import PodRequest
 from kube_vgpu.webhook.admission.bounds import WorkBounds
 from kube_vgpu.webhook.admission.gates import ClusterView
 from kube_vgpu.webhook.admission.patch import PatchBuilder, pointer
-from kube_vgpu.webhook.admission.review import AdmissionRequest, Verdict
+from kube_vgpu.webhook.admission.review import ALLOWED, AdmissionRequest, Verdict
 from kube_vgpu.webhook.admission.safety import (
     INVALID_ANNOTATION,
     MALFORMED_OBJECT,
@@ -88,8 +88,7 @@ def _set_annotations(pod: Mapping[str, Any], annotations: Mapping[str, str], pat
     for key in current:
         if key not in annotations:
             patch.remove(current, ("metadata", "annotations", key))
-    for key, value in annotations.items():
-        patch.set_member(current, _ANNOTATIONS_AT, key, value)
+    patch.set_members(current, _ANNOTATIONS_AT, annotations)
 
 
 def _describe(sel: Selectors) -> str:
@@ -125,7 +124,7 @@ class Admission:
     def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
         if not request.is_pod_create or request.object is None:
-            return Verdict(allowed=True)
+            return ALLOWED
         if request.over_limit:
             return Verdict(allowed=False, reason=OVER_LIMIT, message=request.over_limit)
         if request.object_error:
@@ -138,7 +137,7 @@ class Admission:
         # Only the namespace can opt out: a pod's labels are written by its author (SPEC §1).
         namespace_labels = self.view.namespace_labels(namespace) or {}
         if namespace_labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
-            return Verdict(allowed=True)
+            return ALLOWED
         try:
             return self._mutate(pod)
         except Denied as denial:
@@ -147,7 +146,7 @@ class Admission:
     def _mutate(self, pod: Mapping[str, Any]) -> Verdict:
         pod_request = read_pod(pod, self.config.resource_names)
         if not pod_request.asks_vgpu:
-            return Verdict(allowed=True)
+            return ALLOWED
         annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
         check_create(pod, pod_request, self.config)
         try:

@@ -51,6 +51,15 @@ class PatchBuilder:
             op = "add" if current is _MISSING else "replace"
             self.operations.append({"op": op, "path": at + "/" + _escape(key), "value": value})
 
+    def set_members(self, parent: Mapping[str, Any], at: str, members: Mapping[str, Any]) -> None:
+        """`set_member` for each of `members`, in their order (one call for a whole object's keys)."""
+        append = self.operations.append
+        for key, value in members.items():
+            current = parent.get(key, _MISSING)
+            if current != value:
+                op = "add" if current is _MISSING else "replace"
+                append({"op": op, "path": at + "/" + _escape(key), "value": value})
+
     def remove(self, parent: Mapping[str, Any], path: tuple[str | int, ...]) -> None:
         """Take the member `path[-1]` off the object `parent` (found at `path[:-1]`) if it is there."""
         if str(path[-1]) in parent:

@@ -9,7 +9,7 @@ caller's input. Only the fields some rule reads are described; everything else p
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,8 +247,136 @@ def _text_checker(shape: Text) -> _Checker:
 _POD_CHECK = _compile(POD, top=True)
 
 
+# -- the quick yes ------------------------------------------------------------------------------
+#
+# The checker above calls a closure per object, list, map and field; for a pod as the API server
+# sends it that is most of its cost, not the reading. So the shape is also written out as one
+# straight-line function (generated below, once, at import) that only answers "no problem" or "look
+# closer": every text an ASCII string (which holds no lone surrogate), every value of its exact JSON
+# type, nulls only where they stand for absent. Whatever it does not pass (a null text, non-ASCII
+# text, a dict subclass, a real problem) is walked by `_compile`'s checker, which alone words a
+# problem, so every message, and which problem of several is named, stay exactly its own.
+
+
+def _each_short(values: Iterable[str], max_chars: int) -> bool:
+    """Whether every string is at most `max_chars` long (asked only when their sum is longer)."""
+    return all(len(v) <= max_chars for v in values)
+
+
+def _plain_text(value: str, shape: Text) -> bool:
+    """Whether a string that is present passes `shape` without a closer look."""
+    return (
+        value.isascii()
+        and (shape.max_chars is None or len(value) <= shape.max_chars)
+        and (not shape.dns_label or not value or is_namespace_name(value))
+    )
+
+
+class _QuickWriter:
+    """Writes the quick check of a shape as Python source, one statement a line."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.constants: dict[str, object] = {}
+        self._names = 0
+
+    def name(self) -> str:
+        self._names += 1
+        return f"v{self._names}"
+
+    def constant(self, value: object) -> str:
+        name = f"c{len(self.constants)}"
+        self.constants[name] = value
+        return name
+
+    def emit(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+    def plain_texts(self, values: str, max_chars: int | None, depth: int) -> None:
+        """Statements that `return False` unless every one of `values` (an expression) is an ASCII
+        string of at most `max_chars`: joined and tested in C, not one statement per value."""
+        joined = self.name()
+        self.emit(depth, "try:")
+        self.emit(depth + 1, f'{joined} = "".join({values})')
+        self.emit(depth, "except TypeError:  # a value that is not a string")
+        self.emit(depth + 1, "return False")
+        self.emit(depth, f"if not {joined}.isascii():")
+        self.emit(depth + 1, "return False")
+        if max_chars is not None:
+            # Short in all means short each (quantities are a few characters).
+            self.emit(depth, f"if len({joined}) > {max_chars} and not _each_short({values}, {max_chars}):")
+            self.emit(depth + 1, "return False")
+
+    def present(self, var: str, shape: Shape, depth: int) -> None:
+        """Statements that `return False` unless `var`, a value that is there (null included), passes."""
+        if isinstance(shape, Text):
+            test = f"type({var}) is str and {var}.isascii()"
+            if shape != TEXT:  # a length limit or a namespace name: the general test
+                test = f"type({var}) is str and _plain_text({var}, {self.constant(shape)})"
+            self.emit(depth, f"if not ({test}):")
+            self.emit(depth + 1, "return False")
+        elif isinstance(shape, Flag):
+            self.emit(depth, f"if type({var}) is not bool:")
+            self.emit(depth + 1, "return False")
+        elif isinstance(shape, ListOf):
+            if isinstance(shape.item, Text) and not shape.item.dns_label:
+                self.emit(depth, f"if type({var}) is not list:")
+                self.emit(depth + 1, "return False")
+                self.plain_texts(var, shape.item.max_chars, depth)
+                return
+            self.emit(depth, f"if type({var}) is not list:")
+            self.emit(depth + 1, "return False")
+            item = self.name()
+            self.emit(depth, f"for {item} in {var}:")
+            self.present(item, shape.item, depth + 1)
+        elif isinstance(shape, MapOf):
+            self.emit(depth, f"if type({var}) is not dict:")
+            self.emit(depth + 1, "return False")
+            self.plain_texts(var, None, depth)  # the keys
+            if isinstance(shape.value, Text) and not shape.value.dns_label:
+                self.plain_texts(f"{var}.values()", shape.value.max_chars, depth)
+                return
+            item = self.name()
+            self.emit(depth, f"for {item} in {var}.values():")
+            self.present(item, shape.value, depth + 1)
+        else:
+            self.emit(depth, f"if type({var}) is not dict:")
+            self.emit(depth + 1, "return False")
+            for key, field_shape in shape.fields.items():
+                field = self.name()
+                if isinstance(field_shape, Text | Flag):  # null stands for absent
+                    self.emit(depth, f"{field} = {var}.get({key!r})")
+                    self.emit(depth, f"if {field} is not None:")
+                else:  # null is a problem here, named by the exact checker
+                    self.emit(depth, f"{field} = {var}.get({key!r}, _ABSENT)")
+                    self.emit(depth, f"if {field} is not _ABSENT:")
+                self.present(field, field_shape, depth + 1)
+
+
+def _compile_quick(shape: Shape) -> Callable[[Any], bool]:
+    """A function that is True only for values `_compile(shape)` finds no problem in (see above)."""
+    writer = _QuickWriter()
+    writer.emit(0, "def accepts(v0):")
+    writer.present("v0", shape, 1)
+    writer.emit(1, "return True")
+    scope: dict[str, Any] = {
+        "_ABSENT": object(),
+        "_each_short": _each_short,
+        "_plain_text": _plain_text,
+        **writer.constants,
+    }
+    exec(compile("\n".join(writer.lines), f"<quick check of {type(shape).__name__}>", "exec"), scope)
+    accepts: Callable[[Any], bool] = scope["accepts"]
+    return accepts
+
+
+_POD_ACCEPTS = _compile_quick(POD)
+
+
 def pod_problem(pod: Mapping[str, Any]) -> str | None:
     """What is wrong with the shape of a pod's admission-relevant fields, or None when nothing is."""
+    if _POD_ACCEPTS(pod):
+        return None
     problem = _POD_CHECK(pod)
     if problem is None:
         return None

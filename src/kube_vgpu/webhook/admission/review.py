@@ -7,14 +7,13 @@ a policy refusal is a well-formed review with `allowed: false`. The two never mi
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 import jsonpatch
 import orjson
@@ -38,8 +37,9 @@ _NOT_BRACKET = re.compile(r"[^\[\]{}]++")
 _DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 # 17 digits in a row: a number orjson might round (it turns integers past 64 bits into floats), or
 # digits in a string; either way the body takes the exact path. Found by mapping every digit to "0"
-# and searching, two C passes (a regular expression costs several times more on a 3 KB body).
-_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+# and searching, two C passes (a regular expression costs several times more on a 3 KB body). The
+# same copy maps "{" to "[", so one count of "[" counts the openers of both kinds.
+_SCAN = bytes.maketrans(b"123456789{", b"000000000[")
 _LONG_DIGITS = b"0" * 17
 # Every byte but quotes and brackets, deleted to measure the nesting of a large body (see `_depth_of`).
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
@@ -122,6 +122,8 @@ class AdmissionRequest:
 
 
 def _text(value: object, where: str, *, required: bool = False) -> str:
+    if type(value) is str and value.isascii() and (value or not required):
+        return value  # what the API server sends: no further test needed
     if value is None and not required:
         return ""
     if not isinstance(value, str) or (required and not value):
@@ -186,10 +188,11 @@ def decode_json(body: bytes) -> Any:
     non-JSON constants; orjson also refuses lone surrogates, which the exact path passes on for the
     pod's shape check to deny.
     """
+    scan = body.translate(_SCAN)
     # Few brackets cannot nest deeply; a large pod has thousands, and is measured in C passes.
-    few_brackets = body.count(b"[") + body.count(b"{") <= MAX_NESTING
+    few_brackets = scan.count(b"[") <= MAX_NESTING
     depth = None if few_brackets else _depth_of(body)
-    if (depth is None or depth <= MAX_NESTING) and _LONG_DIGITS not in body.translate(_DIGITS_TO_ZERO):
+    if (depth is None or depth <= MAX_NESTING) and _LONG_DIGITS not in scan:
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -268,40 +271,61 @@ def parse_review(body: bytes, bounds: WorkBounds = DEFAULT_BOUNDS) -> AdmissionR
     namespace = _text(request.get("namespace"), "request.namespace")
     if namespace and not is_namespace_name(namespace):
         raise MalformedReview(f"request.namespace {namespace[:80]!r} is not a namespace name")
-    parsed = AdmissionRequest(
+    name = _text(request.get("name"), "request.name")
+    sub_resource = _text(request.get("subResource"), "request.subResource")
+    username = _text((user_info or {}).get("username"), "request.userInfo.username")
+    # `AdmissionRequest.is_pod_create` and `is_pod_update`, decided before it is built: the request is
+    # built once, with what the walks below find, rather than built and then replaced.
+    pod_write = (
+        operation in ("CREATE", "UPDATE")
+        and kind["group"] == ""
+        and kind["kind"] == "Pod"
+        and not sub_resource
+    )
+    # What /validate judges as `kubectl debug` (whatever request.kind says), so nothing it walks
+    # skips the shape check and the bounds.
+    debug = obj is not None and operation == "UPDATE" and sub_resource == "ephemeralcontainers"
+    if pod_write and obj is None:
+        raise MalformedReview(f"request.object is missing for a Pod {operation}")
+    over_limit = object_error = ""
+    if obj is not None and (pod_write or debug):
+        # `kubectl debug` sends the whole Pod as the object; an UPDATE's oldObject is walked as well.
+        over_limit, object_error = _pod_findings(
+            obj, old, bounds, shape_of_old=pod_write and operation == "UPDATE"
+        )
+    return AdmissionRequest(
         uid=uid,
         kind=kind,
         operation=operation,
         namespace=namespace,
-        name=_text(request.get("name"), "request.name"),
+        name=name,
         object=obj,
         dry_run=bool(dry_run),
-        sub_resource=_text(request.get("subResource"), "request.subResource"),
+        sub_resource=sub_resource,
         old_object=old,
-        username=_text((user_info or {}).get("username"), "request.userInfo.username"),
+        username=username,
+        object_error=object_error,
+        over_limit=over_limit,
     )
-    # What /validate judges as `kubectl debug` (whatever request.kind says), so nothing it walks
-    # skips the shape check and the bounds.
-    debug = obj is not None and operation == "UPDATE" and parsed.sub_resource == "ephemeralcontainers"
-    if (parsed.is_pod_create or parsed.is_pod_update) and obj is None:
-        raise MalformedReview(f"request.object is missing for a Pod {operation}")
-    if obj is None or not (parsed.is_pod_create or parsed.is_pod_update or debug):
-        return parsed
-    # `kubectl debug` sends the whole Pod as the object; an UPDATE's oldObject is walked as well.
+
+
+def _pod_findings(
+    obj: Mapping[str, Any], old: Mapping[str, Any] | None, bounds: WorkBounds, *, shape_of_old: bool
+) -> tuple[str, str]:
+    """(the work limit the pod passes, what is wrong with its shape), "" for none; the shape is not
+    walked once a limit is passed. The oldObject's shape counts only for a Pod UPDATE."""
     over = work_problem(obj, bounds)
     if not over and old is not None:
         old_over = work_problem(old, bounds)
         over = f"oldObject: {old_over}" if old_over else None
     if over:
-        return dataclasses.replace(parsed, over_limit=over)
+        return over, ""
     problem = pod_problem(obj)
-    if not problem and parsed.is_pod_update and old is not None:
+    if not problem and shape_of_old and old is not None:
         # Without a readable oldObject every scheduler-owned annotation counts as added.
         old_problem = pod_problem(old)
         problem = f"oldObject: {old_problem}" if old_problem else None
-    if problem:
-        parsed = dataclasses.replace(parsed, object_error=problem)
-    return parsed
+    return "", problem or ""
 
 
 @dataclass(frozen=True)
@@ -316,6 +340,11 @@ class Verdict:
     warnings: tuple[str, ...] = field(default=())
 
 
+# The plain "allowed" (no patch, no warning) of every review that is not a vGPU pod's: frozen, so
+# one instance serves them all rather than one built per review.
+ALLOWED: Final = Verdict(allowed=True)
+
+
 def make_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The JSONPatch that turns `before` into `after` (empty when they are equal)."""
     operations: list[dict[str, Any]] = jsonpatch.make_patch(before, after).patch
@@ -327,7 +356,8 @@ def encode_response(uid: str, verdict: Verdict) -> ReviewResponse:
     body = ResponseBody(uid=uid, allowed=verdict.allowed)
     if verdict.allowed and verdict.patch:
         body["patchType"] = "JSONPatch"
-        body["patch"] = base64.b64encode(encode_json(list(verdict.patch))).decode()
+        patch = verdict.patch  # a list as the rules build it: encoded as it is, not copied first
+        body["patch"] = base64.b64encode(encode_json(patch if type(patch) is list else list(patch))).decode()
     if not verdict.allowed:
         # `reason` stays out of the Status: there it is an enum (Forbidden, ...), ours is a metrics label.
         body["status"] = Status(code=403, message=verdict.message)

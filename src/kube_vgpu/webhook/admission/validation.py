@@ -20,7 +20,7 @@ from kube_vgpu.contract.names import OPT_OUT_LABEL, OPT_OUT_VALUE
 from kube_vgpu.contract.resources import PodRequest, RequestError, parse_pod
 from kube_vgpu.webhook.admission.gates import QuotaGate, ValidationView
 from kube_vgpu.webhook.admission.mutation import resolve_placement
-from kube_vgpu.webhook.admission.review import AdmissionRequest, Verdict
+from kube_vgpu.webhook.admission.review import ALLOWED, AdmissionRequest, Verdict
 from kube_vgpu.webhook.admission.safety import (
     INVALID_ANNOTATION,
     MALFORMED_OBJECT,
@@ -54,7 +54,7 @@ class Validation:
         pod = request.object
         debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
         if pod is None or not (request.is_pod_create or request.is_pod_update or debug):
-            return Verdict(allowed=True)
+            return ALLOWED
         if request.over_limit:
             return Verdict(allowed=False, reason=OVER_LIMIT, message=request.over_limit)
         if request.object_error:
@@ -65,14 +65,14 @@ class Validation:
         namespace = request.namespace or str((pod.get("metadata") or {}).get("namespace", ""))
         namespace_labels = self.view.namespace_labels(namespace)
         if (namespace_labels or {}).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
-            return Verdict(allowed=True)
+            return ALLOWED
         try:
             if debug:
                 self._ephemeral(pod)
-                return Verdict(allowed=True)
+                return ALLOWED
             if request.is_pod_update:
                 check_update(request.old_object, pod, request.username, self.config)
-                return Verdict(allowed=True)
+                return ALLOWED
             return await self._create(request, pod, namespace, namespace_labels)
         except Denied as denial:
             return Verdict(allowed=False, message=str(denial), reason=denial.reason)
@@ -86,7 +86,7 @@ class Validation:
     ) -> Verdict:
         pod_request = read_pod(pod, self.config.resource_names)
         if not pod_request.asks_vgpu:
-            return Verdict(allowed=True)
+            return ALLOWED
         check_create(pod, pod_request, self.config)
         name = (pod.get("metadata") or {}).get("name")
         # A name the cache holds: the API server will refuse this create at the storage write, so
@@ -98,7 +98,7 @@ class Validation:
         refusal = await self._quota(request, pod_request, namespace, namespace_labels, reserve=not taken)
         if refusal is not None:
             raise Denied(QUOTA, refusal)
-        return Verdict(allowed=True, warnings=tuple(warnings))
+        return Verdict(allowed=True, warnings=tuple(warnings)) if warnings else ALLOWED
 
     def _ephemeral(self, pod: Mapping[str, Any]) -> None:
         """`kubectl debug` on a vGPU pod: the debug container joins the pod on its GPU node, so it

@@ -14,8 +14,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 Requirement = dict[str, Any]  # a NodeSelectorRequirement: key, operator, values
 Term = dict[str, Any]  # a NodeSelectorTerm: matchExpressions, matchFields
@@ -53,9 +52,14 @@ def never() -> list[Requirement]:
     return [exists(UNMATCHABLE_KEY), does_not_exist(UNMATCHABLE_KEY)]
 
 
+# `json.dumps(value, sort_keys=True, separators=(",", ":"))`, with the encoder built once rather than
+# per call (json.dumps builds a new one for any non-default argument).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def canonical(value: Any) -> str:
     """A stable text form of a requirement or term, for comparing and deduplicating them."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL.encode(value)
 
 
 def encode_marker(requirements: Iterable[Requirement]) -> str:
@@ -156,7 +160,7 @@ def combine(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requir
     if not alternatives:
         return list(terms) if terms else None
     if not terms:
-        return _dedupe({"matchExpressions": [_copy_requirement(r) for r in alt]} for alt in alternatives)
+        return _dedupe([{"matchExpressions": [_copy_requirement(r) for r in alt]} for alt in alternatives])
     out: list[Term] = []
     for term in terms:
         if _is_empty(term):
@@ -167,9 +171,11 @@ def combine(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requir
     return _dedupe(out)
 
 
-@dataclass(frozen=True)
-class Size:
-    """How large the rewritten required affinity would be (an upper bound: duplicates still count)."""
+class Size(NamedTuple):
+    """How large the rewritten required affinity would be (an upper bound: duplicates still count).
+
+    A named tuple: built for every review, where a frozen dataclass's `__init__` cost more than the count.
+    """
 
     terms: int
     # Requirements plus their values, over every term.
@@ -188,21 +194,19 @@ def _weight(requirements: Any) -> int:
 
 def combined_size(terms: Sequence[Term] | None, alternatives: Sequence[Sequence[Requirement]]) -> Size:
     """The size `combine(terms, alternatives)` would have, counted without building it."""
-    alt_weight = sum(_weight(list(alt)) for alt in alternatives)
+    alt_weight = sum(_weight(alt if isinstance(alt, list) else list(alt)) for alt in alternatives)
     if not alternatives:
         return Size(len(terms or ()), sum(_own_weight(t) for t in terms or ()))
     if not terms:
         return Size(len(alternatives), alt_weight)
-    size = Size(0, 0)
+    count = expressions = 0
     for term in terms:
         if _is_empty(term):
-            size = Size(size.terms + 1, size.expressions)
+            count += 1
             continue
-        size = Size(
-            size.terms + len(alternatives),
-            size.expressions + len(alternatives) * _own_weight(term) + alt_weight,
-        )
-    return size
+        count += len(alternatives)
+        expressions += len(alternatives) * _own_weight(term) + alt_weight
+    return Size(count, expressions)
 
 
 def _own_weight(term: Term) -> int:

@@ -169,7 +169,10 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
     memoised by those, the mode and the inventory's state (see the module docstring). The Placement
     returned may be shared by many reviews: read it, never change it.
     """
-    memory = max((c.memory_mib or 0 for c in request.containers), default=0)
+    memory = 0
+    for c in request.containers:  # a loop: a generator for `max` cost more than one or two containers
+        if c.memory_mib is not None and c.memory_mib > memory:
+            memory = c.memory_mib
     if _written_chars(sel) > _MEMO_MAX_CHARS:
         return _resolve(sel, memory, default_mode, inv)
     return _resolve_memoised(sel, memory, default_mode, inv, inv.generation)
@@ -177,9 +180,11 @@ def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, defau
 
 def _written_chars(sel: Selectors) -> int:
     """The characters a Selectors holds (the user's text included): what a memoised key keeps."""
-    groups = (sel.use_types, sel.nouse_types, sel.use_uuids, sel.nouse_uuids)
-    texts = len(sel.use_types_text or "") + len(sel.nouse_types_text or "")
-    return texts + sum(len(item) for group in groups for item in group or ())
+    chars = len(sel.use_types_text or "") + len(sel.nouse_types_text or "")
+    for group in (sel.use_types, sel.nouse_types, sel.use_uuids, sel.nouse_uuids):
+        if group:  # most pods select nothing: no generator built for an absent list
+            chars += sum(map(len, group))
+    return chars
 
 
 @functools.lru_cache(maxsize=_MEMO_SIZE)
