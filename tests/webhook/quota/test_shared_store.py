@@ -239,11 +239,10 @@ class ReplicaCache:
         )
 
 
-async def test_a_forged_entry_leaves_the_shared_object_once_the_replica_that_booked_it_is_past_it(
-    apiserver: ApiServerStandin, clients: list[Kube]
-) -> None:
-    clock = [1000.0]  # the replicas' monotonic clocks (the same one here: each only reads its own)
-    views = [ReplicaCache(), ReplicaCache()]
+def replicas_on(
+    clients: list[Kube], views: list[ReplicaCache], clock: list[float]
+) -> tuple[SharedReservations, SharedReservations]:
+    """Two replicas, each deciding on its own cache view, reading `clock[0]` (no background sweep)."""
     a, b = (
         SharedReservations(
             kube,
@@ -255,6 +254,15 @@ async def test_a_forged_entry_leaves_the_shared_object_once_the_replica_that_boo
         )
         for kube, view in zip(clients[:2], views, strict=True)
     )
+    return a, b
+
+
+async def test_a_forged_entry_leaves_the_shared_object_once_the_replica_that_booked_it_is_past_it(
+    apiserver: ApiServerStandin, clients: list[Kube]
+) -> None:
+    clock = [1000.0]  # the replicas' monotonic clocks (the same one here: each only reads its own)
+    views = [ReplicaCache(), ReplicaCache()]
+    a, b = replicas_on(clients, views, clock)
     try:
         # A forged CREATE reaches replica a; the pod will never exist. A real one (uid "real") too.
         assert (await a.decide(NAMESPACE, ask("forged", 2))).fits
@@ -285,17 +293,7 @@ async def test_a_replica_dates_an_entry_from_its_own_first_sight_not_the_writers
 ) -> None:
     clock = [1000.0]
     views = [ReplicaCache(), ReplicaCache()]
-    a, b = (
-        SharedReservations(
-            kube,
-            RELEASE,
-            lifetime_seconds=120.0,
-            cache_state=view.state,
-            clock=lambda: clock[0],
-            sweep_seconds=3600,
-        )
-        for kube, view in zip(clients[:2], views, strict=True)
-    )
+    a, b = replicas_on(clients, views, clock)
     try:
         assert (await a.decide(NAMESPACE, ask("forged", 1))).fits  # a goes quiet after this
         clock[0] += 50
