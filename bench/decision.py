@@ -75,6 +75,9 @@ class UnaskedBook:
     def forget(self, namespace: str) -> None:
         pass
 
+    def namespaces_listed(self, exists: Callable[[str], bool]) -> None:
+        pass
+
 
 def _unasked_book(ledger: QuotaLedger) -> SharedBook:
     return UnaskedBook()
