@@ -40,6 +40,12 @@ def test_every_example_ends_as_expected() -> None:
     assert "env   CUDA_DEVICE_MEMORY_LIMIT_0=10000m" in result.stdout
     assert 'replace /metadata/annotations/nvidia.com/use-gputype = "[NVIDIA A100-SXM4-80GB]"' in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+    # Before any pod: `node check` on each simulated node, from the plugin's own code.
+    checked = result.stdout.split("$ kube-vgpu node check (on each simulated node)\n", 1)[1].split("\n\n")[0]
+    assert checked.splitlines() == [
+        "  gpu-a100 (hami-core): OK; 4 GPU(s), 40 devices (40 healthy), HAMi-core usable",
+        "  gpu-h100-mig (mig): OK; 2 GPU(s), 20 devices (20 healthy), HAMi-core not needed",
+    ]
     # It ends with `kube-vgpu top`: both simulated nodes, and the quota namespace with its limit.
     top = result.stdout.split("$ kube-vgpu top\n", 1)[1].splitlines()
     assert top[0].split()[0] == "NODE" and {"gpu-a100", "gpu-h100-mig"} <= {r.split()[0] for r in top if r}
@@ -65,6 +71,27 @@ def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "expected a denial, the webhook allowed the pod" in result.stdout
     assert f"{len(list((examples / 'pods').glob('*.yaml'))) - 1} of" in result.stdout
+
+
+def test_a_node_that_node_check_finds_wanting_fails_the_run(tmp_path: Path) -> None:
+    # MIG turning on at the next reset: the plugin still serves (every example ends as expected),
+    # but a hami-core node in that state is a problem `node check` reports, and the run says so.
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    nodes = examples / "nodes.yaml"
+    assert "        count: 4\n" in nodes.read_text()
+    nodes.write_text(
+        nodes.read_text().replace(
+            "        count: 4\n", "        count: 4\n        migCapable: true\n        migPending: true\n", 1
+        )
+    )
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 1, result.stdout + result.stderr
+    pods = len(list((examples / "pods").glob("*.yaml")))
+    assert f"{pods} of {pods} examples ended as expected." in result.stdout
+    assert "  gpu-a100 (hami-core): PROBLEMS (4); 4 GPU(s)" in result.stdout
+    assert "MIG mode turns on at the next GPU reset" in result.stdout
+    assert "  gpu-h100-mig (mig): OK;" in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -236,6 +236,28 @@ async def test_hami_core_going_away_takes_the_offer_and_keeps_gpu_health_apart(
         assert "XID 79" in (h.inventory.reason(UUID_B) or "")
 
 
+async def test_a_library_containers_cannot_read_takes_the_offer_until_it_is_readable(
+    api: ApiServerStandin, kdir: Path, tmp_path: Path
+) -> None:
+    # Present but unreadable to a container's user: as useless as missing (the plugin, root, could
+    # read it, so a check that only opened the file would wrongly pass it).
+    async with running_plugin(api, kdir, tmp_path) as h:
+        assert node_state(api)[0][MEMORY] == "65536"
+        (h.hook / "libvgpu.so").chmod(0o640)
+        await h.kubelet.wait_devices(RESOURCE, all_devices("Unhealthy"))
+        await eventually(lambda: node_state(api)[1] == [(0, False), (0, False)])
+        await eventually(lambda: (node_state(api)[0][MEMORY], node_state(api)[0][CORES]) == ("0", "0"))
+        await eventually(lambda: bool(node_events(api, HAMI_CORE_MISSING)))
+        message = node_events(api, HAMI_CORE_MISSING)[0]["message"]
+        assert "libvgpu.so: not readable by every user (mode 0640)" in message
+        assert str(h.hook) in message and INSTALLER_VALUE in message
+
+        (h.hook / "libvgpu.so").chmod(0o644)  # what the installer's chmod leaves
+        await h.kubelet.wait_devices(RESOURCE, all_devices("Healthy"))
+        await eventually(lambda: node_state(api)[1] == [(10, True), (10, True)])
+        assert h.plugin.registrations == 1
+
+
 async def test_a_mig_node_does_not_need_hami_core(api: ApiServerStandin, kdir: Path, tmp_path: Path) -> None:
     nvml = mig_sim(count=2)
     try:

@@ -1,6 +1,7 @@
 """`kube-vgpu demo`: bring up the local installation, carry the example pods through it, report.
 
-Exit code: 0 when every example ended as its file says, 1 otherwise, 2 for bad input.
+Exit code: 0 when every example ended as its file says and `node check` finds every simulated node able
+to serve its mode, 1 otherwise, 2 for bad input.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kube_vgpu.demo.examples import (
     load_pods,
 )
 from kube_vgpu.demo.flow import PodFlow, check
+from kube_vgpu.demo.nodecheck import node_checks
 from kube_vgpu.demo.report import render
 from kube_vgpu.demo.workload import start_workloads, usage_report
 
@@ -83,6 +85,8 @@ async def _demo(args: argparse.Namespace) -> int:
             print(f"kube-vgpu demo: {len(nodes)} simulated node(s), {len(pods)} example pod(s)", flush=True)
             names = ", ".join(cluster.config.resource_names.all())
             print(f"config: {config_file or 'every default'} (resources {names})\n", flush=True)
+            checked, failing_nodes = await node_checks(cluster)
+            print("$ kube-vgpu node check (on each simulated node)", *checked, "", sep="\n", flush=True)
             failures = 0
             outcomes = []
             async with aiohttp.ClientSession() as session:
@@ -113,7 +117,7 @@ async def _demo(args: argparse.Namespace) -> int:
                 for signum in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(signum, stop.set)
                 await stop.wait()
-            return 1 if failures else 0
+            return 1 if failures or failing_nodes else 0
         finally:
             await cluster.down()
 
