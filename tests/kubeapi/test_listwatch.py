@@ -9,12 +9,13 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kube_vgpu.kubeapi.client import Kube, WatchInterrupt, load_api_client
+from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, WatchInterrupt, load_api_client
 from kube_vgpu.kubeapi.listwatch import (
     Backoff,
     Handlers,
@@ -324,3 +325,116 @@ def test_refused_settings_name_what_is_wrong() -> None:
 
     with pytest.raises(ValueError, match="needs a source that serves raw pages"):
         Reflector(Decoded(), Recorder().handlers(), transform=name_of, name="t", prefilter=lambda raw: True)
+
+
+@dataclass(frozen=True)
+class CountingBackoff(Backoff):
+    """Records the attempt number of every wait the reflector asks for, and waits only briefly."""
+
+    attempts: list[int] = field(default_factory=list, compare=False)
+
+    def delay(self, attempt: int) -> float:
+        self.attempts.append(attempt)
+        return 0.02
+
+
+class Unsteady:
+    """A source that fails its first three lists, then lists; its first watch runs well for a while
+    and is then cut (a connection reset) or ended by the server, and every later watch fails at once."""
+
+    def __init__(self, healthy_s: float, first_watch: str) -> None:
+        self.healthy_s = healthy_s
+        self.first_watch = first_watch
+        self.lists = 0
+        self.watches = 0
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        self.lists += 1
+        if self.lists <= 3:
+            raise ApiUnavailable("API server unreachable: connection refused")
+        return {"items": [], "metadata": {"resourceVersion": "5"}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        self.watches += 1
+        if self.watches == 1:
+            time.sleep(self.healthy_s)
+            if self.first_watch == "ends":
+                return iter(())
+        raise ApiUnavailable("API server unreachable: connection reset by peer")
+
+
+@pytest.mark.parametrize("first_watch", ["cut", "ends"])
+def test_retries_back_off_further_each_time_and_afresh_after_a_healthy_watch(first_watch: str) -> None:
+    backoff = CountingBackoff()
+    recorder = Recorder()
+    source = Unsteady(healthy_s=1.5, first_watch=first_watch)  # longer than a failing stream runs
+    running = Running(reflector(source, recorder, backoff=backoff))
+    recorder.wait(lambda: len(backoff.attempts) >= 6, "three failed lists, the cut watch, two more")
+    running.stop()
+    assert source.lists == 4 and len(recorder.lists) == 1  # the watch resumes: no relist
+    # Each failed list waits longer than the one before; the failures before the list do not count
+    # against a watch that ran well, so the failure after it waits the first wait again, then longer.
+    assert backoff.attempts[:6] == [0, 1, 2, 0, 1, 2]
+
+
+class GoneOnWatch:
+    """A source whose first watch is refused with an HTTP 410 (not a 410 ERROR event), then silent."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+        self.watches = 0
+        self.released = threading.Event()
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        self.lists += 1
+        items = [pod("kept")] if self.lists == 1 else [pod("relisted")]
+        return {"items": items, "metadata": {"resourceVersion": str(self.lists)}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        self.watches += 1
+        if self.watches == 1:
+            raise ApiError(410, "Expired", "too old resource version: 1 (5)")
+        self.released.wait(10)
+        return iter(())
+
+
+def test_a_watch_refused_with_http_410_relists_without_counting_a_failure() -> None:
+    source = GoneOnWatch()
+    recorder = Recorder()
+    running = Running(reflector(source, recorder))
+    recorder.wait(lambda: len(recorder.lists) == 2, "the relist after the 410")
+    source.released.set()
+    running.stop()
+    assert [name for _, name in recorder.lists[1].items] == ["relisted"]
+    assert running.reflector.relists_gone == 1 and recorder.failures == []
+
+
+class AlwaysGone:
+    """A source with no history: every watch is refused at once, by an HTTP 410 or a 410 ERROR event."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.lists = 0
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        self.lists += 1
+        return {"items": [], "metadata": {"resourceVersion": str(self.lists)}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        if self.how == "http":
+            raise ApiError(410, "Expired", f"too old resource version: {resource_version}")
+        status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
+        return iter([{"type": "ERROR", "object": status}])
+
+
+@pytest.mark.parametrize("how", ["http", "event"])
+def test_a_server_that_refuses_every_watch_with_410_is_relisted_after_growing_waits(how: str) -> None:
+    backoff = CountingBackoff()
+    recorder = Recorder()
+    source = AlwaysGone(how)
+    running = Running(reflector(source, recorder, backoff=backoff))
+    recorder.wait(lambda: len(recorder.lists) >= 4, "four lists")
+    running.stop()
+    # Every relist but the first waited, longer each time: the server is not hammered.
+    assert backoff.attempts[:3] == [0, 1, 2]
+    assert len(backoff.attempts) >= len(recorder.lists) - 1 and recorder.failures == []

@@ -274,3 +274,44 @@ async def test_uids_follow_the_pods_held(cache: ClusterCache, apiserver: ApiServ
     apiserver.delete("Pod", "p1", "default")
     await until(lambda: not cache.has_pod_uid("u1"), "the deleted pod's uid is forgotten")
     assert not cache.has_pod_uid("u-cpu") and "default/cpu" not in cache.objects("pod")
+
+
+async def test_a_relist_after_410_takes_in_what_changed_in_the_gap_and_quota_follows(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
+    finishes_uid = apiserver.put(vgpu_pod(name="finishes"))["metadata"]["uid"]
+    first_uid = apiserver.put(vgpu_pod(name="recreated"))["metadata"]["uid"]
+    kube = client(apiserver, tmp_path)
+    cache = ClusterCache(kube, watch_timeout_seconds=5, retry_seconds=0.05)
+    quota = build_quota(cache, Config(), WebhookMetrics())
+    assert isinstance(quota, KnownNamespaceQuota) and isinstance(quota.gate, NamespaceQuota)
+    ledger = quota.gate.ledger
+    seen: list[tuple[str, str, str]] = []
+    cache.subscribe(
+        "pod", lambda e: seen.append((e.type, e.obj["metadata"]["name"], e.obj["metadata"]["uid"]))
+    )
+    await cache.start()
+    try:
+        async with asyncio.timeout(10):
+            await cache.wait_synced()
+        assert ledger.usage("default").number == 2
+        apiserver.set_outage(True)  # the watch sees none of what follows
+        finished = apiserver.get("Pod", "finishes", "default")
+        assert finished is not None
+        finished["status"]["phase"] = "Succeeded"  # a finished pod holds no quota
+        apiserver.put(finished)
+        apiserver.delete("Pod", "recreated", "default")
+        second_uid = apiserver.put(vgpu_pod(name="recreated"))["metadata"]["uid"]
+        apiserver.expire_history()
+        apiserver.set_outage(False)  # it resumes from a compacted version: 410, relist
+        await until(lambda: cache.relists["pod"] == 2, "the relist after 410", 30)
+        assert cache.objects("pod")["default/finishes"]["status"]["phase"] == "Succeeded"
+        assert not cache.has_pod_uid(first_uid) and cache.has_pod_uid(second_uid)
+        # Same names, new states: the relist reports them as the changes they are.
+        assert ("modified", "finishes", finishes_uid) in seen
+        assert ("deleted", "recreated", first_uid) in seen and ("added", "recreated", second_uid) in seen
+        assert ledger.usage("default").number == 1  # the re-created pod alone
+    finally:
+        await cache.stop()
+        kube.close()

@@ -16,6 +16,7 @@ from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.devices import DeviceRecord, encode_pod_devices
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import (
+    HOSTNAME_LABEL,
     NOUSE_GPUTYPE,
     NOUSE_GPUUUID,
     USE_GPUTYPE,
@@ -223,11 +224,17 @@ def test_decisions_from_reduced_pods_equal_those_from_whole_pods(corpus: list[di
 @given(
     st.lists(st.sampled_from(NODES), min_size=1, max_size=3),
     st.dictionaries(st.sampled_from(["team", "topology.kubernetes.io/zone"]), st.just("x"), max_size=2),
+    # Cloud nodes are often named apart from their hostname label, which placement's affinity names.
+    st.sampled_from([None, "ip-10-0-3-7.ec2.internal"]),
 )
-def test_nodes_reduce_to_the_same_inventory_facts(nodes: list[dict[str, Any]], noise: dict[str, str]) -> None:
+def test_nodes_reduce_to_the_same_inventory_facts(
+    nodes: list[dict[str, Any]], noise: dict[str, str], hostname: str | None
+) -> None:
     for original in nodes:
         node = copy.deepcopy(original)
         node["metadata"]["labels"] |= noise
+        if hostname is not None:
+            node["metadata"]["labels"][HOSTNAME_LABEL] = hostname
         node["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] = "0"
         node["status"] = {"allocatable": {"cpu": "64", "volcano.sh/vgpu-number": "80"}, "images": ["x"] * 50}
         slim = reduce_node(node)

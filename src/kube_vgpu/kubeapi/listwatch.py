@@ -249,6 +249,7 @@ class Reflector(Generic[T]):
         version: str | None = None
         attempt = 0  # failures since the last success, for the backoff
         while not self._stopping.is_set():
+            started: float | None = None  # when this round's watch began (None: it never did)
             try:
                 if version is None:
                     listed = self._list()
@@ -268,6 +269,8 @@ class Reflector(Generic[T]):
                     if events == 0 and time.monotonic() - started < _HEALTHY_WATCH_SECONDS:
                         self._pause(attempt)
                         attempt += 1
+                    else:
+                        attempt = 0
                     continue
                 if events or time.monotonic() - started >= _HEALTHY_WATCH_SECONDS:
                     attempt = 0
@@ -277,6 +280,13 @@ class Reflector(Generic[T]):
                     self.relists_gone += 1
                     log.info("event=relist reflector=%s reason=gone", self.name)
                     version = None
+                    if started is not None and time.monotonic() - started >= _HEALTHY_WATCH_SECONDS:
+                        attempt = 0
+                        continue
+                    # Refused at once, like a 410 event at once: wait before the relist.
+                    if self._pause(attempt):
+                        return
+                    attempt += 1
                     continue
                 self._failed(exc)
             except ApiUnavailable as exc:
@@ -287,6 +297,10 @@ class Reflector(Generic[T]):
             except Exception as exc:  # a garbled answer: a loop that dies would leave its user stale
                 self._failed(exc)
                 version = None
+            if started is not None and time.monotonic() - started >= _HEALTHY_WATCH_SECONDS:
+                # A watch that ran well before it failed was a success: the failures before it
+                # (a list retried through an outage) must not lengthen the wait after its cut.
+                attempt = 0
             if self._pause(attempt):
                 return
             attempt += 1

@@ -67,12 +67,16 @@ class NodeApi:
         items: list[dict[str, Any]] = result.get("items") or []
         return items
 
-    def read_pods(self, *, timeout: Any) -> tuple[list[dict[str, Any]], str]:
-        """The pods bound to this node and the list's resourceVersion, blocking: the pod watch lists
-        with it on its own thread before watching from that version."""
-        result = self.kube.list("pod", field_selector=self._pod_selector, timeout=timeout)
-        items: list[dict[str, Any]] = result.get("items") or []
-        return items, str((result.get("metadata") or {}).get("resourceVersion", ""))
+    def list_pods_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
+        """One page of the list of pods bound to this node (the raw List), blocking: the pod watch
+        reads the list with it on its own thread, page by page, before watching from its version."""
+        return self.kube.list(
+            "pod",
+            field_selector=self._pod_selector,
+            timeout=timeout,
+            limit=limit,
+            continue_token=continue_token,
+        )
 
     def watch_pods(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
         """A blocking iterator of watch events of the pods bound to this node (on a thread of its own)."""
@@ -90,12 +94,22 @@ class NodeApi:
         return node
 
     def read_node(self, *, timeout: Any) -> tuple[dict[str, Any] | None, str]:
-        """This node's object (None when it does not exist) and the list's resourceVersion, blocking:
-        the node watch lists with it on its own thread before watching from that version."""
+        """This node's object (None when it does not exist) and the list's resourceVersion, blocking."""
         result = self.kube.list("node", field_selector=self._node_selector, timeout=timeout)
         items = result.get("items") or []
         version = str((result.get("metadata") or {}).get("resourceVersion", ""))
         return (items[0] if items else None), version
+
+    def list_node_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
+        """A page of the list of this node alone (the raw List), blocking: the node watch reads the
+        list with it on its own thread before watching from its version."""
+        return self.kube.list(
+            "node",
+            field_selector=self._node_selector,
+            timeout=timeout,
+            limit=limit,
+            continue_token=continue_token,
+        )
 
     async def patch_pod(
         self,

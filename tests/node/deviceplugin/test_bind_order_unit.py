@@ -110,9 +110,9 @@ class FlakyApi:
         self.watches: list[str] = []
         self.stop, self.released = threading.Event(), threading.Event()
 
-    def read_pods(self, *, timeout: Any) -> tuple[list[dict[str, Any]], str]:
+    def list_pods_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
         self.lists += 1
-        return [], "10"
+        return {"items": [], "metadata": {"resourceVersion": "10"}}
 
     def watch_pods(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
         self.watches.append(version)
@@ -156,11 +156,11 @@ class GarbledNodeApi:
         self.reads = 0
         self.watching, self.released = threading.Event(), threading.Event()
 
-    def read_node(self, *, timeout: Any) -> tuple[dict[str, Any] | None, str]:
+    def list_node_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
         self.reads += 1
         if self.reads == 1:
             raise json.JSONDecodeError("Unterminated string", '{"items": [', 11)
-        return None, "5"
+        return {"items": [], "metadata": {"resourceVersion": "5"}}
 
     def watch_node(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
         self.watching.set()

@@ -190,6 +190,20 @@ def test_a_page_at_the_limit_and_one_past_it(apiserver: ApiServerStandin, core: 
     assert short.metadata.remaining_item_count == 1
 
 
+def test_a_filtered_page_has_no_remaining_item_count(
+    apiserver: ApiServerStandin, core: client.CoreV1Api
+) -> None:
+    # kube-apiserver's storage (etcd3 store.go) counts the rest of the key range, matching or not, so
+    # it leaves remainingItemCount out whenever a selector filters the list; the continue stays.
+    for index in range(4):
+        apiserver.put(pod(f"p{index}", node="n1" if index % 2 else "n2"))
+    mine = core.list_namespaced_pod("default", limit=1, field_selector="spec.nodeName=n1")
+    assert names(mine.items) == ["p1"] and mine.metadata._continue
+    assert mine.metadata.remaining_item_count is None
+    unfiltered = core.list_namespaced_pod("default", limit=1)
+    assert unfiltered.metadata.remaining_item_count == 3
+
+
 def test_compact_objects_are_served_like_any_other(
     apiserver: ApiServerStandin, core: client.CoreV1Api
 ) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from kube_vgpu.kubeapi.client import WatchInterrupt
-from kube_vgpu.kubeapi.listwatch import Backoff, Handlers, Listed, Reflector, WatchEvent
+from kube_vgpu.kubeapi.listwatch import DEFAULT_PAGE_SIZE, Backoff, Handlers, Listed, Reflector, WatchEvent
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder
 
@@ -25,15 +25,15 @@ _MAX_RETRY_SECONDS = 30.0
 
 
 class _NodePods:
-    """The reflector's source: this node's pods (a node holds ~110 pods: one page is the whole list)."""
+    """The reflector's source: this node's pods, listed in pages like every other list (a node holds
+    about 110 pods, so most lists are one page), and their watch."""
 
     def __init__(self, api: NodeApi, budget: float) -> None:
         self._api = api
         self._budget = budget
 
     def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
-        pods, version = self._api.read_pods(timeout=self._budget)
-        return {"items": pods, "metadata": {"resourceVersion": version}}
+        return self._api.list_pods_page(limit, continue_token, timeout=self._budget)
 
     def watch(
         self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
@@ -45,7 +45,15 @@ class _NodePods:
 class PodWatch:
     """Feeds a BindOrder from a list+watch; `wait_known` lets an Allocate wait for it to catch up."""
 
-    def __init__(self, api: NodeApi, order: BindOrder, *, call_budget: float, watch_timeout: int) -> None:
+    def __init__(
+        self,
+        api: NodeApi,
+        order: BindOrder,
+        *,
+        call_budget: float,
+        watch_timeout: int,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> None:
         self._api = api
         self.order = order
         self._budget = call_budget
@@ -57,6 +65,7 @@ class PodWatch:
             Handlers(listed=self._post_list, event=self._post_event),
             transform=lambda pod: pod,
             name=f"node-pods/{api.node_name}",
+            page_size=page_size,
             watch_timeout_seconds=watch_timeout,
             backoff=Backoff(initial=_RETRY_SECONDS, maximum=_MAX_RETRY_SECONDS),
         )

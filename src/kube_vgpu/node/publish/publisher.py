@@ -45,8 +45,7 @@ class _ThisNode:
         self._budget = budget
 
     def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
-        node, version = self._api.read_node(timeout=self._budget)
-        return {"items": [] if node is None else [node], "metadata": {"resourceVersion": version}}
+        return self._api.list_node_page(limit, continue_token, timeout=self._budget)
 
     def watch(
         self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int

@@ -1,0 +1,87 @@
+"""The node plugin's two watches (its pods, its Node) read their lists through the one reflector as
+every other list is read: in pages (`limit`/`continue`), against the stand-in API server through the
+real client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_vgpu.contract.config import ResourceNames
+from kube_vgpu.kubeapi.client import Kube, load_api_client
+from kube_vgpu.node.api import NodeApi
+from kube_vgpu.node.deviceplugin.bind_order import BindOrder
+from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
+from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.publish.publisher import NodePublisher
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.node import GPUS, NODE, node_object
+
+
+def bound(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+    }
+
+
+@pytest.fixture
+def api(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[NodeApi]:
+    kube = Kube(load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))))
+    node_api = NodeApi(kube, NODE)
+    yield node_api
+    node_api.close()
+    kube.close()
+
+
+def list_requests(apiserver: ApiServerStandin, path: str) -> list[dict[str, str]]:
+    return [r.query for r in apiserver.requests("GET", path) if r.query.get("watch") is None]
+
+
+async def test_the_pod_watch_lists_this_nodes_pods_page_by_page(
+    apiserver: ApiServerStandin, api: NodeApi
+) -> None:
+    mine = [apiserver.put(bound(f"p{index}", NODE)) for index in range(5)]
+    elsewhere = apiserver.put(bound("other", "gpu-node-2"))
+    watch = PodWatch(api, BindOrder(), call_budget=5.0, watch_timeout=5, page_size=2)
+    loop = asyncio.get_running_loop()
+    thread = loop.run_in_executor(None, watch.watch_forever, loop)
+    try:
+        assert await watch.wait_known(mine, within=10)
+    finally:
+        watch.stop()
+        await thread
+    assert not watch.order.knows(elsewhere)
+    lists = list_requests(apiserver, "/api/v1/pods")
+    assert [q.get("limit") for q in lists] == ["2", "2", "2"]  # 5 pods: pages of 2, 2 and 1
+    assert all(q.get("fieldSelector") == f"spec.nodeName={NODE}" for q in lists)
+    assert "continue" not in lists[0] and all(q.get("continue") for q in lists[1:])
+
+
+async def test_the_node_watch_lists_its_node_in_a_page_and_sees_a_drift_there(
+    apiserver: ApiServerStandin, api: NodeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    apiserver.put(node_object())  # as the kubelet registered it: nothing published yet, so drifted
+    publisher = NodePublisher(
+        api, Inventory(list(GPUS), 10, NODE), mode="hami-core", names=ResourceNames(), interval=30
+    )
+    loop = asyncio.get_running_loop()
+    caplog.set_level(logging.INFO, logger="kube_vgpu.node.publisher")
+    thread = loop.run_in_executor(None, publisher.watch_forever, loop)
+    try:
+        async with asyncio.timeout(10):
+            while "event=node_drift" not in caplog.text:  # noqa: ASYNC110 - logged on the loop
+                await asyncio.sleep(0.01)
+    finally:
+        publisher.stop_watch()
+        await thread
+    (listed,) = list_requests(apiserver, "/api/v1/nodes")
+    assert listed.get("limit") == "500" and listed.get("fieldSelector") == f"metadata.name={NODE}"
