@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, PatchType, WatchInterrupt
+from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, PatchType
+from kube_vgpu.kubeapi.listwatch import KubeSource
 from kube_vgpu.node.deviceplugin.selection import PodRef
 from kube_vgpu.node.events import EventRecorder
 
@@ -67,26 +68,9 @@ class NodeApi:
         items: list[dict[str, Any]] = result.get("items") or []
         return items
 
-    def list_pods_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
-        """One page of the list of pods bound to this node (the raw List), blocking: the pod watch
-        reads the list with it on its own thread, page by page, before watching from its version."""
-        return self.kube.list(
-            "pod",
-            field_selector=self._pod_selector,
-            timeout=timeout,
-            limit=limit,
-            continue_token=continue_token,
-        )
-
-    def watch_pods(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
-        """A blocking iterator of watch events of the pods bound to this node (on a thread of its own)."""
-        return self.kube.watch(
-            "pod",
-            resource_version,
-            field_selector=self._pod_selector,
-            timeout_seconds=timeout_seconds,
-            interrupt=interrupt,
-        )
+    def pods_source(self, list_timeout: float) -> KubeSource:
+        """The pods bound to this node as the pod watch's reflector lists (in pages) and watches them."""
+        return KubeSource(self.kube, "pod", field_selector=self._pod_selector, list_timeout=list_timeout)
 
     async def node(self, budget: float) -> dict[str, Any] | None:
         """This node's object (None when it does not exist)."""
@@ -100,16 +84,9 @@ class NodeApi:
         version = str((result.get("metadata") or {}).get("resourceVersion", ""))
         return (items[0] if items else None), version
 
-    def list_node_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
-        """A page of the list of this node alone (the raw List), blocking: the node watch reads the
-        list with it on its own thread before watching from its version."""
-        return self.kube.list(
-            "node",
-            field_selector=self._node_selector,
-            timeout=timeout,
-            limit=limit,
-            continue_token=continue_token,
-        )
+    def node_source(self, list_timeout: float) -> KubeSource:
+        """This node alone (by `metadata.name`) as the publisher's reflector lists and watches it."""
+        return KubeSource(self.kube, "node", field_selector=self._node_selector, list_timeout=list_timeout)
 
     async def patch_pod(
         self,
@@ -145,16 +122,6 @@ class NodeApi:
     async def create_event(self, event: Mapping[str, Any], namespace: str) -> dict[str, Any]:
         """Create one core v1 Event (see src/kube_vgpu/node/events.py)."""
         return await self._run(EVENT_BUDGET_SECONDS, self.kube.create, "event", event, namespace=namespace)
-
-    def watch_node(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
-        """A blocking iterator of this node's watch events (run it on a thread of its own)."""
-        return self.kube.watch(
-            "node",
-            resource_version,
-            field_selector=self._node_selector,
-            timeout_seconds=timeout_seconds,
-            interrupt=interrupt,
-        )
 
     def close(self) -> None:
         """Wait for calls still on their threads (each bounded by its own timeout) and release them."""

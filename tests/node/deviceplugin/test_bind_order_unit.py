@@ -110,11 +110,14 @@ class FlakyApi:
         self.watches: list[str] = []
         self.stop, self.released = threading.Event(), threading.Event()
 
-    def list_pods_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
+    def pods_source(self, list_timeout: float) -> FlakyApi:
+        return self  # the reflector's source: list_page and watch below
+
+    def list_page(self, limit: int, continue_token: str | None) -> dict[str, Any]:
         self.lists += 1
         return {"items": [], "metadata": {"resourceVersion": "10"}}
 
-    def watch_pods(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
+    def watch(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
         self.watches.append(version)
         if len(self.watches) == 1:
             raise json.JSONDecodeError("Unterminated string", '{"type": "ADD', 13)
@@ -156,13 +159,16 @@ class GarbledNodeApi:
         self.reads = 0
         self.watching, self.released = threading.Event(), threading.Event()
 
-    def list_node_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
+    def node_source(self, list_timeout: float) -> GarbledNodeApi:
+        return self  # the reflector's source: list_page and watch below
+
+    def list_page(self, limit: int, continue_token: str | None) -> dict[str, Any]:
         self.reads += 1
         if self.reads == 1:
             raise json.JSONDecodeError("Unterminated string", '{"items": [', 11)
         return {"items": [], "metadata": {"resourceVersion": "5"}}
 
-    def watch_node(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
+    def watch(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
         self.watching.set()
         self.released.wait(10)
         yield from ()

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kube_vgpu.kubeapi.client import WatchInterrupt
 from kube_vgpu.kubeapi.listwatch import DEFAULT_PAGE_SIZE, Backoff, Handlers, Listed, Reflector, WatchEvent
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder
@@ -22,24 +21,6 @@ log = logging.getLogger("kube_vgpu.node.pod_watch")
 
 _RETRY_SECONDS = 1.0
 _MAX_RETRY_SECONDS = 30.0
-
-
-class _NodePods:
-    """The reflector's source: this node's pods, listed in pages like every other list (a node holds
-    about 110 pods, so most lists are one page), and their watch."""
-
-    def __init__(self, api: NodeApi, budget: float) -> None:
-        self._api = api
-        self._budget = budget
-
-    def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
-        return self._api.list_pods_page(limit, continue_token, timeout=self._budget)
-
-    def watch(
-        self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
-    ) -> Iterator[dict[str, Any]]:
-        stream: Iterator[dict[str, Any]] = self._api.watch_pods(resource_version, interrupt, timeout_seconds)
-        return stream
 
 
 class PodWatch:
@@ -61,7 +42,7 @@ class PodWatch:
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reflector: Reflector[dict[str, Any]] = Reflector(
-            _NodePods(api, call_budget),
+            api.pods_source(call_budget),
             Handlers(listed=self._post_list, event=self._post_event),
             transform=lambda pod: pod,
             name=f"node-pods/{api.node_name}",

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.names import NODE_HANDSHAKE
-from kube_vgpu.kubeapi.client import KubeError, WatchInterrupt
+from kube_vgpu.kubeapi.client import KubeError
 from kube_vgpu.kubeapi.listwatch import Backoff, Handlers, Listed, Reflector, WatchEvent
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.nvml.inventory import Inventory
@@ -35,23 +35,6 @@ log = logging.getLogger("kube_vgpu.node.publisher")
 
 _RETRY_SECONDS = 2.0
 _MAX_WATCH_RETRY_SECONDS = 30.0
-
-
-class _ThisNode:
-    """The reflector's source: this node alone (a list by `metadata.name`, and its watch)."""
-
-    def __init__(self, api: NodeApi, budget: float) -> None:
-        self._api = api
-        self._budget = budget
-
-    def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
-        return self._api.list_node_page(limit, continue_token, timeout=self._budget)
-
-    def watch(
-        self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
-    ) -> Iterator[dict[str, Any]]:
-        stream: Iterator[dict[str, Any]] = self._api.watch_node(resource_version, interrupt, timeout_seconds)
-        return stream
 
 
 class NodeMissing(Exception):
@@ -84,7 +67,7 @@ class NodePublisher:
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reflector: Reflector[dict[str, Any]] = Reflector(
-            _ThisNode(api, call_budget),
+            api.node_source(call_budget),
             # The list is the "list" of list-then-watch: a drift that happened before the watch
             # starts shows only there, never as an event.
             Handlers(listed=self._post_list, event=self._post_event),
