@@ -297,12 +297,13 @@ def test_backoff_grows_to_its_maximum_with_jitter_on_top() -> None:
 
 
 def test_refused_settings_name_what_is_wrong() -> None:
-    Backoff(initial=0.5, maximum=0.5, factor=1, jitter=0)  # the edges are accepted
+    Backoff(initial=0.5, maximum=0.5, factor=1, jitter=0, reset_after=1e-9)  # the edges are accepted
     cases: list[tuple[dict[str, float], str]] = [
         ({"initial": 0}, "0 < initial <= maximum"),
         ({"initial": 2, "maximum": 1}, "0 < initial <= maximum"),
         ({"factor": 0.99}, "factor >= 1"),
         ({"jitter": -0.01}, "jitter >= 0"),
+        ({"reset_after": 0}, "reset_after > 0"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -338,13 +339,26 @@ class CountingBackoff(Backoff):
         return 0.02
 
 
+class Scripted:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Unsteady:
     """A source that fails its first three lists, then lists; its first watch runs well for a while
-    and is then cut (a connection reset) or ended by the server, and every later watch fails at once."""
+    (past the backoff's calm spell, on the clock the test moves) and is then cut (a connection reset)
+    or ended by the server, and every later watch fails at once."""
 
-    def __init__(self, healthy_s: float, first_watch: str) -> None:
+    def __init__(self, healthy_s: float, first_watch: str, clock: Scripted, calm_s: float) -> None:
         self.healthy_s = healthy_s
         self.first_watch = first_watch
+        self.clock = clock
+        self.calm_s = calm_s
         self.lists = 0
         self.watches = 0
 
@@ -358,6 +372,7 @@ class Unsteady:
         self.watches += 1
         if self.watches == 1:
             time.sleep(self.healthy_s)
+            self.clock.now += self.calm_s
             if self.first_watch == "ends":
                 return iter(())
         raise ApiUnavailable("API server unreachable: connection reset by peer")
@@ -365,15 +380,18 @@ class Unsteady:
 
 @pytest.mark.parametrize("first_watch", ["cut", "ends"])
 def test_retries_back_off_further_each_time_and_afresh_after_a_healthy_watch(first_watch: str) -> None:
-    backoff = CountingBackoff()
+    clock = Scripted()
+    backoff = CountingBackoff(reset_after=120.0, clock=clock)
     recorder = Recorder()
-    source = Unsteady(healthy_s=1.5, first_watch=first_watch)  # longer than a failing stream runs
+    # Longer than a failing stream runs, and (on the backoff's clock) longer than its calm spell.
+    source = Unsteady(healthy_s=1.1, first_watch=first_watch, clock=clock, calm_s=120.5)
     running = Running(reflector(source, recorder, backoff=backoff))
     recorder.wait(lambda: len(backoff.attempts) >= 6, "three failed lists, the cut watch, two more")
     running.stop()
     assert source.lists == 4 and len(recorder.lists) == 1  # the watch resumes: no relist
     # Each failed list waits longer than the one before; the failures before the list do not count
-    # against a watch that ran well, so the failure after it waits the first wait again, then longer.
+    # against a watch that ran well past the calm spell, so the failure after it waits the first wait
+    # again, then longer.
     assert backoff.attempts[:6] == [0, 1, 2, 0, 1, 2]
 
 
@@ -433,8 +451,156 @@ def test_a_server_that_refuses_every_watch_with_410_is_relisted_after_growing_wa
     recorder = Recorder()
     source = AlwaysGone(how)
     running = Running(reflector(source, recorder, backoff=backoff))
-    recorder.wait(lambda: len(recorder.lists) >= 4, "four lists")
+    recorder.wait(lambda: len(recorder.lists) >= 5, "five lists")
     running.stop()
-    # Every relist but the first waited, longer each time: the server is not hammered.
+    # The first relist (after the calm start) is at once; every later one waited, longer each time:
+    # the server is not hammered.
     assert backoff.attempts[:3] == [0, 1, 2]
-    assert len(backoff.attempts) >= len(recorder.lists) - 1 and recorder.failures == []
+    assert len(backoff.attempts) >= len(recorder.lists) - 2 and recorder.failures == []
+
+
+def until(condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+    """Poll for a condition no handler reports (the waits a backoff was asked for)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+class BookmarkThenGone:
+    """A flapping server: every watch opens, sends one bookmark, and is ended at once with a 410 ERROR
+    event (or is cut). A stream that carried something is not a calm one: the relists must back off."""
+
+    def __init__(self, end: str) -> None:
+        self.end = end
+        self.lists = 0
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        self.lists += 1
+        return {"items": [], "metadata": {"resourceVersion": str(self.lists)}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": resource_version + "0"}}}
+        if self.end == "cut":
+            raise ApiUnavailable("API server unreachable: connection reset by peer")
+        yield {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+
+
+@pytest.mark.parametrize("end", ["gone", "cut"])
+def test_a_watch_that_dies_right_after_one_event_is_retried_after_growing_waits(end: str) -> None:
+    backoff = CountingBackoff()
+    recorder = Recorder()
+    source = BookmarkThenGone(end)
+    running = Running(reflector(source, recorder, backoff=backoff))
+    until(lambda: len(backoff.attempts) >= 4, "four waits")
+    running.stop()
+    assert backoff.attempts[:4] == [0, 1, 2, 3]
+
+
+class ShortLived:
+    """A flapping server whose every watch runs a little over the short-watch second, then is cut or
+    ended with a 410 ERROR event: it is no healthy server, and must not be retried at the first wait."""
+
+    def __init__(self, end: str) -> None:
+        self.end = end
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        return {"items": [], "metadata": {"resourceVersion": "7"}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        time.sleep(1.05)
+        if self.end == "cut":
+            raise ApiUnavailable("API server unreachable: connection reset by peer")
+        return iter([{"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}])
+
+
+@pytest.mark.parametrize("end", ["gone", "cut"])
+def test_a_server_that_cuts_every_watch_after_a_second_is_retried_after_growing_waits(end: str) -> None:
+    backoff = CountingBackoff()
+    recorder = Recorder()
+    running = Running(reflector(ShortLived(end), recorder, backoff=backoff))
+    until(lambda: len(backoff.attempts) >= 3, "three waits")
+    running.stop()
+    # client-go's reflector restarts its backoff only after two minutes without one, not after a watch
+    # that outlived the one-second "very short watch" test.
+    assert backoff.attempts[:3] == [0, 1, 2]
+
+
+class ExpiringContinue:
+    """A server whose continue tokens have always expired: every second page is refused with 410."""
+
+    def __init__(self) -> None:
+        self.first_pages = 0
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        if continue_token is not None:
+            raise ApiError(410, "Expired", "The provided continue parameter is too old")
+        self.first_pages += 1
+        return {"items": [pod("p")], "metadata": {"resourceVersion": "3", "continue": "next"}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        raise AssertionError("never listed, never watched")
+
+
+def test_continue_tokens_that_always_expire_restart_the_list_after_growing_waits() -> None:
+    backoff = CountingBackoff()
+    recorder = Recorder()
+    source = ExpiringContinue()
+    running = Running(reflector(source, recorder, backoff=backoff))
+    until(lambda: len(backoff.attempts) >= 3, "three waits")
+    running.stop()
+    # The first expiry restarts at once (as client-go's pager retries at once); the next ones wait.
+    assert backoff.attempts[:3] == [0, 1, 2] and recorder.lists == []
+    assert running.reflector.expired_continues - len(backoff.attempts) in (0, 1)
+
+
+class SameToken:
+    """A server that answers a continue token with a page that names the same token again."""
+
+    def __init__(self) -> None:
+        self.pages = 0
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        self.pages += 1
+        return {"items": [pod(f"p{self.pages}")], "metadata": {"resourceVersion": "3", "continue": "again"}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        raise AssertionError("never listed, never watched")
+
+
+def test_a_continue_token_answered_with_itself_fails_the_list_with_a_reason() -> None:
+    recorder = Recorder()
+    source = SameToken()
+    running = Running(reflector(source, recorder))
+    recorder.wait(lambda: bool(recorder.failures), "the list refused", limit_s=5)
+    running.stop()
+    assert "sent back the continue token it was given ('again')" in str(recorder.failures[0])
+    assert recorder.lists == []
+
+
+class FailingAfter:
+    """Every watch fails at once, after moving the backoff's clock by the next scripted amount."""
+
+    def __init__(self, clock: Scripted, quiet: list[float]) -> None:
+        self.clock = clock
+        self.quiet = quiet
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        return {"items": [], "metadata": {"resourceVersion": "7"}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        self.clock.now += self.quiet.pop(0) if self.quiet else 0.0
+        raise ApiUnavailable("API server unreachable: connection refused")
+
+
+def test_the_backoff_restarts_after_reset_after_seconds_without_a_wait_and_not_before() -> None:
+    clock = Scripted()
+    backoff = CountingBackoff(reset_after=120.0, clock=clock)
+    recorder = Recorder()
+    running = Running(
+        reflector(FailingAfter(clock, [0.0, 0.0, 120.0, 120.001, 0.0]), recorder, backoff=backoff)
+    )
+    until(lambda: len(backoff.attempts) >= 5, "five waits")
+    running.stop()
+    # 120 s without a wait is not yet calm; just past it is, and the count starts again.
+    assert backoff.attempts[:5] == [0, 1, 2, 0, 1]

@@ -31,8 +31,8 @@ Transform = Callable[[dict[str, Any]], "T | None"]
 
 # client-go's pager reads 500 objects a page.
 DEFAULT_PAGE_SIZE = 500
-# A watch stream shorter than this that carried nothing does not reset the backoff: a server that
-# ends every watch at once must not turn the loop into a busy loop against it.
+# A watch stream shorter than this that carried nothing is retried after a wait (client-go's "very short
+# watch"): a server that ends every watch at once must not turn the loop into a busy loop against it.
 _HEALTHY_WATCH_SECONDS = 1.0
 
 
@@ -168,19 +168,26 @@ class Handlers(Generic[T]):
 @dataclass(frozen=True)
 class Backoff:
     """Exponential backoff with jitter, as client-go's reflector retries: each delay is the base
-    times a random factor in [1, 1 + jitter], and the base doubles up to `maximum`."""
+    times a random factor in [1, 1 + jitter], and the base doubles up to `maximum`. The count starts
+    again once the loop has gone `reset_after` seconds (by `clock`) without a wait, as client-go's
+    backoff manager does after 2 minutes: a watch that lasts a second or two before it dies again is
+    no sign of a healthy server."""
 
     initial: float = 0.8
     maximum: float = 30.0
     factor: float = 2.0
     jitter: float = 1.0
+    reset_after: float = 120.0
     rng: random.Random = field(default_factory=random.Random, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.initial <= self.maximum:
             raise ValueError(f"backoff needs 0 < initial <= maximum, got {self.initial} and {self.maximum}")
         if self.factor < 1 or self.jitter < 0:
             raise ValueError(f"backoff needs factor >= 1 and jitter >= 0, got {self.factor}, {self.jitter}")
+        if not self.reset_after > 0:
+            raise ValueError(f"backoff needs reset_after > 0, got {self.reset_after}")
 
     def delay(self, attempt: int) -> float:
         """The wait before retry number `attempt` (0 = the first retry after a success)."""
@@ -224,6 +231,9 @@ class Reflector(Generic[T]):
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._interrupt: WatchInterrupt | None = None
+        # The backoff's state: waits since the last calm spell, and when the last retry was made.
+        self._attempt = 0
+        self._retried_at: float | None = None
         self.resource_version: str | None = None
         # Counters for logs, metrics and tests (written by the reflector's thread only).
         self.lists = 0
@@ -247,9 +257,7 @@ class Reflector(Generic[T]):
     def run(self) -> None:
         """List and watch until `stop` is called; never raises."""
         version: str | None = None
-        attempt = 0  # failures since the last success, for the backoff
         while not self._stopping.is_set():
-            started: float | None = None  # when this round's watch began (None: it never did)
             try:
                 if version is None:
                     listed = self._list()
@@ -261,32 +269,20 @@ class Reflector(Generic[T]):
                 version, events, gone = self._watch(version)
                 self.resource_version = version
                 if gone:
-                    # History is gone: relist and reconcile. Only a relist that is itself answered with
-                    # 410 at once waits first (a server with no history must not be hammered).
-                    self.relists_gone += 1
-                    log.info("event=relist reflector=%s reason=gone", self.name)
+                    # History is gone: relist and reconcile, at once after a calm spell, else after a
+                    # wait that grows (a server that ends every watch with 410 must not be hammered).
                     version = None
-                    if events == 0 and time.monotonic() - started < _HEALTHY_WATCH_SECONDS:
-                        self._pause(attempt)
-                        attempt += 1
-                    else:
-                        attempt = 0
+                    if self._relist_gone():
+                        return
                     continue
                 if events or time.monotonic() - started >= _HEALTHY_WATCH_SECONDS:
-                    attempt = 0
-                    continue
+                    continue  # a stream that carried something or lasted: resume it at once
             except ApiError as exc:
                 if exc.status == 410:
-                    self.relists_gone += 1
-                    log.info("event=relist reflector=%s reason=gone", self.name)
+                    # The watch call itself refused (or a list without a continue token): as above.
                     version = None
-                    if started is not None and time.monotonic() - started >= _HEALTHY_WATCH_SECONDS:
-                        attempt = 0
-                        continue
-                    # Refused at once, like a 410 event at once: wait before the relist.
-                    if self._pause(attempt):
+                    if self._relist_gone():
                         return
-                    attempt += 1
                     continue
                 self._failed(exc)
             except ApiUnavailable as exc:
@@ -297,13 +293,8 @@ class Reflector(Generic[T]):
             except Exception as exc:  # a garbled answer: a loop that dies would leave its user stale
                 self._failed(exc)
                 version = None
-            if started is not None and time.monotonic() - started >= _HEALTHY_WATCH_SECONDS:
-                # A watch that ran well before it failed was a success: the failures before it
-                # (a list retried through an outage) must not lengthen the wait after its cut.
-                attempt = 0
-            if self._pause(attempt):
+            if self._pause():
                 return
-            attempt += 1
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -312,9 +303,31 @@ class Reflector(Generic[T]):
         log.warning("event=listwatch_error reflector=%s error=%r", self.name, f"{type(exc).__name__}: {exc}")
         self._handlers.failed(exc)
 
-    def _pause(self, attempt: int) -> bool:
-        """Wait out the backoff; whether the reflector was stopped meanwhile."""
-        return self._stopping.wait(self.backoff.delay(attempt))
+    def _relist_gone(self) -> bool:
+        self.relists_gone += 1
+        log.info("event=relist reflector=%s reason=gone", self.name)
+        return self._pause(at_once_when_calm=True)
+
+    def _pause(self, *, at_once_when_calm: bool = False) -> bool:
+        """Wait out the backoff before the next retry; whether the reflector was stopped meanwhile.
+
+        The count of waits starts again after `backoff.reset_after` seconds without a retry (client-go
+        resets its backoff manager after 2 minutes without a backoff). `at_once_when_calm`: after such a
+        calm spell, retry at once (a 410 after a long healthy watch relists without delay); that retry
+        still counts, so the next one soon after waits, and the one after that longer.
+        """
+        now = self.backoff.clock()
+        calm = self._retried_at is None or now - self._retried_at > self.backoff.reset_after
+        if calm:
+            self._attempt = 0
+        if calm and at_once_when_calm:
+            self._retried_at = now
+            return self._stopping.is_set()
+        delay = self.backoff.delay(self._attempt)
+        self._attempt += 1
+        stopped = self._stopping.wait(delay)
+        self._retried_at = self.backoff.clock()  # calm is counted from the end of the wait
+        return stopped
 
     def _list(self) -> Listed[T] | None:
         """Every page, each reduced before the next is read; None when stopped midway.
@@ -337,7 +350,13 @@ class Reflector(Generic[T]):
                         if reduced is not None:
                             kept.append((object_key(obj), reduced))
                     del objects  # the page's objects go now, before the next page is read
-                    token = metadata.get("continue") or None
+                    sent, token = token, metadata.get("continue") or None
+                    if token is not None and token == sent:
+                        # kube-apiserver's next token always lies past the last key read: this list
+                        # would never end, and would hold more with every page.
+                        raise ValueError(
+                            f"the API server sent back the continue token it was given ({str(token)[:64]!r})"
+                        )
                     left = metadata.get("remainingItemCount")
                     remaining = left if isinstance(left, int) and not isinstance(left, bool) else None
                     if token is None:
@@ -351,6 +370,10 @@ class Reflector(Generic[T]):
                     raise
                 self.expired_continues += 1
                 log.info("event=relist reflector=%s reason=continue_expired pages_read=%d", self.name, pages)
+                # At once the first time (client-go's pager re-reads at once), then after growing
+                # waits: tokens that keep expiring must not turn into a loop of first-page reads.
+                if self._pause(at_once_when_calm=True):
+                    return None
 
     def _read_page(
         self, token: str | None, remaining: int | None

@@ -85,3 +85,54 @@ async def test_the_node_watch_lists_its_node_in_a_page_and_sees_a_drift_there(
         await thread
     (listed,) = list_requests(apiserver, "/api/v1/nodes")
     assert listed.get("limit") == "500" and listed.get("fieldSelector") == f"metadata.name={NODE}"
+
+
+class CompactingApi(NodeApi):
+    """The real NodeApi; after the first page of its pod list, a pod is bound, one is deleted and etcd
+    compacts past the list's version, so the continue token of the second page has expired."""
+
+    def __init__(self, kube: Kube, node: str, apiserver: ApiServerStandin) -> None:
+        super().__init__(kube, node)
+        self.apiserver = apiserver
+        self.pages = 0
+
+    def list_pods_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
+        page = super().list_pods_page(limit, continue_token, timeout=timeout)
+        self.pages += 1
+        if self.pages == 1:
+            self.apiserver.put(bound("late", NODE))
+            self.apiserver.delete("Pod", "p4", "default")
+            self.apiserver.expire_history()
+        return page
+
+
+async def test_an_expired_continue_token_mid_list_gives_the_bind_order_one_whole_fresh_list(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    mine = [apiserver.put(bound(f"p{index}", NODE)) for index in range(5)]
+    kube = Kube(load_api_client(str(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))))
+    api = CompactingApi(kube, NODE, apiserver)
+    order = BindOrder()
+    taken: list[list[str]] = []
+    listed = order.listed
+
+    def record(pods: Any) -> None:
+        pods = list(pods)
+        taken.append(sorted(p["metadata"]["name"] for p in pods))
+        listed(pods)
+
+    order.listed = record  # type: ignore[method-assign]
+    watch = PodWatch(api, order, call_budget=5.0, watch_timeout=5, page_size=2)
+    loop = asyncio.get_running_loop()
+    thread = loop.run_in_executor(None, watch.watch_forever, loop)
+    try:
+        assert await watch.wait_known(mine[:4], within=10)
+    finally:
+        watch.stop()
+        await thread
+        api.close()
+        kube.close()
+    # One list reached the bind order, the restarted one: neither the half read before the token
+    # expired (a pod missed or deleted counted) nor the two halves joined (p0, p1 twice).
+    assert taken == [["late", "p0", "p1", "p2", "p3"]]
+    assert api.pages == 1 + 3 and not order.knows(mine[4])
