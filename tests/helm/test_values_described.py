@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import pytest
 import yaml
 
@@ -119,6 +120,24 @@ def test_a_node_selector_replaces_the_default_instead_of_merging_with_it() -> No
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
     (default,) = render(None, kube_version="1.30").of_kind("DaemonSet")
     assert default["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+@pytest.mark.parametrize("empty", [None, {}])
+def test_an_empty_or_null_node_selector_keeps_the_default(empty: dict[str, str] | None) -> None:
+    # What values.yaml and docs/install.md say: `node.nodeSelector: null` (Helm's way of removing a
+    # value) or `{}` leaves the GPU-node default in place; neither selects every node.
+    (ds,) = render({"node": {"nodeSelector": empty}}, kube_version="1.30").of_kind("DaemonSet")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_a_groups_empty_selector_selects_every_node_and_null_is_refused() -> None:
+    # A group's own `nodeSelector: {}` gives its DaemonSet no selector at all (every node its
+    # tolerations allow); `null` there is refused by the schema, naming the field.
+    group = {"name": "default", "mode": "hami-core", "nodeSelector": {}}
+    (ds,) = render({"node": {"groups": [group]}}, kube_version="1.30").of_kind("DaemonSet")
+    assert "nodeSelector" not in ds["spec"]["template"]["spec"]
+    with pytest.raises(helm_python.HelmError, match="/node/groups/0/nodeSelector': got null, want object"):
+        render({"node": {"groups": [{**group, "nodeSelector": None}]}}, kube_version="1.30")
 
 
 def chart(*argv: str) -> subprocess.CompletedProcess[str]:
