@@ -87,6 +87,11 @@ def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
             "nodes.yaml: nodes[1] (node gpu-h100-mig): gpus[0].memoryMiB: expected an integer >= 1, got -5",
         ),
         (("nodes.yaml", "    mode: mig", "    mode: mig\n    gpu: []"), "nodes[1]: unknown key 'gpu'"),
+        # A count far past any server: named before any GPU is built (it used to run out the clock).
+        (
+            ("nodes.yaml", "count: 4", "count: 4000"),
+            "nodes[0] (node gpu-a100): gpus[0].count: 4000 more GPUs make 4000 on the node",
+        ),
         # The API server refuses a pod in a namespace that does not exist; the demo says so up front.
         (
             ("pods/01-plain-slice.yaml", "namespace: team-a", "namespace: team-z"),
