@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from kube_vgpu.contract.names import MODES
-from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 from kube_vgpu.node.simnvml.config import SimulationError, parse_simulation
 
 EXPECT_PREFIX = "demo.kube-vgpu.io/"
@@ -100,7 +100,7 @@ def _load(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ExampleError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:
-        return yaml.safe_load(text)
+        return safe_load(text)
     except yaml.YAMLError as exc:
         raise ExampleError(f"{path}: {yaml_problem(exc)}") from None
 

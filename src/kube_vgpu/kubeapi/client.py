@@ -27,7 +27,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 from kube_vgpu.kubeapi.permissions import Component, UndeclaredCall, Verb, declared
 
 log = logging.getLogger("kube_vgpu.kubeapi")
@@ -132,7 +132,7 @@ def _documents(paths: builtins.list[str]) -> builtins.list[Mapping[str, Any]]:
     for path in paths:
         try:
             with open(os.path.expanduser(path), encoding="utf-8") as stream:
-                document = yaml.safe_load(stream)
+                document = safe_load(stream)
         except OSError as exc:
             raise KubeConfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 from kube_vgpu.node.simnvml.profiles import MODELS
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
@@ -305,7 +305,7 @@ def parse_simulation(document: str | Mapping[str, Any], node_name: str) -> Simul
     node_name = _text(node_name, "node name")
     if isinstance(document, str):
         try:
-            document = yaml.safe_load(document)
+            document = safe_load(document)
         except yaml.YAMLError as exc:
             raise SimulationError(f"simulation file: {yaml_problem(exc)}") from None
     top = _mapping(document, "simulation file", _TOP_KEYS)
