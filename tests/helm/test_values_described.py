@@ -170,3 +170,19 @@ def test_the_offline_lint_passes_and_bad_values_are_one_line() -> None:
     assert "/webhook/replicas" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     unreadable = chart("template", "-f", "no-such-values.yaml")
     assert unreadable.returncode == 2 and "-f no-such-values.yaml: cannot read it" in unreadable.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (("a: " + "[" * 5000 + "]" * 5000 + "\n").encode(), "not valid YAML: nested too deeply"),
+        (b"webhook: \xff\xfe\n", "not UTF-8 text"),
+    ],
+)
+def test_a_hostile_values_file_is_one_line(tmp_path: Path, content: bytes, says: str) -> None:
+    # Both used to end the offline render in a RecursionError or UnicodeDecodeError traceback.
+    values = tmp_path / "values.yaml"
+    values.write_bytes(content)
+    result = chart("template", "-f", str(values))
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert f"-f {values}: {says}" in result.stderr and len(result.stderr.strip().splitlines()) == 1
