@@ -20,6 +20,8 @@ import helm_python
 import yaml
 from helm_python import _native
 
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
+
 CHART = Path(__file__).resolve().parents[1] / "helm" / "kube-vgpu"
 SEVERITY = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
 
@@ -44,11 +46,13 @@ def user_values(files: list[str], sets: list[str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name in files:
         try:
-            document = yaml.safe_load(Path(name).read_text(encoding="utf-8")) or {}
+            document = safe_load(Path(name).read_text(encoding="utf-8")) or {}
         except OSError as exc:
             raise BadInput(f"-f {name}: cannot read it ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise BadInput(f"-f {name}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         except yaml.YAMLError as exc:
-            raise BadInput(f"-f {name}: not valid YAML: {exc}") from None
+            raise BadInput(f"-f {name}: {yaml_problem(exc)}") from None
         if not isinstance(document, dict):
             raise BadInput(f"-f {name}: expected a mapping of values, got {type(document).__name__}")
         values = merge(values, document)

@@ -119,6 +119,10 @@ def test_the_log_says_why_files_were_written_and_never_reason_none(
         (["--host", "bad host"], "--host must be DNS names or IP addresses, got 'bad host'"),
         (["--host", "x", "--days", "30"], "--days must be more than 30"),
         (["--host", "x", "--days", "400", "--ca-days", "365"], "--ca-days must be at least --days (400)"),
+        # Past the bound, the dates would overflow (a traceback, before the bound existed).
+        (["--host", "x", "--days", "36501", "--ca-days", "36501"], "--days must be at most 36500"),
+        (["--host", "x", "--ca-days", "36501"], "--ca-days must be at most 36500"),
+        (["--host", "x", "--days", "99999999", "--ca-days", "99999999"], "--days must be at most 36500"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(
@@ -129,6 +133,18 @@ def test_bad_flags_are_one_line_and_exit_2(
     assert message in err
     assert err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_longest_validity_is_issued(tmp_path: Path) -> None:
+    assert (
+        main(
+            ["certs", "write", "--out", str(tmp_path), "--host", "x", "--days", "36500", "--ca-days", "36500"]
+        )
+        == 0
+    )
+    for name in ("ca.crt", "tls.crt"):
+        cert = x509.load_pem_x509_certificate((tmp_path / name).read_bytes())
+        assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days >= 36500
 
 
 def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -114,6 +114,24 @@ def test_a_node_that_node_check_finds_wanting_fails_the_run(tmp_path: Path) -> N
             "nodes.yaml: nodes[1] (node gpu-h100-mig): gpus[0].memoryMiB: expected an integer >= 1, got -5",
         ),
         (("nodes.yaml", "    mode: mig", "    mode: mig\n    gpu: []"), "nodes[1]: unknown key 'gpu'"),
+        # A count far past any server: named before any GPU is built (it used to run out the clock).
+        (
+            ("nodes.yaml", "count: 4", "count: 4000"),
+            "nodes[0] (node gpu-a100): gpus[0].count: 4000 more GPUs make 4000 on the node",
+        ),
+        # A name the API server would refuse, named up front (it used to be its traceback mid-run).
+        (("nodes.yaml", "name: gpu-a100", "name: GPU_A100"), "nodes[0].name: must be a DNS subdomain"),
+        # A pod the webhooks admit and the API server then refuses: named with its file.
+        (
+            ("pods/01-plain-slice.yaml", "  containers:", "  containerz:"),
+            '01-plain-slice.yaml: the API server refuses this pod: Pod "plain-slice" is invalid: '
+            "spec.containers: Required value",
+        ),
+        # A quantity the API server's decoder cannot read: refused before any webhook, named.
+        (
+            ("pods/01-plain-slice.yaml", 'volcano.sh/vgpu-number: "1"', "volcano.sh/vgpu-number: [1]"),
+            '01-plain-slice.yaml: the API server refuses this pod: Pod in version "v1" cannot be handled',
+        ),
         # The API server refuses a pod in a namespace that does not exist; the demo says so up front.
         (
             ("pods/01-plain-slice.yaml", "namespace: team-a", "namespace: team-z"),

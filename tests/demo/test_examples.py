@@ -71,3 +71,83 @@ def test_a_pod_without_a_namespace_is_told_where_namespaces_come_from(tmp_path: 
     (folder / "01.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n")
     with pytest.raises(ExampleError, match=r"namespaces\.yaml"):
         load_pods(folder)
+
+
+NODES = "nodes:\n  - {{name: {name}, mode: hami-core, gpus: [{{model: NVIDIA H200}}]}}\n"
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "says"),
+    [
+        # Nodes and pods are DNS subdomains (253 characters), namespaces DNS labels (63), as the API
+        # server validates them; a name it would refuse used to surface as its traceback mid-run.
+        ("node", "GPU_A100", "nodes[0].name: must be a DNS subdomain"),
+        ("node", "a" * 254, "at most 253 characters"),
+        ("namespace", "Team_A", "namespaces[0].name: must be a DNS label"),
+        ("namespace", "a" * 64, "at most 63 characters"),
+        ("namespace", "a.b", "must be a DNS label"),
+        ("pod", "Plain_Slice", "01.yaml: metadata.name: must be a DNS subdomain"),
+        ("pod", "a" * 254, "at most 253 characters"),
+    ],
+)
+def test_a_name_the_api_server_would_refuse_is_named(tmp_path: Path, kind: str, name: str, says: str) -> None:
+    with pytest.raises(ExampleError) as info:
+        if kind == "node":
+            (tmp_path / "nodes.yaml").write_text(NODES.format(name=name))
+            load_nodes(tmp_path / "nodes.yaml")
+        elif kind == "namespace":
+            (tmp_path / "namespaces.yaml").write_text(f"namespaces: [{{name: {name}}}]\n")
+            load_namespaces(tmp_path / "namespaces.yaml")
+        else:
+            folder = pods_folder(tmp_path, "{demo.kube-vgpu.io/expect: allocated}")
+            (folder / "01.yaml").write_text(
+                (folder / "01.yaml").read_text().replace("name: p\n", f"name: {name}\n")
+            )
+            load_pods(folder)
+    assert says in str(info.value) and f"got '{name[:20]}" in str(info.value)
+
+
+def test_the_longest_names_are_accepted(tmp_path: Path) -> None:
+    (tmp_path / "nodes.yaml").write_text(NODES.format(name="a." * 125 + "abc"))
+    assert len(load_nodes(tmp_path / "nodes.yaml")[0].name) == 253
+    (tmp_path / "namespaces.yaml").write_text(f"namespaces: [{{name: {'a' * 63}}}]\n")
+    assert load_namespaces(tmp_path / "namespaces.yaml")[0].name == "a" * 63
+    folder = pods_folder(tmp_path, "{demo.kube-vgpu.io/expect: allocated}")
+    (folder / "01.yaml").write_text(
+        (folder / "01.yaml").read_text().replace("name: p\n", f"name: {'b' * 253}\n")
+    )
+    assert load_pods(folder)[0].manifest["metadata"]["name"] == "b" * 253
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    folder = pods_folder(tmp_path, "{demo.kube-vgpu.io/expect: allocated}")
+    (folder / "01.yaml").write_bytes(b"\xff\xfe")
+    with pytest.raises(ExampleError, match=r"01\.yaml: not UTF-8 text"):
+        load_pods(folder)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        ("name: p\n", "name: 123\n", "metadata.name: expected a string, got 123"),
+        ("namespace: team-a\n", "namespace: [1]\n", "metadata.namespace: expected a string, got [1]"),
+        (
+            "annotations: {",
+            "annotations: {x: 5, ",
+            "metadata.annotations: expected a mapping of text to text",
+        ),
+        ("apiVersion: v1\n", "apiVersion: v2\n", "expected a Pod manifest (apiVersion: v1, kind: Pod)"),
+        ("spec:\n", "spec: 5\nx:\n", "spec: expected a mapping, got 5"),
+        (
+            "  containers: [",
+            "  containers: 5\n  initContainers: [",
+            "spec.containers: expected a list of containers",
+        ),
+    ],
+)
+def test_metadata_of_the_wrong_type_is_named(tmp_path: Path, old: str, new: str, says: str) -> None:
+    folder = pods_folder(tmp_path, "{demo.kube-vgpu.io/expect: allocated}")
+    (folder / "01.yaml").write_text((folder / "01.yaml").read_text().replace(old, new, 1))
+    with pytest.raises(ExampleError, match=r"01\.yaml: ") as info:
+        load_pods(folder)
+    assert says in str(info.value)

@@ -5,12 +5,15 @@ configuration the chart itself renders, with exactly the RBAC those commands nee
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
+import helm_python
 import kubernetes_validate
 import pytest
 
-from kube_vgpu.cli.main import build_parser
+from kube_vgpu.certs.errors import EXIT_UNREACHABLE
+from kube_vgpu.cli.main import build_parser, main
 from tests.support.helm_render import Rendered, render
 
 KUBE = "v1.31.0"
@@ -121,3 +124,26 @@ def test_its_pods_run_restricted(rendered: Rendered) -> None:
 def test_a_schedule_that_is_not_cron_is_refused(schedule: str) -> None:
     with pytest.raises(Exception, match="schedule"):
         render({"certJobs": {"renewal": {"schedule": schedule}}}, kube_version=KUBE)
+
+
+def create_commands(rendered: Rendered) -> list[list[str]]:
+    """The `certs create` argument lists of the install hook Job and of the renewal CronJob."""
+    pods = [job["spec"]["template"]["spec"] for job in rendered.of_kind("Job")]
+    pods += [c["spec"]["jobTemplate"]["spec"]["template"]["spec"] for c in rendered.of_kind("CronJob")]
+    containers = [c for pod in pods for c in [*pod.get("initContainers", []), *pod["containers"]]]
+    return [c["args"] for c in containers if c["args"][:2] == ["certs", "create"]]
+
+
+def test_the_longest_validity_the_chart_accepts_is_one_the_program_accepts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The Jobs pass --days alone, so the CA keeps its default 3650 days; a longer --days used to
+    # render and then fail every Job with "--ca-days must be at least --days".
+    commands = create_commands(render({"webhook": {"tls": {"days": 3650}}}, kube_version=KUBE))
+    assert len(commands) == 2
+    for args in commands:
+        # Flags are checked before the cluster is looked for: a missing kubeconfig means they passed.
+        assert main([*args, "--kubeconfig", str(tmp_path / "none")]) == EXIT_UNREACHABLE
+        assert "--days=3650" in args and "no such file" in capsys.readouterr().err
+    with pytest.raises(helm_python.HelmValuesError, match="/webhook/tls/days"):
+        render({"webhook": {"tls": {"days": 3651}}}, kube_version=KUBE)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python
 import pytest
 import yaml
 
@@ -121,6 +122,24 @@ def test_a_node_selector_replaces_the_default_instead_of_merging_with_it() -> No
     assert default["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
 
+@pytest.mark.parametrize("empty", [None, {}])
+def test_an_empty_or_null_node_selector_keeps_the_default(empty: dict[str, str] | None) -> None:
+    # What values.yaml and docs/install.md say: `node.nodeSelector: null` (Helm's way of removing a
+    # value) or `{}` leaves the GPU-node default in place; neither selects every node.
+    (ds,) = render({"node": {"nodeSelector": empty}}, kube_version="1.30").of_kind("DaemonSet")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_a_groups_empty_selector_selects_every_node_and_null_is_refused() -> None:
+    # A group's own `nodeSelector: {}` gives its DaemonSet no selector at all (every node its
+    # tolerations allow); `null` there is refused by the schema, naming the field.
+    group = {"name": "default", "mode": "hami-core", "nodeSelector": {}}
+    (ds,) = render({"node": {"groups": [group]}}, kube_version="1.30").of_kind("DaemonSet")
+    assert "nodeSelector" not in ds["spec"]["template"]["spec"]
+    with pytest.raises(helm_python.HelmError, match="/node/groups/0/nodeSelector': got null, want object"):
+        render({"node": {"groups": [{**group, "nodeSelector": None}]}}, kube_version="1.30")
+
+
 def chart(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "chart.py"), *argv],
@@ -151,3 +170,19 @@ def test_the_offline_lint_passes_and_bad_values_are_one_line() -> None:
     assert "/webhook/replicas" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
     unreadable = chart("template", "-f", "no-such-values.yaml")
     assert unreadable.returncode == 2 and "-f no-such-values.yaml: cannot read it" in unreadable.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (("a: " + "[" * 5000 + "]" * 5000 + "\n").encode(), "not valid YAML: nested too deeply"),
+        (b"webhook: \xff\xfe\n", "not UTF-8 text"),
+    ],
+)
+def test_a_hostile_values_file_is_one_line(tmp_path: Path, content: bytes, says: str) -> None:
+    # Both used to end the offline render in a RecursionError or UnicodeDecodeError traceback.
+    values = tmp_path / "values.yaml"
+    values.write_bytes(content)
+    result = chart("template", "-f", str(values))
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert f"-f {values}: {says}" in result.stderr and len(result.stderr.strip().splitlines()) == 1

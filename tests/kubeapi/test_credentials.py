@@ -177,3 +177,35 @@ def test_a_broken_kubeconfig_is_one_line_naming_it(home: Path, capsys: pytest.Ca
     code, err = top(capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"kubeconfig {home / '.kube' / 'config'}: not valid YAML:" in err and "(line 2, column 1)" in err
+
+
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        (None, "its cluster 'standin' has no server"),
+        ("not a url", "its cluster 'standin' has server 'not a url', not a URL like https://HOST:PORT"),
+        ("https://", "its cluster 'standin' has server 'https:"),  # the client drops the trailing /
+    ],
+)
+def test_a_cluster_without_a_usable_server_is_named(
+    apiserver: ApiServerStandin, home: Path, capsys: pytest.CaptureFixture[str], server: str | None, says: str
+) -> None:
+    # client-go refuses these before any request ("no server found for cluster"); the Python client
+    # used to try them and fail with urllib3's own words after a FutureWarning.
+    document = config(apiserver)
+    if server is None:
+        del document["clusters"][0]["cluster"]["server"]
+    else:
+        document["clusters"][0]["cluster"]["server"] = server
+    write(home / ".kube" / "config", document)
+    code, err = top(capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert says in err and str(home / ".kube" / "config") in err
+
+
+def test_a_kubeconfig_that_is_not_a_mapping_is_named(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (home / ".kube").mkdir()
+    (home / ".kube" / "config").write_text("[1, 2]\n")
+    code, err = top(capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"kubeconfig {home / '.kube' / 'config'}: expected a mapping (kind: Config), got a list" in err

@@ -17,7 +17,7 @@ from pathlib import Path
 from kube_vgpu.certs.cluster import ensure_secret, patch_ca_bundle, utcnow
 from kube_vgpu.certs.errors import EXIT_OK, CertsError, UnreachableError, UsageError
 from kube_vgpu.certs.files import ensure_files
-from kube_vgpu.certs.plan import DEFAULT_CA_DAYS, DEFAULT_DAYS, RENEW_BEFORE, Action
+from kube_vgpu.certs.plan import DEFAULT_CA_DAYS, DEFAULT_DAYS, MAX_DAYS, RENEW_BEFORE, Action
 from kube_vgpu.contract.logformat import configure_logging
 from kube_vgpu.kubeapi.client import Kube, KubeConfigError, load_api_client
 from kube_vgpu.kubeapi.flags import add_cluster_arguments
@@ -108,6 +108,8 @@ def _check_validity(args: argparse.Namespace) -> None:
         f"--days must be more than {RENEW_BEFORE.days} (certificates are renewed when fewer than "
         f"{RENEW_BEFORE.days} days remain), got {args.days}",
     )
+    for flag, days in (("--days", args.days), ("--ca-days", args.ca_days)):
+        _check(days <= MAX_DAYS, f"{flag} must be at most {MAX_DAYS} (100 years), got {days}")
     _check(
         args.ca_days >= args.days,
         f"--ca-days must be at least --days ({args.days}): the CA has to outlive the serving "

@@ -27,6 +27,9 @@ from kube_vgpu.certs.issue import Issued, issue_ca, issue_serving
 RENEW_BEFORE = timedelta(days=30)
 DEFAULT_DAYS = 365
 DEFAULT_CA_DAYS = 3650
+# The longest validity issued: 100 years, far past any use and far inside the dates a certificate
+# (and Python's datetime, whose overflow was a traceback) can hold.
+MAX_DAYS = 36500
 CA_COMMON_NAME = "kube-vgpu-webhook-ca"
 
 Action = Literal["keep", "renew", "reissue"]

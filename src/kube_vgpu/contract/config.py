@@ -17,7 +17,7 @@ import yaml
 
 from kube_vgpu.contract.config_rules import RULES, rule_problem
 from kube_vgpu.contract.names import HAMI_CORE, MODES, Mode
-from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 
 OtherSchedulerPolicy = Literal["allow", "deny"]
 _Section = TypeVar("_Section")
@@ -181,7 +181,7 @@ def _check_rule(where: str, value: Any) -> Any:
 def parse_config(text: str, *, source: str = "config") -> Config:
     """Parse the YAML configuration document; an empty document means every default."""
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: {yaml_problem(exc)}") from None
     if raw is None:
@@ -218,6 +218,8 @@ def load_config(path: str | Path | None) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return parse_config(text, source=str(path))
 
 

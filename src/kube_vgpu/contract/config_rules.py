@@ -46,7 +46,9 @@ RULES: dict[str, dict[str, Rule]] = {
         "defaultCores": {"type": "integer", "minimum": 0, "maximum": 100},
     },
     "node": {
-        "deviceSplitCount": {"type": "integer", "minimum": 1},
+        # At most 1024: each slot is a device in ListAndWatch, and past that a large node's list nears
+        # the kubelet's 4 MiB gRPC message limit (a typo like 10^20 hung the plugin building it).
+        "deviceSplitCount": {"type": "integer", "minimum": 1, "maximum": 1024},
         "ignoredXids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
         "recoveryQuietSeconds": {"type": "number", "minimum": 0},
         "hookPath": {"type": "string", "pattern": "^/"},

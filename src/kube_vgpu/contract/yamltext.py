@@ -3,7 +3,22 @@ caret drawing, and every user-input error kube-vgpu prints must fit on one line.
 
 from __future__ import annotations
 
+from typing import IO, Any
+
 import yaml
+
+
+class TooDeep(yaml.YAMLError):
+    """A document nested past what PyYAML's recursive composer can follow."""
+
+
+def safe_load(stream: str | IO[str]) -> Any:
+    """`yaml.safe_load`, with a document nested too deeply for the parser's recursion (a hostile
+    `[[[[...]]]]`) raised as a YAMLError instead of a RecursionError."""
+    try:
+        return yaml.safe_load(stream)
+    except RecursionError:
+        raise TooDeep("nested too deeply") from None
 
 
 def yaml_problem(exc: yaml.YAMLError) -> str:

@@ -8,6 +8,7 @@ of `NAME=prefix`) refine it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from kube_vgpu.contract.names import MODES
-from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 from kube_vgpu.node.simnvml.config import SimulationError, parse_simulation
 
 EXPECT_PREFIX = "demo.kube-vgpu.io/"
@@ -25,6 +26,18 @@ LAYOUT = "an examples folder holds nodes.yaml, namespaces.yaml and pods/*.yaml (
 Expected = Literal["allocated", "denied", "pending"]
 _OUTCOMES: dict[str, Expected] = {"allocated": "allocated", "denied": "denied", "pending": "pending"}
 _NODE_KEYS = ("name", "mode", "gpus", "events")
+# Names as the API server validates them: a namespace is an RFC 1123 label, a node or a pod an RFC
+# 1123 subdomain. Checked here, so a name it would refuse is named before anything starts.
+_DNS_LABEL = (
+    re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"),
+    63,
+    "a DNS label (lower-case letters, digits, '-')",
+)
+_DNS_SUBDOMAIN = (
+    re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"),
+    253,
+    "a DNS subdomain (lower-case letters, digits, '-', '.')",
+)
 
 
 class ExampleError(ValueError):
@@ -73,13 +86,21 @@ class ExamplePod:
         return f"{meta['namespace']}/{meta['name']}"
 
 
+def _check_name(name: str, where: str, rule: tuple[re.Pattern[str], int, str]) -> None:
+    pattern, limit, what = rule
+    if len(name) > limit or pattern.fullmatch(name) is None:
+        raise ExampleError(f"{where}: must be {what} of at most {limit} characters, got {name!r}")
+
+
 def _load(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ExampleError(f"{path}: cannot read it ({exc.strerror}); {LAYOUT}") from None
+    except UnicodeDecodeError as exc:
+        raise ExampleError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:
-        return yaml.safe_load(text)
+        return safe_load(text)
     except yaml.YAMLError as exc:
         raise ExampleError(f"{path}: {yaml_problem(exc)}") from None
 
@@ -95,6 +116,7 @@ def load_nodes(path: Path) -> list[NodeSpec]:
         where = f"{path}: nodes[{i}]"
         if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
             raise ExampleError(f"{where}: needs a name")
+        _check_name(raw["name"], f"{where}.name", _DNS_SUBDOMAIN)
         unknown = sorted(str(k) for k in raw if k not in _NODE_KEYS)
         if unknown:
             raise ExampleError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(_NODE_KEYS)})")
@@ -129,6 +151,7 @@ def load_namespaces(path: Path) -> list[NamespaceSpec]:
             raise ExampleError(
                 f"{path}: namespaces[{i}]: needs a name, e.g. {{name: team-a, labels: {{...}}}}"
             )
+        _check_name(item["name"], f"{path}: namespaces[{i}].name", _DNS_LABEL)
         labels = item.get("labels") or {}
         if not isinstance(labels, Mapping):
             raise ExampleError(f"{path}: namespaces[{i}].labels: expected a mapping of label to value")
@@ -181,15 +204,39 @@ def load_pods(folder: Path) -> list[ExamplePod]:
     pods: list[ExamplePod] = []
     for path in sorted(folder.glob("*.yaml")):
         manifest = _load(path)
-        if not isinstance(manifest, Mapping) or manifest.get("kind") != "Pod":
+        if not isinstance(manifest, Mapping) or (manifest.get("apiVersion"), manifest.get("kind")) != (
+            "v1",
+            "Pod",
+        ):
             raise ExampleError(f"{path}: expected a Pod manifest (apiVersion: v1, kind: Pod)")
+        # The shapes the API server's decoder needs before any webhook sees the pod; what it
+        # refuses beyond them is named when the pod is created (flow.PodFlow).
+        spec = manifest.get("spec")
+        if spec is not None and not isinstance(spec, Mapping):
+            raise ExampleError(f"{path}: spec: expected a mapping, got {spec!r}")
+        for group in ("initContainers", "containers", "ephemeralContainers"):
+            listed = (spec or {}).get(group)
+            if listed is not None and not isinstance(listed, list):
+                raise ExampleError(f"{path}: spec.{group}: expected a list of containers, got {listed!r}")
         meta = manifest.get("metadata") or {}
         if not isinstance(meta, Mapping) or not meta.get("name") or not meta.get("namespace"):
             raise ExampleError(
                 f"{path}: metadata.name and metadata.namespace are required (the namespace must be "
                 "one of namespaces.yaml)"
             )
-        pods.append(ExamplePod(path.name, manifest, _expectation(path.name, meta.get("annotations") or {})))
+        for key in ("name", "namespace"):
+            if not isinstance(meta[key], str):
+                raise ExampleError(f"{path}: metadata.{key}: expected a string, got {meta[key]!r}")
+        _check_name(meta["name"], f"{path}: metadata.name", _DNS_SUBDOMAIN)
+        annotations = meta.get("annotations") or {}
+        if not isinstance(annotations, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+        ):
+            raise ExampleError(
+                f"{path}: metadata.annotations: expected a mapping of text to text (quote numbers), "
+                f"got {annotations!r}"
+            )
+        pods.append(ExamplePod(path.name, manifest, _expectation(path.name, annotations)))
     if not pods:
         raise ExampleError(f"{folder}: no example pods (*.yaml); {LAYOUT}")
     return pods

@@ -21,8 +21,9 @@ import aiohttp
 
 from kube_vgpu.contract.names import DEVICES_TO_ALLOCATE, VGPU_IDS_NEW
 from kube_vgpu.demo.cluster import DemoError, LocalCluster
-from kube_vgpu.demo.examples import ExamplePod
+from kube_vgpu.demo.examples import ExampleError, ExamplePod
 from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain, WebhookHttpError
+from kube_vgpu.standins.apiserver.errors import ApiError
 from kube_vgpu.standins.volcano.scheduler import Placement
 
 
@@ -72,7 +73,11 @@ class PodFlow:
         final = await self._admit(dict(example.manifest), outcome)
         if not outcome.allowed:
             return outcome
-        created = self.cluster.apiserver.put(final)
+        try:
+            created = self.cluster.apiserver.put(final)
+        except ApiError as exc:
+            # What kubectl would print: the object itself is invalid, a mistake in the example file.
+            raise ExampleError(f"pods/{example.source}: the API server refuses this pod: {exc}") from None
         await self._schedule(created, outcome)
         if outcome.node is not None:
             await self._allocate(created, outcome)
@@ -87,6 +92,10 @@ class PodFlow:
             admitted = await chain.create(pod)
         except WebhookHttpError as exc:
             raise DemoError(str(exc)) from None
+        except ApiError as exc:
+            # The API server decodes a pod before any webhook: a quantity it cannot read fails here.
+            source = outcome.example.source
+            raise ExampleError(f"pods/{source}: the API server refuses this pod: {exc}") from None
         outcome.allowed = admitted.allowed
         outcome.message = admitted.message
         outcome.denied_by = admitted.phase

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,7 +27,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 from kube_vgpu.kubeapi.permissions import Component, UndeclaredCall, Verb, declared
 
 log = logging.getLogger("kube_vgpu.kubeapi")
@@ -125,20 +126,53 @@ def kubeconfig_files(
     )
 
 
-def _current_context(paths: builtins.list[str]) -> str | None:
-    # kubectl takes current-context from the first file that sets one; the client's merger would
-    # take the last, so the context is chosen here and handed to it.
+def _documents(paths: builtins.list[str]) -> builtins.list[Mapping[str, Any]]:
+    """Each kubeconfig file as a mapping (an empty file as an empty one), or KubeConfigError."""
+    documents: builtins.list[Mapping[str, Any]] = []
     for path in paths:
         try:
             with open(os.path.expanduser(path), encoding="utf-8") as stream:
-                document = yaml.safe_load(stream)
+                document = safe_load(stream)
         except OSError as exc:
             raise KubeConfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise KubeConfigError(f"kubeconfig {path}: {yaml_problem(exc)}") from None
-        if isinstance(document, Mapping) and document.get("current-context"):
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            problem = yaml_problem(exc) if isinstance(exc, yaml.YAMLError) else "not UTF-8 text"
+            raise KubeConfigError(f"kubeconfig {path}: {problem}") from None
+        if document is not None and not isinstance(document, Mapping):
+            kind = "a list" if isinstance(document, list) else type(document).__name__
+            raise KubeConfigError(f"kubeconfig {path}: expected a mapping (kind: Config), got {kind}")
+        documents.append(document or {})
+    return documents
+
+
+def _current_context(documents: builtins.list[Mapping[str, Any]]) -> str | None:
+    # kubectl takes current-context from the first file that sets one; the client's merger would
+    # take the last, so the context is chosen here and handed to it.
+    for document in documents:
+        if document.get("current-context"):
             return str(document["current-context"])
     return None
+
+
+def _cluster_of(documents: builtins.list[Mapping[str, Any]], context: str | None) -> str:
+    """The cluster name `context` points at (kubectl's merge: the first file naming it wins)."""
+    for document in documents:
+        for entry in document.get("contexts") or []:
+            if isinstance(entry, Mapping) and entry.get("name") == context:
+                return str((entry.get("context") or {}).get("cluster"))
+    return "?"
+
+
+def _check_server(host: str, where: str, cluster: str) -> None:
+    # client-go refuses a cluster without a server before any request ("no server found for
+    # cluster"); the Python client would try it and fail in urllib3's words.
+    if not host:
+        raise KubeConfigError(f"cannot use {where}: its cluster {cluster!r} has no server")
+    parts = urllib.parse.urlsplit(host)
+    if parts.scheme not in ("https", "http") or not parts.hostname or any(c.isspace() for c in host):
+        raise KubeConfigError(
+            f"cannot use {where}: its cluster {cluster!r} has server {host!r}, not a URL like https://HOST:PORT"
+        )
 
 
 def load_api_client(
@@ -156,16 +190,19 @@ def load_api_client(
         raise KubeConfigError(f"--kubeconfig {files[0]}: no such file")
     if files:
         where = f"kubeconfig {os.pathsep.join(files)} (from {source})"
+        documents = _documents(files)
+        chosen_context = context or _current_context(documents)
         try:
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=os.pathsep.join(files),
-                context=context or _current_context(files),
+                context=chosen_context,
                 client_configuration=configuration,
                 persist_config=False,
             )
         except (ConfigException, OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
             chosen = f" context {context!r}:" if context else ""
             raise KubeConfigError(f"cannot use {where}:{chosen} {exc}") from None
+        _check_server(configuration.host or "", where, _cluster_of(documents, chosen_context))
     else:
         if context:
             raise KubeConfigError(

@@ -123,6 +123,31 @@ def test_bad_files_name_the_key_and_value(text: str, fragment: str) -> None:
         parse_simulation(text, "node-a")
 
 
+def test_a_node_holds_at_most_64_gpus_of_at_most_int32_mib() -> None:
+    # Volcano keeps a GPU's memory as an int32 (DeviceInfo.Devmem); 64 GPUs is four times the largest
+    # server. Past either bound a typo used to build millions of GPUs or register a size Volcano
+    # cannot read; both are named instead.
+    most = parse_simulation(
+        "gpus:\n  - {model: X, memoryMiB: 2147483647, count: 60}\n  - {model: Y, memoryMiB: 1, count: 4}\n",
+        "n",
+    )
+    assert len(most.gpus) == 64 and most.gpus[0].memory_mib == 2147483647
+    with pytest.raises(
+        SimulationError,
+        match=r"gpus\[0\]\.memoryMiB: expected an integer <= 2147483647 \(Volcano reads GPU memory as a "
+        r"32-bit number\), got 2147483648",
+    ):
+        parse_simulation("gpus:\n  - {model: X, memoryMiB: 2147483648}\n", "n")
+    with pytest.raises(
+        SimulationError, match=r"gpus\[1\]\.count: 5 more GPUs make 65 on the node; a node holds at most 64"
+    ):
+        parse_simulation(
+            "gpus:\n  - {model: X, memoryMiB: 1, count: 60}\n  - {model: Y, memoryMiB: 1, count: 5}\n", "n"
+        )
+    with pytest.raises(SimulationError, match=r"gpus\[0\]\.count: 10000000 more GPUs make 10000000"):
+        parse_simulation("gpus:\n  - {model: X, memoryMiB: 1, count: 10000000}\n", "n")
+
+
 def test_empty_events_key_means_no_events_and_node_name_is_required() -> None:
     assert parse_simulation("gpus: []\nevents:\n", "n").events == ()
     with pytest.raises(SimulationError, match="node name"):

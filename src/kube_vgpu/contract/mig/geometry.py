@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from kube_vgpu.contract.register import uuid_registrable
-from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 
 
 class MigGeometryError(ValueError):
@@ -184,7 +184,7 @@ def parse_device_config(text: str) -> DeviceConfig:
     types and values are refused with the key's path in the message.
     """
     try:
-        document = yaml.safe_load(text)
+        document = safe_load(text)
     except yaml.YAMLError as exc:
         raise MigGeometryError(f"device-config.yaml: {yaml_problem(exc)}") from None
     nvidia = _mapping(_mapping(document, "device-config.yaml").get("nvidia"), "nvidia")

@@ -337,6 +337,8 @@ def load_simulation(
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise SimulationError(f"cannot read simulation file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise SimulationError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         try:
             spec = parse_simulation(text, node_name)
         except SimulationError as exc:

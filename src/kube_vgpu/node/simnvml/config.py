@@ -4,8 +4,8 @@
 driverVersion: "550.54.15"          # optional
 gpus:
   - model: NVIDIA A100-SXM4-80GB     # the NVML name
-    memoryMiB: 81920                 # optional for a model the simulator knows
-    count: 2                         # optional, default 1
+    memoryMiB: 81920                 # optional for a model the simulator knows; at most 2^31-1
+    count: 2                         # optional, default 1; at most 64 GPUs on a node
     migCapable: true                 # optional, default false
     migEnabled: false                # optional: MIG mode currently on
     migPending: false                # optional: a MIG mode change waits for a GPU reset
@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from kube_vgpu.contract.yamltext import yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 from kube_vgpu.node.simnvml.profiles import MODELS
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
@@ -43,6 +43,11 @@ DEFAULT_DRIVER_VERSION = "550.54.15"
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simnvml.kube-vgpu.io")
 # Volcano splits its annotations on these, and matches UUIDs by containment (protocol §2.2).
 _UUID_FORBIDDEN = ",:;[]"
+# GPUs one simulated node may hold: four times the largest server, and a bound on the work a typo
+# (`count: 80000`) can cause, since every pair of UUIDs is compared.
+MAX_GPUS = 64
+# Volcano (like HAMi) reads a GPU's memory as an int32 (its DeviceInfo.Devmem).
+_MAX_MEMORY_MIB = (2**31 - 1, "Volcano reads GPU memory as a 32-bit number")
 # The whole-GPU value of an event's GPU/compute instance ID.
 WHOLE_GPU = 0xFFFFFFFF
 
@@ -119,9 +124,12 @@ def _mapping(value: object, where: str, allowed: set[str]) -> Mapping[str, Any]:
     return value
 
 
-def _int(value: object, where: str, minimum: int) -> int:
+def _int(value: object, where: str, minimum: int, maximum: tuple[int, str] | None = None) -> int:
+    """`value` as an integer >= `minimum` and, when given, <= `maximum` (the bound and why)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SimulationError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum[0]:
+        raise SimulationError(f"{where}: expected an integer <= {maximum[0]} ({maximum[1]}), got {value!r}")
     return value
 
 
@@ -155,12 +163,17 @@ def _gpu_entry(raw: object, where: str, first_index: int, node_name: str) -> lis
     model = _text(entry["model"], f"{where}.model")
     known = MODELS.get(model)
     if "memoryMiB" in entry:
-        memory = _int(entry["memoryMiB"], f"{where}.memoryMiB", 1)
+        memory = _int(entry["memoryMiB"], f"{where}.memoryMiB", 1, _MAX_MEMORY_MIB)
     elif known is not None:
         memory = known.memory_mib
     else:
         raise SimulationError(f"{where}: missing key 'memoryMiB' (the simulator does not know {model!r})")
     count = _int(entry.get("count", 1), f"{where}.count", 1)
+    if first_index + count > MAX_GPUS:
+        raise SimulationError(
+            f"{where}.count: {count} more GPUs make {first_index + count} on the node; "
+            f"a node holds at most {MAX_GPUS}"
+        )
     capable = _bool(entry.get("migCapable", False), f"{where}.migCapable")
     enabled = _bool(entry.get("migEnabled", False), f"{where}.migEnabled")
     pending = _bool(entry.get("migPending", False), f"{where}.migPending")
@@ -292,7 +305,7 @@ def parse_simulation(document: str | Mapping[str, Any], node_name: str) -> Simul
     node_name = _text(node_name, "node name")
     if isinstance(document, str):
         try:
-            document = yaml.safe_load(document)
+            document = safe_load(document)
         except yaml.YAMLError as exc:
             raise SimulationError(f"simulation file: {yaml_problem(exc)}") from None
     top = _mapping(document, "simulation file", _TOP_KEYS)
