@@ -20,7 +20,7 @@ import helm_python
 import yaml
 from helm_python import _native
 
-from kube_vgpu.contract.yamltext import safe_load, yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, utf8_problem, yaml_problem
 
 CHART = Path(__file__).resolve().parents[1] / "helm" / "kube-vgpu"
 SEVERITY = {0: "UNKNOWN", 1: "INFO", 2: "WARNING", 3: "ERROR"}
@@ -50,7 +50,7 @@ def user_values(files: list[str], sets: list[str]) -> dict[str, Any]:
         except OSError as exc:
             raise BadInput(f"-f {name}: cannot read it ({exc.strerror})") from None
         except UnicodeDecodeError as exc:
-            raise BadInput(f"-f {name}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+            raise BadInput(f"-f {name}: {utf8_problem(exc)}") from None
         except yaml.YAMLError as exc:
             raise BadInput(f"-f {name}: {yaml_problem(exc)}") from None
         if not isinstance(document, dict):

@@ -17,7 +17,7 @@ import yaml
 
 from kube_vgpu.contract.config_rules import RULES, rule_problem
 from kube_vgpu.contract.names import HAMI_CORE, MODES, Mode
-from kube_vgpu.contract.yamltext import safe_load, yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, utf8_problem, yaml_problem
 
 OtherSchedulerPolicy = Literal["allow", "deny"]
 _Section = TypeVar("_Section")
@@ -219,7 +219,7 @@ def load_config(path: str | Path | None) -> Config:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        raise ConfigError(f"{path}: {utf8_problem(exc)}") from None
     return parse_config(text, source=str(path))
 
 

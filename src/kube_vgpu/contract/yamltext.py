@@ -21,6 +21,11 @@ def safe_load(stream: str | IO[str]) -> Any:
         raise TooDeep("nested too deeply") from None
 
 
+def utf8_problem(exc: UnicodeDecodeError) -> str:
+    """`not UTF-8 text (byte N: reason)`, N the offset of the first undecodable byte."""
+    return f"not UTF-8 text (byte {exc.start}: {exc.reason})"
+
+
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """`not valid YAML: <problem> (line L, column C)`, from PyYAML's error."""
     mark = getattr(exc, "problem_mark", None)

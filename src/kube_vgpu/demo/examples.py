@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from kube_vgpu.contract.names import MODES
-from kube_vgpu.contract.yamltext import safe_load, yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, utf8_problem, yaml_problem
 from kube_vgpu.node.simnvml.config import SimulationError, parse_simulation
 
 EXPECT_PREFIX = "demo.kube-vgpu.io/"
@@ -98,7 +98,7 @@ def _load(path: Path) -> Any:
     except OSError as exc:
         raise ExampleError(f"{path}: cannot read it ({exc.strerror}); {LAYOUT}") from None
     except UnicodeDecodeError as exc:
-        raise ExampleError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        raise ExampleError(f"{path}: {utf8_problem(exc)}") from None
     try:
         return safe_load(text)
     except yaml.YAMLError as exc:

@@ -27,7 +27,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from kube_vgpu.contract.yamltext import safe_load, yaml_problem
+from kube_vgpu.contract.yamltext import safe_load, utf8_problem, yaml_problem
 from kube_vgpu.kubeapi.permissions import Component, UndeclaredCall, Verb, declared
 
 log = logging.getLogger("kube_vgpu.kubeapi")
@@ -136,7 +136,7 @@ def _documents(paths: builtins.list[str]) -> builtins.list[Mapping[str, Any]]:
         except OSError as exc:
             raise KubeConfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            problem = yaml_problem(exc) if isinstance(exc, yaml.YAMLError) else "not UTF-8 text"
+            problem = yaml_problem(exc) if isinstance(exc, yaml.YAMLError) else utf8_problem(exc)
             raise KubeConfigError(f"kubeconfig {path}: {problem}") from None
         if document is not None and not isinstance(document, Mapping):
             kind = "a list" if isinstance(document, list) else type(document).__name__

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import pynvml
 
+from kube_vgpu.contract.yamltext import utf8_problem
 from kube_vgpu.node.simnvml.config import SimulationError, SimulationSpec, parse_simulation
 from kube_vgpu.node.simnvml.core import nvml_call
 from kube_vgpu.node.simnvml.events import Clock, Event, EventSet
@@ -338,7 +339,7 @@ def load_simulation(
         except OSError as exc:
             raise SimulationError(f"cannot read simulation file {path}: {exc.strerror or exc}") from None
         except UnicodeDecodeError as exc:
-            raise SimulationError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+            raise SimulationError(f"{path}: {utf8_problem(exc)}") from None
         try:
             spec = parse_simulation(text, node_name)
         except SimulationError as exc:
