@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kube_vgpu.contract.config import ResourceNames
-from kube_vgpu.kubeapi.client import Kube, load_api_client
+from kube_vgpu.kubeapi.client import Kube, WatchInterrupt, load_api_client
+from kube_vgpu.kubeapi.listwatch import KubeSource
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder
 from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
@@ -87,23 +88,40 @@ async def test_the_node_watch_lists_its_node_in_a_page_and_sees_a_drift_there(
     assert listed.get("limit") == "500" and listed.get("fieldSelector") == f"metadata.name={NODE}"
 
 
-class CompactingApi(NodeApi):
-    """The real NodeApi; after the first page of its pod list, a pod is bound, one is deleted and etcd
-    compacts past the list's version, so the continue token of the second page has expired."""
+class CompactingPods:
+    """The real source of a node's pods; after the first page of its list, a pod is bound, one is
+    deleted and etcd compacts past the list's version, so the continue token of the second page has
+    expired."""
 
-    def __init__(self, kube: Kube, node: str, apiserver: ApiServerStandin) -> None:
-        super().__init__(kube, node)
+    def __init__(self, source: KubeSource, apiserver: ApiServerStandin) -> None:
+        self.source = source
         self.apiserver = apiserver
         self.pages = 0
 
-    def list_pods_page(self, limit: int, continue_token: str | None, *, timeout: Any) -> dict[str, Any]:
-        page = super().list_pods_page(limit, continue_token, timeout=timeout)
+    def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
+        page = self.source.list_page(limit, continue_token)
         self.pages += 1
         if self.pages == 1:
             self.apiserver.put(bound("late", NODE))
             self.apiserver.delete("Pod", "p4", "default")
             self.apiserver.expire_history()
         return page
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        return self.source.watch(resource_version, interrupt, timeout_seconds)
+
+
+class CompactingApi(NodeApi):
+    """The real NodeApi, whose pod source compacts the history mid-list (`CompactingPods`)."""
+
+    def __init__(self, kube: Kube, node: str, apiserver: ApiServerStandin) -> None:
+        super().__init__(kube, node)
+        self.apiserver = apiserver
+        self.pods: CompactingPods | None = None
+
+    def pods_source(self, list_timeout: float) -> Any:
+        self.pods = CompactingPods(super().pods_source(list_timeout), self.apiserver)
+        return self.pods
 
 
 async def test_an_expired_continue_token_mid_list_gives_the_bind_order_one_whole_fresh_list(
@@ -135,4 +153,4 @@ async def test_an_expired_continue_token_mid_list_gives_the_bind_order_one_whole
     # One list reached the bind order, the restarted one: neither the half read before the token
     # expired (a pod missed or deleted counted) nor the two halves joined (p0, p1 twice).
     assert taken == [["late", "p0", "p1", "p2", "p3"]]
-    assert api.pages == 1 + 3 and not order.knows(mine[4])
+    assert api.pods is not None and api.pods.pages == 1 + 3 and not order.knows(mine[4])
