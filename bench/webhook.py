@@ -479,11 +479,12 @@ def write_bodies(url: str, context: ssl.SSLContext, workdir: Path) -> dict[str, 
     """The review of each phase in a file: the pod as created, and as the validating phase sees it."""
     review = review_of(inference_pod())
     bodies = {"mutate": workdir / "mutate.json", "validate": workdir / "validate.json"}
-    bodies["mutate"].write_bytes(json.dumps(review).encode())
+    # Compact, as the API server's Go encoder writes it.
+    bodies["mutate"].write_bytes(json.dumps(review, separators=(",", ":")).encode())
     answer = asyncio.run(mutate_once(url, context, bodies["mutate"].read_bytes()))
     mutated = jsonpatch.apply_patch(review["request"]["object"], decode_patch(answer))
     review["request"]["object"] = validate_object(mutated)
-    bodies["validate"].write_bytes(json.dumps(review).encode())
+    bodies["validate"].write_bytes(json.dumps(review, separators=(",", ":")).encode())
     sizes = {phase: body.stat().st_size for phase, body in bodies.items()}
     print(f"review bodies: /mutate {sizes['mutate']} B, /validate {sizes['validate']} B")
     return bodies

@@ -26,6 +26,8 @@ log = logging.getLogger("kube_vgpu.webhook.listener")
 _BACKLOG = 512
 # How long to pause accepting when the process is out of file descriptors.
 _ACCEPT_ERROR_PAUSE_SECONDS = 0.1
+# A deadline this close is due when its wake-up runs (the loop's clock is read once a pass, in ms).
+_CLOCK_SLACK_SECONDS = 0.001
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Slot:
     __slots__ = (
         "_timer",
         "busy",
+        "deadline",
         "handling",
         "listener",
         "opening",
@@ -80,6 +83,11 @@ class Slot:
         # Kept apart from the protocol's, which aiohttp drops as soon as it starts closing.
         self.transport: asyncio.Transport | None = None
         self.opening: asyncio.Task[None] | None = None
+        # When the request arriving now must have arrived whole (loop clock), or None when none is.
+        self.deadline: float | None = None
+        # The pending wake-up that checks the deadline. It is left running when a request completes
+        # and moved when it fires early, so a request on a kept-alive connection costs a store, not a
+        # timer (a timer per request was 2 % of a review's CPU): one wake-up per deadline length.
         self._timer: asyncio.TimerHandle | None = None
         self._arm(now)
 
@@ -89,7 +97,7 @@ class Slot:
         """Bytes arrived: the deadline of the request they begin runs from now (if none is running)."""
         if self.busy:
             self.woke = True
-        elif self._timer is None:
+        elif self.deadline is None:
             self._began_request(self.listener.loop.time())
 
     def opened(self, protocol: AdmissionProtocol) -> None:
@@ -105,7 +113,7 @@ class Slot:
     def began(self) -> None:
         """A request's head has arrived and its handler runs."""
         self.handling = True
-        if self._timer is None:
+        if self.deadline is None:
             # Its first bytes came in the same read as the end of the previous request, while that
             # one's deadline ran: none started with them, so its body's deadline starts now.
             self._began_request(self.listener.loop.time())
@@ -114,7 +122,7 @@ class Slot:
         """The request's head and body have arrived: its deadline no longer runs."""
         self.busy = True
         self.woke = False
-        self._disarm()
+        self.deadline = None  # the wake-up, if pending, finds none and ends
 
     def answered(self) -> None:
         """The answer is written: idle from now (unless a pipelined request was already arriving)."""
@@ -150,17 +158,27 @@ class Slot:
         self._arm(now)
 
     def _arm(self, now: float) -> None:
-        self._timer = self.listener.loop.call_at(
-            now + self.listener.limits.request_timeout_seconds, self._expired
-        )
+        self.deadline = now + self.listener.limits.request_timeout_seconds
+        if self._timer is None:
+            self._timer = self.listener.loop.call_at(self.deadline, self._wake)
 
     def _disarm(self) -> None:
+        self.deadline = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _expired(self) -> None:
+    def _wake(self) -> None:
+        """The pending wake-up: close if the running deadline has passed, else wait for it."""
         self._timer = None
+        deadline = self.deadline
+        if deadline is None:  # the request it was set for arrived whole; none runs now
+            return
+        loop = self.listener.loop
+        if deadline - loop.time() > _CLOCK_SLACK_SECONDS:  # a later request's deadline: wait for it
+            self._timer = loop.call_at(deadline, self._wake)
+            return
+        self.deadline = None
         self.listener.expired += 1
         log.info(
             "event=request_deadline handshaken=%s timeout_s=%.1f",

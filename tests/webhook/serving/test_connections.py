@@ -357,3 +357,27 @@ def test_at_the_cap_a_request_arriving_on_a_long_idle_connection_is_not_the_one_
         assert _served(lambda: newcomer)
         assert webhook.read(lambda: listener.evicted) == 1
         _close_sockets()
+
+
+def test_a_request_begun_late_in_an_earlier_deadline_gets_a_whole_deadline_of_its_own(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    # The connection's first deadline runs from its accept; a request answered within it stops it,
+    # and the next request's deadline runs from that request's first byte, however close the first
+    # deadline was to passing when it began.
+    deadline = 2.0
+    limits = ConnectionLimits(max_connections=50, request_timeout_seconds=deadline, idle_timeout_seconds=60)
+    with _open_webhook(apiserver, tmp_path, limits=limits) as webhook:
+        sock = _tls_socket(webhook)
+        accepted = time.monotonic()  # a little after the accept: the first deadline ends before +2.0
+        sock.sendall(_request())
+        assert b" 200 " in _read_response(sock)
+        time.sleep(max(0.0, accepted + 0.7 * deadline - time.monotonic()))
+        head = _request()
+        sock.sendall(head[:20])  # begun at +1.4: its own deadline ends at +3.4
+        time.sleep(max(0.0, accepted + 1.3 * deadline - time.monotonic()))  # +2.6: the first one passed
+        sock.sendall(head[20:])
+        assert b" 200 " in _read_response(sock)
+        listener = webhook.server.listener
+        assert listener is not None and webhook.read(lambda: listener.expired) == 0
+        _close_sockets()
