@@ -1,6 +1,6 @@
 """The webhook's per-review CPU cost in process, without HTTP: parse, decide and encode, per phase.
 
-The same 3.0 KB inference-pod reviews `bench/webhook.py` sends (its builders, loaded from that file),
+The same 2.8 KB inference-pod reviews `bench/webhook.py` sends (its builders, loaded from that file),
 decided against a cache filled with its fleet of N GPU nodes and M vGPU pods in 50 namespaces. The
 `/validate` body is the `/mutate` answer applied to the pod, with a uid and creation time, as the API
 server sends it. Printed: microseconds per review for each step of each phase (the fastest of

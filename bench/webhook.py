@@ -109,7 +109,7 @@ def vgpu_pod(index: int, *, namespace: str, annotations: dict[str, str] | None =
 
 
 def inference_pod() -> dict[str, Any]:
-    """A model server as a Deployment creates it: probes, env, mounts, tolerations (a 3.0 KB review)."""
+    """A model server as a Deployment creates it: probes, env, mounts, tolerations (a 2.8 KB review)."""
     labels = {
         "app.kubernetes.io/name": "llm-server",
         "app.kubernetes.io/instance": "llama-8b",
