@@ -134,6 +134,11 @@ class Slot:
         if self.woke:
             self.woke = False
             self._arm(now)
+        else:
+            # Answered without `request_complete` (a 404 or 405; with a body, its answer closes the
+            # connection): its deadline ends with it, or it would close the idle connection, and cut
+            # the next request on it short, a deadline after this one began.
+            self.deadline = None
 
     # -- closing ----------------------------------------------------------------------------------
 
