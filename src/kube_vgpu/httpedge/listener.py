@@ -57,6 +57,7 @@ class Slot:
     __slots__ = (
         "_timer",
         "busy",
+        "closed",
         "deadline",
         "handling",
         "listener",
@@ -79,6 +80,8 @@ class Slot:
         self.handling = False
         # Bytes arrived while busy: a pipelined request may be waiting.
         self.woke = False
+        # The connection has ended (or was closed here): nothing may start a deadline for it again.
+        self.closed = False
         self.protocol: AdmissionProtocol | None = None
         # Kept apart from the protocol's, which aiohttp drops as soon as it starts closing.
         self.transport: asyncio.Transport | None = None
@@ -107,6 +110,7 @@ class Slot:
 
     def lost(self) -> None:
         """The connection ended."""
+        self.closed = True
         self._disarm()
         self.listener.forget(self)
 
@@ -131,7 +135,9 @@ class Slot:
         now = self.listener.loop.time()
         self.since = now
         self.listener.progressed(self)
-        if self.woke:
+        if self.woke and not self.closed:
+            # (A handler runs to its answer after its connection has gone: the next request it had
+            # begun will never arrive, and a deadline for it would count the connection as expired.)
             self.woke = False
             self._arm(now)
         else:
@@ -144,6 +150,7 @@ class Slot:
 
     def close_now(self) -> None:
         """Close at once, without waiting for the peer (handshake or not)."""
+        self.closed = True
         self._disarm()
         # Forgotten now, not when the loop reports the close: the count never passes the cap.
         self.listener.forget(self)

@@ -14,6 +14,7 @@ import json
 import logging
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -494,3 +495,27 @@ def test_a_head_begun_in_the_same_read_as_the_previous_request_is_cut_at_the_dea
     assert b" 200 " in _read_response(sock)
     sock.settimeout(5 * STRICT_DEADLINE)  # well under the 60 s idle timeout
     assert closed_by_server(sock)
+
+
+def test_a_connection_gone_while_its_review_was_computed_is_not_counted_as_a_deadline(
+    strict: ThreadedWebhook,
+) -> None:
+    # The caller began a next request while its review was computed, then went away; the answer comes
+    # after the connection is gone. No deadline may start for the request that will never arrive: it
+    # would count the connection as expired (an alert for slow callers) and keep its slot a deadline longer.
+    release = _hold_reviews(strict)
+    listener = strict.server.listener
+    assert listener is not None
+    body = json.dumps(review(pod(container(memory=1000)))).encode()
+    sock = _tls_socket(strict)
+    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    _wait(lambda: strict.read(lambda: any(s.busy for s in listener.connections)), "the review to be computed")
+    sock.sendall(_request()[:20])
+    _wait(lambda: strict.read(lambda: any(s.woke for s in listener.connections)), "the next head's bytes")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    sock.close()
+    _wait(lambda: strict.read(lambda: len(listener.connections)) == 0, "the connection to be gone")
+    release()
+    time.sleep(2 * STRICT_DEADLINE)
+    assert strict.read(lambda: listener.expired) == 0
