@@ -5,7 +5,9 @@ The stand-in API server (in this process) holds a few GPU nodes; the webhook run
 process. Printed: answers by status class (5xx must be 0, and no answer may be an "internal
 error" denial), the webhook's RSS before and after, the time of the worst-case legal pod, and
 its RSS with N idle connections opened (at the connection cap the longest idle are closed to admit
-new ones), and whether a review on a new connection is answered after them.
+new ones), and whether a review on a new connection is answered after them; then the same with
+connections that each send a request and, in the same write, the largest part of a next head the
+webhook holds (`--held-heads`), which never ends.
 
     .venv/bin/python bench/hostile.py                     # 100,000 reviews, 5,000 idle connections
     .venv/bin/python bench/hostile.py --quick             # 5,000 reviews, 1,500 idle connections
@@ -43,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kube_vgpu.certs.issue import issue_ca, issue_serving  # noqa: E402
+from kube_vgpu.httpedge.edge import MAX_HEAD_BYTES, SLICE_BYTES  # noqa: E402
 from kube_vgpu.standins.apiserver.server import ApiServerStandin  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_webhook", REPO / "bench" / "webhook.py")
@@ -463,10 +466,39 @@ def open_idle(port: int, context: ssl.SSLContext, count: int) -> tuple[list[ssl.
     return held, refused
 
 
+def unfinished_head() -> bytes:
+    """The largest part of a next head the webhook holds (not closing the connection) when it comes in
+    the same write as a whole request: a slice's worth goes uncounted, then the head bound."""
+    size = SLICE_BYTES + MAX_HEAD_BYTES - 2048
+    lines = [f"X-Pad-{i}: ".encode() + b"a" * 7990 + b"\r\n" for i in range(size // 8000)]
+    return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + b"".join(lines)
+
+
+def open_held_heads(port: int, context: ssl.SSLContext, count: int) -> tuple[list[ssl.SSLSocket], int]:
+    """Open `count` TLS connections that each send a request and, in the same write, most of a next head
+    that never ends; (the connections, how many got their first answer)."""
+    held: list[ssl.SSLSocket] = []
+    answered = 0
+    write = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n" + unfinished_head()
+    for _ in range(count):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            sock = context.wrap_socket(raw, server_hostname="localhost")
+            sock.sendall(write)
+            answered += bool(sock.recv(4096))
+            held.append(sock)
+        except (OSError, ssl.SSLError):
+            raw.close()
+    return held, answered
+
+
 def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, print
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reviews", type=int, default=100_000)
     parser.add_argument("--idle", type=int, default=5000, help="idle TLS connections to open")
+    parser.add_argument(
+        "--held-heads", type=int, default=1000, help="connections holding a never-finished head"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--paths", default="/mutate", help="comma list of admission paths to send to")
@@ -519,6 +551,7 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         url = f"https://127.0.0.1:{port}"
         held: list[ssl.SSLSocket] = []
+        heads: list[ssl.SSLSocket] = []
         try:
             asyncio.run(bench_webhook.wait_ready(url, context, proc, 120))
             if args.tenant_flood:
@@ -545,8 +578,13 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             valid = json.dumps(valid_review(random.Random(args.seed), 0)).encode()
             after_s, after_status, _ = asyncio.run(time_review(url, context, valid, 1))
             open_now = still_open(held)
+            heads, heads_answered = open_held_heads(port, context, args.held_heads)
+            time.sleep(1)
+            rss_heads, _ = bench_webhook.rss_mib(proc.pid)
+            heads_open = still_open(heads)
+            heads_after_s, heads_after_status, _ = asyncio.run(time_review(url, context, valid, 1))
         finally:
-            for sock in held:
+            for sock in held + heads:
                 sock.close()
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=60)
@@ -568,9 +606,15 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         f"webhook RSS {rss_idle:.0f} MiB"
     )
     print(f"a review on a new connection after them: HTTP {after_status} in {after_s * 1000:.1f} ms")
+    print(
+        f"{args.held_heads} TLS connections each holding a never-finished head of {len(unfinished_head())} "
+        f"bytes sent after a request: {heads_answered} answered, {heads_open} still open; "
+        f"webhook RSS {rss_heads:.0f} MiB; a review on a new connection after them: "
+        f"HTTP {heads_after_status} in {heads_after_s * 1000:.1f} ms"
+    )
     print(f"tracebacks in the webhook log: {tracebacks}; exit code on SIGTERM {code}")
     print(f"webhook log: {workdir / 'webhook.log'}")
-    bad = classes["5xx"] + classes["internal error"] + tracebacks
+    bad = classes["5xx"] + classes["internal error"] + tracebacks + (heads_after_status != 200)
     return 0 if bad == 0 and code == 0 else 1
 
 

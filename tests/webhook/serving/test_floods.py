@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kube_vgpu.httpedge.edge import MAX_FIELD_BYTES, MAX_HEAD_BYTES, MAX_HEADERS
+from kube_vgpu.httpedge.edge import MAX_FIELD_BYTES, MAX_HEAD_BYTES, MAX_HEADERS, SLICE_BYTES
 from kube_vgpu.httpedge.listener import ConnectionLimits
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
@@ -356,6 +356,38 @@ def test_a_head_is_bounded_as_a_whole_on_both_sides(webhook: ThreadedWebhook) ->
         sock.sendall(_padded_head(MAX_HEAD_BYTES // 8000 + 1))  # past it, and not even finished
         assert closed_by_server(sock)
     assert webhook.read(lambda: listener.expired) == expired  # by the bound, not the request deadline
+
+
+def test_a_next_head_in_the_same_read_as_a_request_is_bounded_on_both_sides(webhook: ThreadedWebhook) -> None:
+    # Attack: one write holds a whole request and a large part of the next head. aiohttp's parser holds
+    # those bytes but says nothing of them, and the read they came in ended a request, so no count
+    # saw them: 1,000 connections holding 96 kB that way put the webhook at 508 MiB, past the
+    # chart's limit. A read is fed in slices, so at most one slice of them goes uncounted.
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    under = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8100 - 1)  # within a slice and the bound
+    over = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8000 + 1)  # past both
+    with _tls(webhook, timeout=3.0) as sock:
+        sock.sendall(request + under)
+        head, _ = _answer(sock)
+        assert b" 200 " in head.split(b"\r\n")[0]
+        with pytest.raises(TimeoutError):  # still open, its head still being waited for
+            sock.recv(1)
+    with _tls(webhook, timeout=3.0) as sock:  # well under the 5 s request deadline and 60 s idle timeout
+        sock.sendall(request + over)
+        # Closed once the count passes the bound: after the first answer, or before it when the whole
+        # write came in one read (the answer is not written yet when the read is counted).
+        data = b""
+        while chunk := _recv_or_closed(sock):
+            data += chunk
+        assert data.count(b"HTTP/1.1") <= 1
+
+
+def _recv_or_closed(sock: ssl.SSLSocket) -> bytes:
+    """What the server sent next, or b"" once it has closed the connection (a timeout fails)."""
+    try:
+        return sock.recv(65536)
+    except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BrokenPipeError):
+        return b""
 
 
 def test_pipelined_heads_never_answered_are_bounded_per_connection(webhook: ThreadedWebhook) -> None:
