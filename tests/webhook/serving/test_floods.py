@@ -408,6 +408,33 @@ def test_a_head_behind_a_full_queue_in_one_read_is_bounded_on_both_sides(webhook
         assert data.count(b"HTTP/1.1") <= requests
 
 
+def test_a_kept_alive_connection_does_not_hold_its_last_body_while_idle(webhook: ThreadedWebhook) -> None:
+    # Attack: a 3 kB gzip review that inflates to the 3 MiB body limit, answered, and the connection
+    # kept open. aiohttp keeps the last request of a connection until the next one arrives, and
+    # `read()` keeps the body on it: 1,000 such idle connections (1 MB each) put the webhook at
+    # 1,377 MiB. The body is read without being kept on the request.
+    inflated = b" " * (MAX_BODY_BYTES - len(_REVIEW) - 1) + _REVIEW  # just within the limit
+    sent = gzip.compress(inflated)
+    write = _head(length=len(sent), extra="Content-Encoding: gzip\r\n") + sent
+    del inflated
+    connections = 20
+    socks: list[ssl.SSLSocket] = []
+    rss_before = _rss_mib()
+    try:
+        for _ in range(connections):
+            sock = _tls(webhook)
+            socks.append(sock)
+            sock.sendall(write)
+            head, body = _answer(sock)
+            assert b" 200 " in head.split(b"\r\n")[0] and json.loads(body)["response"]["allowed"] is True
+        grown = _rss_mib() - rss_before
+    finally:
+        for sock in socks:
+            sock.close()
+    held = connections * MAX_BODY_BYTES / 2**20  # 60 MiB, were the bodies kept
+    assert grown < held / 4, f"{grown:.0f} MiB more with {connections} idle connections"
+
+
 def _send_in_one_read(webhook: ThreadedWebhook, sock: ssl.SSLSocket, write: bytes) -> None:
     """Send `write` while the webhook's loop is busy (as when it serves many connections), so that it
     reads the whole write at once rather than as it arrives."""
