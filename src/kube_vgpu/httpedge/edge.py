@@ -105,7 +105,7 @@ class AdmissionProtocol(RequestHandler):
         # Bytes of the head arriving now (none while a body arrives), and the last request's body.
         self._head_bytes = 0
         self._last_payload: StreamReader | None = None
-        # The rest of a read that came while aiohttp's queue of requests was full (see data_received).
+        # The rest of a read that came while aiohttp's parser was paused (see data_received).
         self._unfed = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -130,11 +130,12 @@ class AdmissionProtocol(RequestHandler):
         for start in range(0, len(data), SLICE_BYTES):
             if self.transport is None or self.transport.is_closing():
                 return  # closed by a bound below (or by aiohttp): the rest is never read
-            if len(self._messages) >= self._max_msg_queue_size:
-                # aiohttp's parser stops at its queue's bound and keeps what it is fed after that
-                # unparsed, parsing it later when it asks for more (`data_received(b"")`), where no
-                # count would see it; each slice fed meanwhile completes a request, so none did
-                # either. Keep the rest of the read here, unparsed, and feed it when asked.
+            if self._reading_paused or len(self._messages) >= self._max_msg_queue_size:
+                # aiohttp's parser stops at its queue's bound, or for a body its handler has not read
+                # yet, and keeps what it is fed after that unparsed, parsing it when it asks for more
+                # (`data_received(b"")`) where no count would see it: a slice fed meanwhile completes
+                # a request, or counts as body. Keep the rest of the read here, unparsed, and feed it
+                # when asked.
                 self._unfed = data[start:]
                 return
             self._feed(data[start : start + SLICE_BYTES])

@@ -408,6 +408,30 @@ def test_a_head_behind_a_full_queue_in_one_read_is_bounded_on_both_sides(webhook
         assert data.count(b"HTTP/1.1") <= requests
 
 
+def test_a_head_behind_a_paused_body_in_one_read_is_bounded_on_both_sides(webhook: ThreadedWebhook) -> None:
+    # Attack: one write of a gzip review inflating past aiohttp's read-ahead and then a large part of a
+    # next head. aiohttp pauses its parser for the body and keeps what it is fed after that
+    # unparsed, parsing it when the handler has read the body, from `data_received(b"")` while the
+    # body still counted as arriving: none of the head was counted, and 1,000 such connections
+    # held 88 kB each. The rest of such a read is now kept back unparsed, and counted when fed.
+    sent = gzip.compress(b" " * 1_000_000 + _REVIEW)
+    review = _head(length=len(sent), extra="Content-Encoding: gzip\r\n") + sent
+    under = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8100 - 1)  # within a slice and the bound
+    over = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8000 + 1)  # past both
+    with _tls(webhook, timeout=3.0) as sock:
+        _send_in_one_read(webhook, sock, review + under)
+        head, body = _answer(sock)
+        assert b" 200 " in head.split(b"\r\n")[0] and json.loads(body)["response"]["allowed"] is True
+        with pytest.raises(TimeoutError):  # still open, its head still being waited for
+            sock.recv(1)
+    with _tls(webhook, timeout=3.0) as sock:  # well under the 5 s request deadline and 60 s idle timeout
+        _send_in_one_read(webhook, sock, review + over)
+        data = b""
+        while chunk := _recv_or_closed(sock):  # closed once the count passes the bound
+            data += chunk
+        assert data.count(b"HTTP/1.1") <= 1
+
+
 def test_a_kept_alive_connection_does_not_hold_its_last_body_while_idle(webhook: ThreadedWebhook) -> None:
     # Attack: a 3 kB gzip review that inflates to the 3 MiB body limit, answered, and the connection
     # kept open. aiohttp keeps the last request of a connection until the next one arrives, and
