@@ -96,7 +96,7 @@ class AdmissionProtocol(RequestHandler):
     """aiohttp's RequestHandler for one connection, reporting to its slot and answering framing errors
     with JSON."""
 
-    __slots__ = ("_head_bytes", "_last_payload", "edge", "slot")
+    __slots__ = ("_head_bytes", "_last_payload", "_unfed", "edge", "slot")
 
     def __init__(self, manager: EdgeServer, slot: SlotHooks | None, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -105,6 +105,8 @@ class AdmissionProtocol(RequestHandler):
         # Bytes of the head arriving now (none while a body arrives), and the last request's body.
         self._head_bytes = 0
         self._last_payload: StreamReader | None = None
+        # The rest of a read that came while aiohttp's parser was paused (see data_received).
+        self._unfed = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -113,6 +115,7 @@ class AdmissionProtocol(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
+        self._unfed = b""
         if self.slot is not None:
             self.slot.lost()
             self.slot = None
@@ -120,12 +123,21 @@ class AdmissionProtocol(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self.slot is not None and data:
             self.slot.received()
-        if len(data) <= SLICE_BYTES:
-            self._feed(data)
-            return
+        if not data or self._unfed:
+            if not data:  # aiohttp asks for more (its queue drained): what its parser kept goes first
+                self._feed(data)
+            data, self._unfed = self._unfed + data, b""
         for start in range(0, len(data), SLICE_BYTES):
             if self.transport is None or self.transport.is_closing():
                 return  # closed by a bound below (or by aiohttp): the rest is never read
+            if self._reading_paused or len(self._messages) >= self._max_msg_queue_size:
+                # aiohttp's parser stops at its queue's bound, or for a body its handler has not read
+                # yet, and keeps what it is fed after that unparsed, parsing it when it asks for more
+                # (`data_received(b"")`) where no count would see it: a slice fed meanwhile completes
+                # a request, or counts as body. Keep the rest of the read here, unparsed, and feed it
+                # when asked.
+                self._unfed = data[start:]
+                return
             self._feed(data[start : start + SLICE_BYTES])
 
     def _feed(self, data: bytes) -> None:

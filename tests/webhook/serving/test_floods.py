@@ -382,6 +382,102 @@ def test_a_next_head_in_the_same_read_as_a_request_is_bounded_on_both_sides(webh
         assert data.count(b"HTTP/1.1") <= 1
 
 
+def test_a_head_behind_a_full_queue_in_one_read_is_bounded_on_both_sides(webhook: ThreadedWebhook) -> None:
+    # Attack: one write of 100 small pipelined requests and then a large part of a next head. aiohttp's
+    # parser stops at 32 queued requests and keeps the rest of what it is fed unparsed; each later
+    # slice of the read then completed one request, so no count saw any of it, and it was parsed
+    # later, out of any read: 1,000 connections each holding an 88 kB head that way put the webhook
+    # at 606 MiB. The rest of such a read is now kept back unparsed, and counted when aiohttp asks
+    # for more.
+    requests = 100
+    write = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n" * requests
+    under = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8100 - 1)  # within a slice and the bound
+    over = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8000 + 1)  # past both
+    with _tls(webhook, timeout=3.0) as sock:
+        _send_in_one_read(webhook, sock, write + under)
+        for _ in range(requests):
+            head, _ = _answer(sock)
+            assert b" 200 " in head.split(b"\r\n")[0]
+        with pytest.raises(TimeoutError):  # still open, its head still being waited for
+            sock.recv(1)
+    with _tls(webhook, timeout=3.0) as sock:  # well under the 5 s request deadline and 60 s idle timeout
+        _send_in_one_read(webhook, sock, write + over)
+        data = b""
+        while chunk := _recv_or_closed(sock):  # closed once the count passes the bound
+            data += chunk
+        assert data.count(b"HTTP/1.1") <= requests
+
+
+def test_a_head_behind_a_paused_body_in_one_read_is_bounded_on_both_sides(webhook: ThreadedWebhook) -> None:
+    # Attack: one write of a gzip review inflating past aiohttp's read-ahead and then a large part of a
+    # next head. aiohttp pauses its parser for the body and keeps what it is fed after that
+    # unparsed, parsing it when the handler has read the body, from `data_received(b"")` while the
+    # body still counted as arriving: none of the head was counted, and 1,000 such connections
+    # held 88 kB each. The rest of such a read is now kept back unparsed, and counted when fed.
+    sent = gzip.compress(b" " * 1_000_000 + _REVIEW)
+    review = _head(length=len(sent), extra="Content-Encoding: gzip\r\n") + sent
+    under = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8100 - 1)  # within a slice and the bound
+    over = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8000 + 1)  # past both
+    with _tls(webhook, timeout=3.0) as sock:
+        _send_in_one_read(webhook, sock, review + under)
+        head, body = _answer(sock)
+        assert b" 200 " in head.split(b"\r\n")[0] and json.loads(body)["response"]["allowed"] is True
+        with pytest.raises(TimeoutError):  # still open, its head still being waited for
+            sock.recv(1)
+    with _tls(webhook, timeout=3.0) as sock:  # well under the 5 s request deadline and 60 s idle timeout
+        _send_in_one_read(webhook, sock, review + over)
+        data = b""
+        while chunk := _recv_or_closed(sock):  # closed once the count passes the bound
+            data += chunk
+        assert data.count(b"HTTP/1.1") <= 1
+
+
+def test_a_kept_alive_connection_does_not_hold_its_last_body_while_idle(webhook: ThreadedWebhook) -> None:
+    # Attack: a 3 kB gzip review that inflates to the 3 MiB body limit, answered, and the connection
+    # kept open. aiohttp keeps the last request of a connection until the next one arrives, and
+    # `read()` keeps the body on it: 1,000 such idle connections (1 MB each) put the webhook at
+    # 1,377 MiB. The body is read without being kept on the request.
+    inflated = b" " * (MAX_BODY_BYTES - len(_REVIEW) - 1) + _REVIEW  # just within the limit
+    sent = gzip.compress(inflated)
+    write = _head(length=len(sent), extra="Content-Encoding: gzip\r\n") + sent
+    del inflated
+    connections = 20
+    socks: list[ssl.SSLSocket] = []
+    rss_before = _rss_mib()
+    try:
+        for _ in range(connections):
+            sock = _tls(webhook)
+            socks.append(sock)
+            sock.sendall(write)
+            head, body = _answer(sock)
+            assert b" 200 " in head.split(b"\r\n")[0] and json.loads(body)["response"]["allowed"] is True
+        grown = _rss_mib() - rss_before
+    finally:
+        for sock in socks:
+            sock.close()
+    held = connections * MAX_BODY_BYTES / 2**20  # 60 MiB, were the bodies kept
+    assert grown < held / 4, f"{grown:.0f} MiB more with {connections} idle connections"
+
+
+def _send_in_one_read(webhook: ThreadedWebhook, sock: ssl.SSLSocket, write: bytes) -> None:
+    """Send `write` while the webhook's loop is busy (as when it serves many connections), so that it
+    reads the whole write at once rather than as it arrives."""
+    busy, sent = threading.Event(), threading.Event()
+
+    async def occupy() -> None:
+        busy.set()
+        sent.wait(timeout=BOUND)  # blocks the loop, as a long stretch of other work would
+
+    done = webhook.submit(occupy())
+    assert busy.wait(timeout=BOUND)
+    try:
+        sock.sendall(write)
+        time.sleep(0.1)  # let the kernel deliver all of it to the webhook's socket
+    finally:
+        sent.set()
+    done.result(timeout=BOUND)
+
+
 def _recv_or_closed(sock: ssl.SSLSocket) -> bytes:
     """What the server sent next, or b"" once it has closed the connection (a timeout fails)."""
     try:
