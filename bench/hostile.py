@@ -7,7 +7,8 @@ error" denial), the webhook's RSS before and after, the time of the worst-case l
 its RSS with N idle connections opened (at the connection cap the longest idle are closed to admit
 new ones), and whether a review on a new connection is answered after them; then the same with
 connections that each send a request and, in the same write, the largest part of a next head the
-webhook holds (`--held-heads`), which never ends.
+webhook holds (`--held-heads`), which never ends; then with connections left idle after one gzip
+review each that inflates to 1 MiB (`--idle-after-large`).
 
     .venv/bin/python bench/hostile.py                     # 100,000 reviews, 5,000 idle connections
     .venv/bin/python bench/hostile.py --quick             # 5,000 reviews, 1,500 idle connections
@@ -492,6 +493,35 @@ def open_held_heads(port: int, context: ssl.SSLContext, count: int) -> tuple[lis
     return held, answered
 
 
+def inflating_review(size: int) -> bytes:
+    """A valid review padded with spaces to `size` bytes, gzip-compressed (a few kB on the wire)."""
+    plain = json.dumps(valid_review(random.Random(0), 0)).encode()
+    return gzip.compress(plain[:-1] + b" " * (size - len(plain)) + b"}")
+
+
+def open_idle_after_large(
+    port: int, context: ssl.SSLContext, count: int, body: bytes
+) -> tuple[list[ssl.SSLSocket], int]:
+    """Open `count` TLS connections that each send one gzip review (`body`) and then stay idle;
+    (the connections, how many were answered 200)."""
+    held: list[ssl.SSLSocket] = []
+    answered = 0
+    head = (
+        "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Content-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    for _ in range(count):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            sock = context.wrap_socket(raw, server_hostname="localhost")
+            sock.sendall(head + body)
+            answered += sock.recv(4096).startswith(b"HTTP/1.1 200")
+            held.append(sock)
+        except (OSError, ssl.SSLError):
+            raw.close()
+    return held, answered
+
+
 def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, print
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reviews", type=int, default=100_000)
@@ -499,6 +529,13 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
     parser.add_argument(
         "--held-heads", type=int, default=1000, help="connections holding a never-finished head"
     )
+    parser.add_argument(
+        "--idle-after-large",
+        type=int,
+        default=1000,
+        help="connections left idle after one gzip review that inflates to --inflated-kib",
+    )
+    parser.add_argument("--inflated-kib", type=int, default=1024, help="what that gzip review inflates to")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--paths", default="/mutate", help="comma list of admission paths to send to")
@@ -552,6 +589,7 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         url = f"https://127.0.0.1:{port}"
         held: list[ssl.SSLSocket] = []
         heads: list[ssl.SSLSocket] = []
+        after_large: list[ssl.SSLSocket] = []
         try:
             asyncio.run(bench_webhook.wait_ready(url, context, proc, 120))
             if args.tenant_flood:
@@ -583,8 +621,14 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             rss_heads, _ = bench_webhook.rss_mib(proc.pid)
             heads_open = still_open(heads)
             heads_after_s, heads_after_status, _ = asyncio.run(time_review(url, context, valid, 1))
+            for sock in heads:
+                sock.close()
+            large = inflating_review(args.inflated_kib * 1024)
+            after_large, large_answered = open_idle_after_large(port, context, args.idle_after_large, large)
+            time.sleep(1)
+            rss_after_large, _ = bench_webhook.rss_mib(proc.pid)
         finally:
-            for sock in held + heads:
+            for sock in held + heads + after_large:
                 sock.close()
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=60)
@@ -611,6 +655,11 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         f"bytes sent after a request: {heads_answered} answered, {heads_open} still open; "
         f"webhook RSS {rss_heads:.0f} MiB; a review on a new connection after them: "
         f"HTTP {heads_after_status} in {heads_after_s * 1000:.1f} ms"
+    )
+    print(
+        f"{args.idle_after_large} TLS connections idle after one gzip review each ({len(large)} bytes "
+        f"inflating to {args.inflated_kib} KiB): {large_answered} answered 200; webhook RSS "
+        f"{rss_after_large:.0f} MiB"
     )
     print(f"tracebacks in the webhook log: {tracebacks}; exit code on SIGTERM {code}")
     print(f"webhook log: {workdir / 'webhook.log'}")
