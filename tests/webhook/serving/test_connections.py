@@ -442,22 +442,34 @@ def _hold_reviews(webhook: ThreadedWebhook) -> Callable[[], None]:
     return lambda: webhook.call(release())
 
 
+def _next_head_begun_while_a_review_is_computed(
+    webhook: ThreadedWebhook,
+) -> tuple[ssl.SSLSocket, Callable[[], None]]:
+    """A connection whose review is being computed (held until the returned function is called) and
+    on which the first bytes of a next request have arrived."""
+    release = _hold_reviews(webhook)
+    listener = webhook.server.listener
+    assert listener is not None
+    body = json.dumps(review(pod(container(memory=1000)))).encode()
+    sock = _tls_socket(webhook)
+    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    slots = listener.connections
+    _wait(lambda: webhook.read(lambda: any(s.busy for s in slots)), "the review to be computed")
+    sock.sendall(_request()[:20])
+    _wait(lambda: webhook.read(lambda: any(s.woke for s in slots)), "the next head's bytes")
+    return sock, release
+
+
 @pytest.mark.parametrize("busy_for", [0.5, 1.5])
 def test_a_head_begun_while_the_previous_review_is_computed_is_cut_at_the_deadline(
     strict: ThreadedWebhook, busy_for: float
 ) -> None:
     # The next request's deadline runs from the answer; the wake-up set when the first request began
     # is still pending (0.5: it moves to the later deadline) or has fired and ended (1.5: a new one).
-    release = _hold_reviews(strict)
+    sock, release = _next_head_begun_while_a_review_is_computed(strict)
     listener = strict.server.listener
     assert listener is not None
-    body = json.dumps(review(pod(container(memory=1000)))).encode()
-    sock = _tls_socket(strict)
-    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
-    sock.sendall(head.encode() + body)
-    _wait(lambda: strict.read(lambda: any(s.busy for s in listener.connections)), "the review to be computed")
-    sock.sendall(_request()[:20])
-    _wait(lambda: strict.read(lambda: any(s.woke for s in listener.connections)), "the next head's bytes")
     time.sleep(busy_for * STRICT_DEADLINE)
     release()
     assert b" 200 " in _read_response(sock)
@@ -503,16 +515,9 @@ def test_a_connection_gone_while_its_review_was_computed_is_not_counted_as_a_dea
     # The caller began a next request while its review was computed, then went away; the answer comes
     # after the connection is gone. No deadline may start for the request that will never arrive: it
     # would count the connection as expired (an alert for slow callers) and keep its slot a deadline longer.
-    release = _hold_reviews(strict)
+    sock, release = _next_head_begun_while_a_review_is_computed(strict)
     listener = strict.server.listener
     assert listener is not None
-    body = json.dumps(review(pod(container(memory=1000)))).encode()
-    sock = _tls_socket(strict)
-    head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
-    sock.sendall(head.encode() + body)
-    _wait(lambda: strict.read(lambda: any(s.busy for s in listener.connections)), "the review to be computed")
-    sock.sendall(_request()[:20])
-    _wait(lambda: strict.read(lambda: any(s.woke for s in listener.connections)), "the next head's bytes")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
     sock.close()
     _wait(lambda: strict.read(lambda: len(listener.connections)) == 0, "the connection to be gone")

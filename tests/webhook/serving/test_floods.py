@@ -358,28 +358,28 @@ def test_a_head_is_bounded_as_a_whole_on_both_sides(webhook: ThreadedWebhook) ->
     assert webhook.read(lambda: listener.expired) == expired  # by the bound, not the request deadline
 
 
+# Most of a next head: within one slice and the head bound together, and past both.
+_UNDER_SLICE_AND_BOUND = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8100 - 1)
+_PAST_SLICE_AND_BOUND = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8000 + 1)
+
+
 def test_a_next_head_in_the_same_read_as_a_request_is_bounded_on_both_sides(webhook: ThreadedWebhook) -> None:
     # Attack: one write holds a whole request and a large part of the next head. aiohttp's parser holds
     # those bytes but says nothing of them, and the read they came in ended a request, so no count
     # saw them: 1,000 connections holding 96 kB that way put the webhook at 508 MiB, past the
     # chart's limit. A read is fed in slices, so at most one slice of them goes uncounted.
     request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
-    under = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8100 - 1)  # within a slice and the bound
-    over = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8000 + 1)  # past both
     with _tls(webhook, timeout=3.0) as sock:
-        sock.sendall(request + under)
+        sock.sendall(request + _UNDER_SLICE_AND_BOUND)
         head, _ = _answer(sock)
         assert b" 200 " in head.split(b"\r\n")[0]
         with pytest.raises(TimeoutError):  # still open, its head still being waited for
             sock.recv(1)
     with _tls(webhook, timeout=3.0) as sock:  # well under the 5 s request deadline and 60 s idle timeout
-        sock.sendall(request + over)
+        sock.sendall(request + _PAST_SLICE_AND_BOUND)
         # Closed once the count passes the bound: after the first answer, or before it when the whole
         # write came in one read (the answer is not written yet when the read is counted).
-        data = b""
-        while chunk := _recv_or_closed(sock):
-            data += chunk
-        assert data.count(b"HTTP/1.1") <= 1
+        assert _read_until_closed(sock).count(b"HTTP/1.1") <= 1
 
 
 def test_a_head_behind_a_full_queue_in_one_read_is_bounded_on_both_sides(webhook: ThreadedWebhook) -> None:
@@ -391,21 +391,16 @@ def test_a_head_behind_a_full_queue_in_one_read_is_bounded_on_both_sides(webhook
     # for more.
     requests = 100
     write = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n" * requests
-    under = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8100 - 1)  # within a slice and the bound
-    over = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8000 + 1)  # past both
     with _tls(webhook, timeout=3.0) as sock:
-        _send_in_one_read(webhook, sock, write + under)
+        _send_in_one_read(webhook, sock, write + _UNDER_SLICE_AND_BOUND)
         for _ in range(requests):
             head, _ = _answer(sock)
             assert b" 200 " in head.split(b"\r\n")[0]
         with pytest.raises(TimeoutError):  # still open, its head still being waited for
             sock.recv(1)
     with _tls(webhook, timeout=3.0) as sock:  # well under the 5 s request deadline and 60 s idle timeout
-        _send_in_one_read(webhook, sock, write + over)
-        data = b""
-        while chunk := _recv_or_closed(sock):  # closed once the count passes the bound
-            data += chunk
-        assert data.count(b"HTTP/1.1") <= requests
+        _send_in_one_read(webhook, sock, write + _PAST_SLICE_AND_BOUND)
+        assert _read_until_closed(sock).count(b"HTTP/1.1") <= requests
 
 
 def test_a_head_behind_a_paused_body_in_one_read_is_bounded_on_both_sides(webhook: ThreadedWebhook) -> None:
@@ -416,20 +411,15 @@ def test_a_head_behind_a_paused_body_in_one_read_is_bounded_on_both_sides(webhoo
     # held 88 kB each. The rest of such a read is now kept back unparsed, and counted when fed.
     sent = gzip.compress(b" " * 1_000_000 + _REVIEW)
     review = _head(length=len(sent), extra="Content-Encoding: gzip\r\n") + sent
-    under = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8100 - 1)  # within a slice and the bound
-    over = _padded_head((MAX_HEAD_BYTES + SLICE_BYTES) // 8000 + 1)  # past both
     with _tls(webhook, timeout=3.0) as sock:
-        _send_in_one_read(webhook, sock, review + under)
+        _send_in_one_read(webhook, sock, review + _UNDER_SLICE_AND_BOUND)
         head, body = _answer(sock)
         assert b" 200 " in head.split(b"\r\n")[0] and json.loads(body)["response"]["allowed"] is True
         with pytest.raises(TimeoutError):  # still open, its head still being waited for
             sock.recv(1)
     with _tls(webhook, timeout=3.0) as sock:  # well under the 5 s request deadline and 60 s idle timeout
-        _send_in_one_read(webhook, sock, review + over)
-        data = b""
-        while chunk := _recv_or_closed(sock):  # closed once the count passes the bound
-            data += chunk
-        assert data.count(b"HTTP/1.1") <= 1
+        _send_in_one_read(webhook, sock, review + _PAST_SLICE_AND_BOUND)
+        assert _read_until_closed(sock).count(b"HTTP/1.1") <= 1
 
 
 def test_a_kept_alive_connection_does_not_hold_its_last_body_while_idle(webhook: ThreadedWebhook) -> None:
@@ -478,12 +468,17 @@ def _send_in_one_read(webhook: ThreadedWebhook, sock: ssl.SSLSocket, write: byte
     done.result(timeout=BOUND)
 
 
-def _recv_or_closed(sock: ssl.SSLSocket) -> bytes:
-    """What the server sent next, or b"" once it has closed the connection (a timeout fails)."""
-    try:
-        return sock.recv(65536)
-    except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BrokenPipeError):
-        return b""
+def _read_until_closed(sock: ssl.SSLSocket) -> bytes:
+    """Everything the server sends until it closes the connection (a timeout of the socket fails)."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError, BrokenPipeError):
+            return data
+        if not chunk:
+            return data
+        data += chunk
 
 
 def test_pipelined_heads_never_answered_are_bounded_per_connection(webhook: ThreadedWebhook) -> None:
