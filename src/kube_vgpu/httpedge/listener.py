@@ -57,7 +57,6 @@ class Slot:
     __slots__ = (
         "_timer",
         "busy",
-        "closed",
         "deadline",
         "handling",
         "listener",
@@ -80,8 +79,6 @@ class Slot:
         self.handling = False
         # Bytes arrived while busy: a pipelined request may be waiting.
         self.woke = False
-        # The connection has ended (or was closed here): nothing may start a deadline for it again.
-        self.closed = False
         self.protocol: AdmissionProtocol | None = None
         # Kept apart from the protocol's, which aiohttp drops as soon as it starts closing.
         self.transport: asyncio.Transport | None = None
@@ -110,7 +107,6 @@ class Slot:
 
     def lost(self) -> None:
         """The connection ended."""
-        self.closed = True
         self._disarm()
         self.listener.forget(self)
 
@@ -135,9 +131,10 @@ class Slot:
         now = self.listener.loop.time()
         self.since = now
         self.listener.progressed(self)
-        if self.woke and not self.closed:
-            # (A handler runs to its answer after its connection has gone: the next request it had
-            # begun will never arrive, and a deadline for it would count the connection as expired.)
+        if self.woke and self in self.listener.connections:
+            # (Not when the connection has gone, forgotten by the listener: a handler runs to its
+            # answer after that, and a deadline for the next request it had begun, which will never
+            # arrive, would count the connection as expired.)
             self.woke = False
             self._arm(now)
         else:
@@ -150,7 +147,6 @@ class Slot:
 
     def close_now(self) -> None:
         """Close at once, without waiting for the peer (handshake or not)."""
-        self.closed = True
         self._disarm()
         # Forgotten now, not when the loop reports the close: the count never passes the cap.
         self.listener.forget(self)
