@@ -135,9 +135,10 @@ def _documents(paths: builtins.list[str]) -> builtins.list[Mapping[str, Any]]:
                 document = safe_load(stream)
         except OSError as exc:
             raise KubeConfigError(f"cannot read kubeconfig {path}: {exc.strerror}") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            problem = yaml_problem(exc) if isinstance(exc, yaml.YAMLError) else utf8_problem(exc)
-            raise KubeConfigError(f"kubeconfig {path}: {problem}") from None
+        except yaml.YAMLError as exc:
+            raise KubeConfigError(f"kubeconfig {path}: {yaml_problem(exc)}") from None
+        except UnicodeDecodeError as exc:
+            raise KubeConfigError(f"kubeconfig {path}: {utf8_problem(exc)}") from None
         if document is not None and not isinstance(document, Mapping):
             kind = "a list" if isinstance(document, list) else type(document).__name__
             raise KubeConfigError(f"kubeconfig {path}: expected a mapping (kind: Config), got {kind}")
