@@ -38,7 +38,7 @@ import time
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -449,22 +449,36 @@ def still_open(socks: list[ssl.SSLSocket]) -> int:
     return count
 
 
-def open_idle(port: int, context: ssl.SSLContext, count: int) -> tuple[list[ssl.SSLSocket], int]:
-    """Open `count` TLS connections that each send one request and then stay idle; (answered, refused)."""
+HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+class Opened(NamedTuple):
+    """Connections opened by `open_connections`."""
+
+    held: list[ssl.SSLSocket]  # those that got an answer, kept open
+    ok: int  # of those, the answers that were HTTP 200
+    refused: int  # closed, or failed, before any answer
+
+
+def open_connections(port: int, context: ssl.SSLContext, count: int, write: bytes) -> Opened:
+    """Open `count` TLS connections one after another, each sending `write` and reading the start of
+    its first answer; those answered stay open."""
     held: list[ssl.SSLSocket] = []
-    refused = 0
+    ok = refused = 0
     for _ in range(count):
         raw = socket.create_connection(("127.0.0.1", port), timeout=10)
         try:
             sock = context.wrap_socket(raw, server_hostname="localhost")
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            if not sock.recv(4096):
+            sock.sendall(write)
+            answer = sock.recv(4096)
+            if not answer:
                 raise ConnectionError("closed")
+            ok += answer.startswith(b"HTTP/1.1 200")
             held.append(sock)
         except (OSError, ssl.SSLError):
             raw.close()
             refused += 1
-    return held, refused
+    return Opened(held, ok, refused)
 
 
 def unfinished_head() -> bytes:
@@ -475,51 +489,16 @@ def unfinished_head() -> bytes:
     return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + b"".join(lines)
 
 
-def open_held_heads(port: int, context: ssl.SSLContext, count: int) -> tuple[list[ssl.SSLSocket], int]:
-    """Open `count` TLS connections that each send a request and, in the same write, most of a next head
-    that never ends; (the connections, how many got their first answer)."""
-    held: list[ssl.SSLSocket] = []
-    answered = 0
-    write = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n" + unfinished_head()
-    for _ in range(count):
-        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
-        try:
-            sock = context.wrap_socket(raw, server_hostname="localhost")
-            sock.sendall(write)
-            answered += bool(sock.recv(4096))
-            held.append(sock)
-        except (OSError, ssl.SSLError):
-            raw.close()
-    return held, answered
-
-
 def inflating_review(size: int) -> bytes:
-    """A valid review padded with spaces to `size` bytes, gzip-compressed (a few kB on the wire)."""
+    """A POST of a valid review padded with spaces to `size` bytes, gzip-compressed (a few kB on the
+    wire)."""
     plain = json.dumps(valid_review(random.Random(0), 0)).encode()
-    return gzip.compress(plain[:-1] + b" " * (size - len(plain)) + b"}")
-
-
-def open_idle_after_large(
-    port: int, context: ssl.SSLContext, count: int, body: bytes
-) -> tuple[list[ssl.SSLSocket], int]:
-    """Open `count` TLS connections that each send one gzip review (`body`) and then stay idle;
-    (the connections, how many were answered 200)."""
-    held: list[ssl.SSLSocket] = []
-    answered = 0
+    body = gzip.compress(plain[:-1] + b" " * (size - len(plain)) + b"}")
     head = (
         "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         f"Content-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode()
-    for _ in range(count):
-        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
-        try:
-            sock = context.wrap_socket(raw, server_hostname="localhost")
-            sock.sendall(head + body)
-            answered += sock.recv(4096).startswith(b"HTTP/1.1 200")
-            held.append(sock)
-        except (OSError, ssl.SSLError):
-            raw.close()
-    return held, answered
+    return head + body
 
 
 def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, print
@@ -587,9 +566,7 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         log = (workdir / "webhook.log").open("wb")
         proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         url = f"https://127.0.0.1:{port}"
-        held: list[ssl.SSLSocket] = []
-        heads: list[ssl.SSLSocket] = []
-        after_large: list[ssl.SSLSocket] = []
+        held: list[ssl.SSLSocket] = []  # every connection opened below, closed at the end
         try:
             asyncio.run(bench_webhook.wait_ready(url, context, proc, 120))
             if args.tenant_flood:
@@ -611,24 +588,27 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             )
             rss_after, rss_peak = bench_webhook.rss_mib(proc.pid)
             worst_s, worst_status, worst_outcome = asyncio.run(time_review(url, context, worst, 5))
-            held, refused = open_idle(port, context, args.idle)
+            idle = open_connections(port, context, args.idle, HEALTHZ)
+            held += idle.held
             rss_idle, _ = bench_webhook.rss_mib(proc.pid)
             valid = json.dumps(valid_review(random.Random(args.seed), 0)).encode()
             after_s, after_status, _ = asyncio.run(time_review(url, context, valid, 1))
-            open_now = still_open(held)
-            heads, heads_answered = open_held_heads(port, context, args.held_heads)
+            open_now = still_open(idle.held)
+            heads = open_connections(port, context, args.held_heads, HEALTHZ + unfinished_head())
+            held += heads.held
             time.sleep(1)
             rss_heads, _ = bench_webhook.rss_mib(proc.pid)
-            heads_open = still_open(heads)
+            heads_open = still_open(heads.held)
             heads_after_s, heads_after_status, _ = asyncio.run(time_review(url, context, valid, 1))
-            for sock in heads:
+            for sock in heads.held:
                 sock.close()
-            large = inflating_review(args.inflated_kib * 1024)
-            after_large, large_answered = open_idle_after_large(port, context, args.idle_after_large, large)
+            large_write = inflating_review(args.inflated_kib * 1024)
+            large = open_connections(port, context, args.idle_after_large, large_write)
+            held += large.held
             time.sleep(1)
             rss_after_large, _ = bench_webhook.rss_mib(proc.pid)
         finally:
-            for sock in held + heads + after_large:
+            for sock in held:
                 sock.close()
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(timeout=60)
@@ -645,20 +625,20 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         f"HTTP {worst_status}, {worst_outcome}"
     )
     print(
-        f"{args.idle} idle TLS connections opened one after another: {len(held)} answered, {refused} "
-        f"refused, {open_now} still open at the end (the cap closes the longest idle); "
+        f"{args.idle} idle TLS connections opened one after another: {len(idle.held)} answered, "
+        f"{idle.refused} refused, {open_now} still open at the end (the cap closes the longest idle); "
         f"webhook RSS {rss_idle:.0f} MiB"
     )
     print(f"a review on a new connection after them: HTTP {after_status} in {after_s * 1000:.1f} ms")
     print(
         f"{args.held_heads} TLS connections each holding a never-finished head of {len(unfinished_head())} "
-        f"bytes sent after a request: {heads_answered} answered, {heads_open} still open; "
+        f"bytes sent after a request: {len(heads.held)} answered, {heads_open} still open; "
         f"webhook RSS {rss_heads:.0f} MiB; a review on a new connection after them: "
         f"HTTP {heads_after_status} in {heads_after_s * 1000:.1f} ms"
     )
     print(
-        f"{args.idle_after_large} TLS connections idle after one gzip review each ({len(large)} bytes "
-        f"inflating to {args.inflated_kib} KiB): {large_answered} answered 200; webhook RSS "
+        f"{args.idle_after_large} TLS connections idle after one gzip review each ({len(large_write)} "
+        f"bytes sent, inflating to {args.inflated_kib} KiB): {large.ok} answered 200; webhook RSS "
         f"{rss_after_large:.0f} MiB"
     )
     print(f"tracebacks in the webhook log: {tracebacks}; exit code on SIGTERM {code}")
