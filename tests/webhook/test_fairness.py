@@ -124,6 +124,18 @@ async def test_an_awaitable_answer_is_awaited_after_the_turn() -> None:
     assert await result == "validated"
 
 
+async def test_the_arguments_reach_the_answer_with_or_without_a_turn() -> None:
+    turns = FairTurns(large_bytes=1000)
+
+    def answer(word: str, count: int) -> str:
+        return word * count
+
+    assert turns.run(b"x" * 10, answer, "ab", 2) == "abab"
+    pending = turns.run(_body("a", 1001), answer, "cd", 3)
+    assert isinstance(pending, Awaitable)
+    assert await pending == "cdcdcd"
+
+
 def test_a_negative_size_is_refused() -> None:
     with pytest.raises(ValueError, match="must not be negative"):
         FairTurns(large_bytes=-1)

@@ -24,13 +24,14 @@ import asyncio
 import re
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from typing import Final, TypeVar, TypeVarTuple
 
 # Everyday pods are a few kB; a review this large waits for its namespace's turn.
 DEFAULT_LARGE_BYTES: Final = 64 * 1024
 _NAMESPACE = re.compile(rb'"namespace"\s*:\s*"([^"\\]{0,253})"')
 
 _Answer = TypeVar("_Answer")
+_Args = TypeVarTuple("_Args")
 
 
 def namespace_of(body: bytes) -> str:
@@ -62,16 +63,22 @@ class FairTurns:
         return sum(len(queue) for queue in self._waiting.values())
 
     def run(
-        self, body: bytes, answer: Callable[[], _Answer | Awaitable[_Answer]]
+        self,
+        body: bytes,
+        answer: Callable[[*_Args], _Answer | Awaitable[_Answer]],
+        *args: *_Args,
     ) -> _Answer | Awaitable[_Answer]:
-        """`answer()` at once for a small body; for a large one, an awaitable that runs it once its
-        namespace's turn has come."""
+        """`answer(*args)` at once for a small body; for a large one, an awaitable that runs it once
+        its namespace's turn has come."""
         if len(body) <= self.large_bytes:
-            return answer()
-        return self._after_turn(namespace_of(body), answer)
+            return answer(*args)
+        return self._after_turn(namespace_of(body), answer, *args)
 
     async def _after_turn(
-        self, namespace: str, answer: Callable[[], _Answer | Awaitable[_Answer]]
+        self,
+        namespace: str,
+        answer: Callable[[*_Args], _Answer | Awaitable[_Answer]],
+        *args: *_Args,
     ) -> _Answer:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(namespace, deque()).append(waiter)
@@ -83,7 +90,7 @@ class FairTurns:
                 self._release()  # given the turn just as its connection went away
             raise
         try:
-            result = answer()
+            result = answer(*args)
             if isinstance(result, Awaitable):
                 return await result
             return result
