@@ -8,8 +8,11 @@ core) sends one realistic inference-pod review over TLS keep-alive to each serve
 at concurrency 8 and 1, for `/mutate` and `/validate` (the floor only has `/mutate`; it gets the
 same body). The third server (`bench/bare_aiohttp.py`, same core, same certificate) is aiohttp's
 low-level server on uvloop answering a fixed review: what the HTTP server alone costs, apart from the
-decision (`--bare none` leaves it out). Printed: reviews/s, p50 and p99 of each, the ratios, CPU per
-review, and the webhook's RSS.
+decision (`--bare none` leaves it out). With `--bare decision` it answers with kube-vgpu's own
+decision instead (parse, the phase's rules, encode, on a cache filled from the same stand-in API
+server) and none of the webhook's layers around it (connection cap, request deadline, body budget,
+fair turns, metrics): what the decision costs on aiohttp alone. Printed: reviews/s, p50 and p99 of
+each, the ratios, CPU per review, and the webhook's RSS.
 
     .venv/bin/python bench/webhook.py   # builds the Go floor with bench/gofloor/build.sh
     .venv/bin/python bench/webhook.py --loadgen BIN/loadgen \
@@ -249,12 +252,14 @@ async def wait_ready(
     raise SystemExit("the webhook did not become ready in time")
 
 
-async def mutate_once(url: str, context: ssl.SSLContext, body: bytes) -> dict[str, Any]:
-    """The webhook's answer to one review (to build the validating phase's body from its patch)."""
+async def review_once(
+    url: str, context: ssl.SSLContext, body: bytes, phase: str = "mutate"
+) -> dict[str, Any]:
+    """The server's answer to one review (to build the validating phase's body from its patch)."""
     headers = {"Content-Type": "application/json"}
     async with (
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session,
-        session.post(url + "/mutate", data=body, headers=headers) as resp,
+        session.post(f"{url}/{phase}", data=body, headers=headers) as resp,
     ):
         answer: dict[str, Any] = await resp.json()
         return answer
@@ -369,8 +374,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--bare",
         default="aiohttp",
-        choices=["aiohttp", "none"],
-        help="the third server: bench/bare_aiohttp.py answering a fixed review, or none",
+        choices=["aiohttp", "decision", "none"],
+        help="the third server: bench/bare_aiohttp.py answering a fixed review (aiohttp), kube-vgpu's "
+        "decision with none of the webhook's layers (decision), or none",
     )
     parser.add_argument(
         "--quota",
@@ -481,7 +487,7 @@ def write_bodies(url: str, context: ssl.SSLContext, workdir: Path) -> dict[str, 
     bodies = {"mutate": workdir / "mutate.json", "validate": workdir / "validate.json"}
     # Compact, as the API server's Go encoder writes it.
     bodies["mutate"].write_bytes(json.dumps(review, separators=(",", ":")).encode())
-    answer = asyncio.run(mutate_once(url, context, bodies["mutate"].read_bytes()))
+    answer = asyncio.run(review_once(url, context, bodies["mutate"].read_bytes()))
     mutated = jsonpatch.apply_patch(review["request"]["object"], decode_patch(answer))
     review["request"]["object"] = validate_object(mutated)
     bodies["validate"].write_bytes(json.dumps(review, separators=(",", ":")).encode())
@@ -503,20 +509,38 @@ def start_floor(
 
 
 def start_bare(
-    args: argparse.Namespace, workdir: Path, context: ssl.SSLContext
+    args: argparse.Namespace, workdir: Path, context: ssl.SSLContext, kubeconfig: Path | None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """bench/bare_aiohttp.py on the servers' core with the same certificate; (process, URL)."""
+    """bench/bare_aiohttp.py on the servers' core with the same certificate, deciding on the API
+    server of `kubeconfig` when given (it listens once its cache has synced); (process, URL)."""
     port = free_port()
     command = [
         sys.executable, str(REPO / "bench" / "bare_aiohttp.py"), "--addr", f"127.0.0.1:{port}",
         "--cert", str(workdir / "tls.crt"), "--key", str(workdir / "tls.key"),
     ]  # fmt: skip
+    if kubeconfig is not None:
+        command += ["--kubeconfig", str(kubeconfig)]
     bare = subprocess.Popen(pinned(args.server_cpu, command), stdout=subprocess.DEVNULL)
     url = f"https://127.0.0.1:{port}"
-    wait_floor(url, context, bare, 60)
+    wait_floor(url, context, bare, 600)
     return bare, url
 
 
+def same_answers(urls: tuple[str, str], context: ssl.SSLContext, bodies: dict[str, Path]) -> None:
+    """Stop unless both servers answer each phase's review alike (allowed, patch, warnings): a
+    server deciding on a cache that has not synced would answer cheaper, and measure nothing."""
+    for phase, body in bodies.items():
+        answers = [asyncio.run(review_once(url, context, body.read_bytes(), phase)) for url in urls]
+        first, second = (
+            {key: answer["response"].get(key) for key in ("allowed", "patch", "warnings")}
+            for answer in answers
+        )
+        if first != second:
+            raise SystemExit(f"/{phase}: the servers answer differently: {first} and {second}")
+
+
+# What the third server is, by --bare, in the printed table.
+BARE_NAMES = {"aiohttp": "bare aiohttp", "decision": "aiohttp + decision, no layers"}
 # (phase, concurrency) -> (floor, bare aiohttp, kube-vgpu)
 Results = dict[tuple[str, int], tuple[Run | None, Run | None, Run]]
 
@@ -571,7 +595,7 @@ def report(args: argparse.Namespace, results: Results) -> int:
     if any(bare for _, bare, _ in results.values()):
         print()
         print(
-            "| run | bare aiohttp rps / p50 / p99 ms | CPU us/review | kube-vgpu rps vs bare "
+            f"| run | {BARE_NAMES[args.bare]} rps / p50 / p99 ms | CPU us/review | kube-vgpu rps vs bare "
             "| kube-vgpu CPU us/review over bare |"
         )
         print("|---|---|---|---|---|")
@@ -645,7 +669,12 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             bodies = write_bodies(url, context, workdir)
             floor, floor_url = start_floor(args, floor_cmd, workdir, context) if floor_cmd else (None, None)
             floor_server = (floor_url, floor.pid) if floor is not None and floor_url else None
-            bare, bare_url = start_bare(args, workdir, context) if args.bare == "aiohttp" else (None, None)
+            deciding = workdir / "kubeconfig" if args.bare == "decision" else None
+            bare, bare_url = (
+                start_bare(args, workdir, context, deciding) if args.bare != "none" else (None, None)
+            )
+            if bare_url and deciding:
+                same_answers((url, bare_url), context, bodies)
             bare_server = (bare_url, bare.pid) if bare is not None and bare_url else None
             results = measure(args, (floor_server, bare_server, (url, proc.pid)), bodies, workdir / "ca.crt")
             if args.profile and use_spy:
