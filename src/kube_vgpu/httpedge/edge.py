@@ -194,6 +194,49 @@ class AdmissionProtocol(RequestHandler):
         return error_response(status, reason, close=True)
 
 
+class BufferedReads(asyncio.BufferedProtocol):
+    """What the transport talks to: it reads into one buffer that every connection shares and hands
+    `protocol` a copy of each read's bytes; everything else goes to `protocol` as it is.
+
+    aiohttp's protocol is a plain `asyncio.Protocol`, so uvloop's TLS reads for it allocate a
+    256 KiB block per read (`SSLObject.read(256 KiB)`) and then shrink it. A buffered protocol is
+    read into instead, so no read allocates more than its own bytes. The buffer is used only between
+    `get_buffer` and `buffer_updated`, which the transport calls back to back, so one for the whole
+    process is enough.
+    """
+
+    __slots__ = ("protocol",)
+
+    def __init__(self, protocol: AdmissionProtocol) -> None:
+        self.protocol = protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.protocol.connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.protocol.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.protocol.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.protocol.resume_writing()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ_VIEW
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.protocol.data_received(_READ_VIEW[:nbytes].tobytes())
+
+    def eof_received(self) -> bool | None:
+        self.protocol.eof_received()  # aiohttp's returns None: the transport closes
+        return None
+
+
+# The buffer every connection's reads land in (see BufferedReads): as large as uvloop's own TLS read.
+_READ_VIEW = memoryview(bytearray(256 * 1024))
+
+
 def _head_size(message: Any) -> int:
     """What a parsed head holds: its path and its headers' names and values."""
     raw = getattr(message, "raw_headers", ())  # a framing error's stand-in has none

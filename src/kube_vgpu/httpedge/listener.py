@@ -18,7 +18,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from kube_vgpu.httpedge.edge import AdmissionProtocol, EdgeServer
+from kube_vgpu.httpedge.edge import AdmissionProtocol, BufferedReads, EdgeServer
 
 log = logging.getLogger("kube_vgpu.webhook.listener")
 
@@ -282,10 +282,12 @@ class Listener:
         timeout = self.limits.request_timeout_seconds
         try:
             if self.ssl_context is None:
-                await self.loop.connect_accepted_socket(lambda: self.edge.protocol(slot), slot.sock)
+                await self.loop.connect_accepted_socket(
+                    lambda: BufferedReads(self.edge.protocol(slot)), slot.sock
+                )
             else:
                 await self.loop.connect_accepted_socket(
-                    lambda: self.edge.protocol(slot),
+                    lambda: BufferedReads(self.edge.protocol(slot)),
                     slot.sock,
                     ssl=self.ssl_context,
                     ssl_handshake_timeout=timeout,
