@@ -489,14 +489,18 @@ def unfinished_head() -> bytes:
     return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + b"".join(lines)
 
 
-def inflating_review(size: int) -> bytes:
+def inflating_review(size: int, *, compressed: bool = True) -> bytes:
     """A POST of a valid review padded with spaces to `size` bytes, gzip-compressed (a few kB on the
-    wire)."""
+    wire), or sent as it is."""
     plain = json.dumps(valid_review(random.Random(0), 0)).encode()
-    body = gzip.compress(plain[:-1] + b" " * (size - len(plain)) + b"}")
+    body = plain[:-1] + b" " * (size - len(plain)) + b"}"
+    encoding = ""
+    if compressed:
+        body = gzip.compress(body)
+        encoding = "Content-Encoding: gzip\r\n"
     head = (
         "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-        f"Content-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"{encoding}Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     return head + body
 
@@ -515,6 +519,9 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         help="connections left idle after one gzip review that inflates to --inflated-kib",
     )
     parser.add_argument("--inflated-kib", type=int, default=1024, help="what that gzip review inflates to")
+    parser.add_argument(
+        "--plain-large", action="store_true", help="send that review as it is (--inflated-kib on the wire)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--paths", default="/mutate", help="comma list of admission paths to send to")
@@ -602,7 +609,7 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             heads_after_s, heads_after_status, _ = asyncio.run(time_review(url, context, valid, 1))
             for sock in heads.held:
                 sock.close()
-            large_write = inflating_review(args.inflated_kib * 1024)
+            large_write = inflating_review(args.inflated_kib * 1024, compressed=not args.plain_large)
             large = open_connections(port, context, args.idle_after_large, large_write)
             held += large.held
             time.sleep(1)
@@ -637,8 +644,9 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
         f"HTTP {heads_after_status} in {heads_after_s * 1000:.1f} ms"
     )
     print(
-        f"{args.idle_after_large} TLS connections idle after one gzip review each ({len(large_write)} "
-        f"bytes sent, inflating to {args.inflated_kib} KiB): {large.ok} answered 200; webhook RSS "
+        f"{args.idle_after_large} TLS connections idle after one {'plain' if args.plain_large else 'gzip'} "
+        f"review each ({len(large_write)} bytes sent, {args.inflated_kib} KiB decoded): {large.ok} "
+        "answered 200; webhook RSS "
         f"{rss_after_large:.0f} MiB"
     )
     print(f"tracebacks in the webhook log: {tracebacks}; exit code on SIGTERM {code}")
