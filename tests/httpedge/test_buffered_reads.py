@@ -3,15 +3,33 @@ connection's protocol gets its own copy of what was read, so no TLS read allocat
 
 from __future__ import annotations
 
+import asyncio
+import http.client
+import queue
+import ssl
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from kube_vgpu.httpedge import edge
-from kube_vgpu.httpedge.edge import BufferedReads
+from kube_vgpu.httpedge.edge import BufferedReads, EdgeServer
+from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from tests.support.webhook import ThreadedWebhook, container, gpu_node, pod, post, review, write_tls
+from kube_vgpu.webhook.cli import new_event_loop
+from tests.support.webhook import (
+    ThreadedWebhook,
+    TlsFiles,
+    container,
+    gpu_node,
+    pod,
+    post,
+    review,
+    write_tls,
+)
 
 A100 = "NVIDIA A100-PCIE-40GB"
 
@@ -113,7 +131,7 @@ def test_a_body_larger_than_the_shared_buffer_arrives_whole(
 ) -> None:
     # A 3 MiB body is read in many pieces through the one buffer; each piece is copied before the
     # next read overwrites it, so the review decodes as sent.
-    size = len(edge._READ_VIEW) * 10
+    size = edge.SHARED_READ_BYTES * 10
     obj = pod(container(memory=1024))
     obj["metadata"]["annotations"] = {"pad": "x" * size}
     apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
@@ -122,3 +140,84 @@ def test_a_body_larger_than_the_shared_buffer_arrives_whole(
         status, answer = post(webhook.connect(), review(obj), "/mutate")
     assert status == 200
     assert answer["response"]["allowed"] is True, answer
+
+
+def _serve_in_thread(
+    tls: TlsFiles,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop],
+    mismatches: list[tuple[str, int, bytes]],
+    ports: queue.Queue[int],
+    stop: threading.Event,
+) -> None:
+    """A Listener on its own event loop in this thread; its handler records every body that is not
+    all one byte (the byte the request's X-Fill header names)."""
+
+    async def main() -> None:
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            body = await request.read()
+            fill = request.headers["X-Fill"].encode()
+            if body != fill * _BODY_BYTES:
+                mismatches.append((fill.decode(), len(body), bytes(sorted(set(body)))))
+            return web.Response(body=b"ok")
+
+        server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_context.load_cert_chain(tls.cert_file, tls.key_file)
+        edge_server = EdgeServer(handle, idle_timeout_seconds=30.0, max_body_bytes=2 * _BODY_BYTES)
+        listener = Listener(edge_server, server_context, ConnectionLimits(), host="127.0.0.1", port=0)
+        await listener.start()
+        ports.put(listener.port)
+        await asyncio.to_thread(stop.wait)
+        await listener.close()
+        await listener.drain(listener.loop.time() + 1.0)
+
+    loop = loop_factory()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+_BODY_BYTES = 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize("loop_factory", [new_event_loop, asyncio.new_event_loop], ids=["uvloop", "asyncio"])
+def test_event_loops_on_two_threads_never_read_into_each_others_buffer(
+    tmp_path: Path, loop_factory: Callable[[], asyncio.AbstractEventLoop]
+) -> None:
+    # Two webhooks in one process, each on its own thread's loop (as tests and embedders run them):
+    # the transports read with the GIL released, so one buffer for the process would let one
+    # connection's bytes land in another's request. Every body must arrive as its client sent it.
+    tls = write_tls(tmp_path / "tls")
+    mismatches: list[tuple[str, int, bytes]] = []
+    ports: queue.Queue[int] = queue.Queue()
+    stop = threading.Event()
+    servers = [
+        threading.Thread(target=_serve_in_thread, args=(tls, loop_factory, mismatches, ports, stop))
+        for _ in range(2)
+    ]
+    for server in servers:
+        server.start()
+    try:
+        first, second = ports.get(timeout=30), ports.get(timeout=30)
+        client_context = ssl.create_default_context(cafile=str(tls.ca_file))
+
+        def send(port: int, fill: str) -> None:
+            for _ in range(8):
+                connection = http.client.HTTPSConnection("127.0.0.1", port, context=client_context)
+                connection.request("POST", "/", body=fill.encode() * _BODY_BYTES, headers={"X-Fill": fill})
+                assert connection.getresponse().read() == b"ok"
+                connection.close()
+
+        clients = [
+            threading.Thread(target=send, args=(port, fill))
+            for port, fill in ((first, "a"), (second, "b"), (first, "c"), (second, "d"))
+        ]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join()
+    finally:
+        stop.set()
+        for server in servers:
+            server.join()
+    assert mismatches == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -201,14 +202,16 @@ class BufferedReads(asyncio.BufferedProtocol):
     aiohttp's protocol is a plain `asyncio.Protocol`, so uvloop's TLS reads for it allocate a
     256 KiB block per read (`SSLObject.read(256 KiB)`) and then shrink it. A buffered protocol is
     read into instead, so no read allocates more than its own bytes. The buffer is used only between
-    `get_buffer` and `buffer_updated`, which the transport calls back to back, so one for the whole
-    process is enough.
+    `get_buffer` and `buffer_updated`, which the transport calls back to back on its loop's thread,
+    so one per thread is enough: loops on two threads (tests, embedders) read with the GIL released,
+    and one buffer for the process would let one connection's bytes land in another's request.
     """
 
-    __slots__ = ("protocol",)
+    __slots__ = ("protocol", "view")
 
     def __init__(self, protocol: AdmissionProtocol) -> None:
         self.protocol = protocol
+        self.view = _read_view()  # built by the transport's protocol factory, on its loop's thread
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.protocol.connection_made(transport)
@@ -223,18 +226,28 @@ class BufferedReads(asyncio.BufferedProtocol):
         self.protocol.resume_writing()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ_VIEW
+        return self.view
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.protocol.data_received(_READ_VIEW[:nbytes].tobytes())
+        self.protocol.data_received(self.view[:nbytes].tobytes())
 
     def eof_received(self) -> bool | None:
         self.protocol.eof_received()  # aiohttp's returns None: the transport closes
         return None
 
 
-# The buffer every connection's reads land in (see BufferedReads): as large as uvloop's own TLS read.
-_READ_VIEW = memoryview(bytearray(256 * 1024))
+# The buffer every connection's reads on one thread land in (see BufferedReads): as large as uvloop's
+# own TLS read.
+SHARED_READ_BYTES = 256 * 1024
+_THREAD_BUFFERS = threading.local()
+
+
+def _read_view() -> memoryview:
+    """This thread's read buffer (made on first use)."""
+    view: memoryview | None = getattr(_THREAD_BUFFERS, "view", None)
+    if view is None:
+        view = _THREAD_BUFFERS.view = memoryview(bytearray(SHARED_READ_BYTES))
+    return view
 
 
 def _head_size(message: Any) -> int:
