@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import http.client
 import resource
 import ssl
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=150)
     parser.add_argument("--kib", type=int, default=1024, help="body size")
     parser.add_argument("--pin", action="store_true", help="pin glibc's thresholds as the webhook does")
+    parser.add_argument("--gzip", action="store_true", help="send the body gzip-compressed")
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -82,10 +84,13 @@ def main() -> None:
     context = ssl.create_default_context(cafile=str(tls.ca_file))
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context)
     body = b"x" * (args.kib * 1024)
+    headers = {"Content-Encoding": "gzip"} if args.gzip else {}
+    if args.gzip:
+        body = gzip.compress(body)
     for _ in range(args.requests):
-        connection.request("POST", "/", body=body)
+        connection.request("POST", "/", body=body, headers=headers)
         connection.getresponse().read()
-    print(f"kib={args.kib} pin={args.pin} {server.stdout.readline().strip()}")
+    print(f"kib={args.kib} gzip={args.gzip} pin={args.pin} {server.stdout.readline().strip()}")
     server.wait()
 
 
