@@ -236,9 +236,11 @@ class BufferedReads(asyncio.BufferedProtocol):
         return None
 
 
-# The buffer every connection's reads on one thread land in (see BufferedReads): as large as uvloop's
-# own TLS read.
-SHARED_READ_BYTES = 256 * 1024
+# The buffer every connection's reads on one thread land in (see BufferedReads). Each read's copy is
+# under glibc's pinned 128 KiB mmap threshold (`httpedge.heap`), so it comes from the heap: with
+# 256 KiB (uvloop's own TLS read size) every large read was mapped and unmapped, and a 3 MiB body
+# cost 13.7 ms of CPU against 8.3 unpinned; with 64 KiB, 9.6 ms (`bench/large_body_cpu.py`).
+SHARED_READ_BYTES = 64 * 1024
 _THREAD_BUFFERS = threading.local()
 
 

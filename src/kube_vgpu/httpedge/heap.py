@@ -7,9 +7,11 @@ size (up to 32 MiB). A gzip review inflates to up to 3 MiB, so after the first o
 stayed in the heap and the 256 KiB buffer uvloop gives each new TLS connection came from there,
 written, where a fresh mmap is zero pages nobody has touched: 1,000 connections idle after one
 1 MiB review each held 349-378 MiB, against 135 MiB with the thresholds pinned (`bench/hostile.py`).
-The pin costs nothing per review because no read allocates a large block: the transport reads into
-one shared buffer (`httpedge.edge.BufferedReads`); before that, uvloop allocated 256 KiB for every
-TLS read, which pinned went through mmap and munmap (12 % more CPU a review).
+An everyday review costs the same CPU pinned, because no read allocates a large block: the
+transport reads into a 64 KiB buffer per thread (`httpedge.edge.BufferedReads`); before that,
+uvloop allocated 256 KiB for every TLS read, which pinned went through mmap and munmap (12 % more
+CPU a review). A body of several MiB still costs more, since it is assembled in blocks past the
+threshold: a 3 MiB plain body 9.6 ms against 8.3 ms unpinned (`bench/large_body_cpu.py`).
 An operator's own `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_` wins; other C libraries are
 left as they are.
 """
