@@ -295,6 +295,14 @@ class ThreadedWebhook:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+            # What is still pending (aiohttp reading and dropping the rest of an unread body for up
+            # to its linger time) is cancelled and finished here, as asyncio.run does; left pending,
+            # it is destroyed later and logs an ERROR into whichever test runs then.
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.run_until_complete(self._loop.shutdown_default_executor())
             self._loop.close()
 
