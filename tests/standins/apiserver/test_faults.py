@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import urllib3
+from aiohttp.web_protocol import RequestHandler
 from kubernetes import client, config
 
 from kube_vgpu.certs.issue import issue_ca, issue_serving
@@ -175,3 +177,41 @@ async def test_runs_on_the_callers_loop() -> None:
                 await asyncio.to_thread(core.list_node)
             await api.set_outage_async(False)
             assert len((await asyncio.to_thread(core.list_node)).items) == 1
+
+
+async def test_an_outage_closes_a_connection_that_opens_while_the_others_are_shut_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A connection accepted just before the listening socket closed finishes opening while the open
+    # ones are being shut down. aiohttp's `Server.shutdown` forgets it without closing it: it stayed
+    # open through the outage, and its transport was collected unclosed (a ResourceWarning that
+    # failed an unrelated test).
+    async with ApiServerStandin() as api:
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection(api.host, api.port)  # kept alive, idle
+        writer.write(b"GET /api/v1/nodes HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        await writer.drain()
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 ")  # answered, kept alive
+        server = api._runner.server if api._runner is not None else None
+        assert server is not None
+        late: list[socket.socket] = []
+        shutdown = RequestHandler.shutdown
+
+        async def shutdown_opening_another(handler: RequestHandler, timeout: float | None = 15.0) -> None:  # noqa: ASYNC109 - aiohttp's signature
+            if not late:  # while the first one is shut down, another finishes opening
+                ours, theirs = socket.socketpair()
+                late.append(theirs)
+                await loop.connect_accepted_socket(server, ours)
+            await shutdown(handler, timeout)
+
+        monkeypatch.setattr(RequestHandler, "shutdown", shutdown_opening_another)
+        await api.set_outage_async(True)
+        theirs = late[0]
+        theirs.setblocking(False)
+        try:
+            async with asyncio.timeout(5):
+                assert await loop.sock_recv(theirs, 1) == b""  # closed by the server
+        finally:
+            theirs.close()
+            writer.close()
+        await api.set_outage_async(False)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import yaml
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from kube_vgpu.standins.apiserver.defaults import decoded
 from kube_vgpu.standins.apiserver.faults import Faults, RequestRecord
@@ -281,9 +282,15 @@ class ApiServerStandin:
             self._end_requests()
             server = self._runner.server
             if server is not None:
-                # Close idle keep-alive connections too, so clients see the outage at once.
+                # Close idle keep-alive connections too, so clients see the outage at once. Not
+                # `server.shutdown`: it forgets, unclosed, a connection that finishes opening while the
+                # others are shut down (one accepted just before the listening socket closed); so shut
+                # them down in rounds until none is new.
                 server.pre_shutdown()
-                await server.shutdown(0.5)
+                shut: set[RequestHandler] = set()
+                while opened := [handler for handler in server.connections if handler not in shut]:
+                    shut.update(opened)
+                    await asyncio.gather(*(handler.shutdown(0.5) for handler in opened))
             log.info("event=apiserver_outage url=%s", self.url)
         elif not down and self._site is None:
             await self._listen()
