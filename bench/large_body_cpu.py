@@ -73,15 +73,20 @@ def main() -> None:
     if args.serve:
         serve(args.requests, args.serve[0], args.serve[1], args.pin)
         return
-    from tests.support.webhook import write_tls
+    from kube_vgpu.certs.issue import issue_ca, issue_serving
 
-    tls = write_tls(Path(tempfile.mkdtemp()) / "tls")
+    # The same throwaway CA and serving certificate as bench/webhook.py's.
+    workdir = Path(tempfile.mkdtemp(prefix="kube-vgpu-large-body-"))
+    ca = issue_ca("bench-ca", 1)
+    leaf = issue_serving(ca, ["localhost"], ["127.0.0.1"], 1)
+    (workdir / "tls.crt").write_bytes(leaf.cert_pem)
+    (workdir / "tls.key").write_bytes(leaf.key_pem)
     command = [sys.executable, __file__, "--requests", str(args.requests), "--serve"]
-    command += [str(tls.cert_file), str(tls.key_file)] + (["--pin"] if args.pin else [])
+    command += [str(workdir / "tls.crt"), str(workdir / "tls.key")] + (["--pin"] if args.pin else [])
     server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
     port = int(server.stdout.readline())
-    context = ssl.create_default_context(cafile=str(tls.ca_file))
+    context = ssl.create_default_context(cadata=ca.cert_pem.decode())
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context)
     body = b"x" * (args.kib * 1024)
     headers = {"Content-Encoding": "gzip"} if args.gzip else {}
