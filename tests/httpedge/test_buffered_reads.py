@@ -1,5 +1,6 @@
-"""`httpedge.edge.BufferedReads`: the transport reads every connection into one shared buffer, and each
-connection's protocol gets its own copy of what was read, so no TLS read allocates a 256 KiB block."""
+"""`httpedge.edge.BufferedReads`: the transport reads every connection on a thread into that thread's
+one buffer, and each connection's protocol gets its own copy of what was read, so no TLS read
+allocates a 256 KiB block."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cli import new_event_loop
 from tests.support.webhook import (
+    A100,
     ThreadedWebhook,
     TlsFiles,
     container,
@@ -30,8 +32,6 @@ from tests.support.webhook import (
     review,
     write_tls,
 )
-
-A100 = "NVIDIA A100-PCIE-40GB"
 
 
 class _Recorded:
@@ -67,7 +67,7 @@ def test_each_connection_gets_its_own_copy_of_what_was_read_into_the_shared_buff
     first, second = _Recorded(), _Recorded()
     a, b = _reads(first), _reads(second)
     buffer = a.get_buffer(-1)
-    assert b.get_buffer(-1).obj is buffer.obj  # one buffer for every connection
+    assert b.get_buffer(-1).obj is buffer.obj  # one buffer for every connection on this thread
     buffer[:5] = b"hello"
     a.buffer_updated(5)
     buffer[:3] = b"bye"  # the next read, another connection's, overwrites the buffer
@@ -129,7 +129,7 @@ def test_the_webhooks_tls_reads_go_through_the_shared_buffer(
 def test_a_body_larger_than_the_shared_buffer_arrives_whole(
     apiserver: ApiServerStandin, tmp_path: Path
 ) -> None:
-    # A 3 MiB body is read in many pieces through the one buffer; each piece is copied before the
+    # A body ten times the buffer is read in many pieces through it; each piece is copied before the
     # next read overwrites it, so the review decodes as sent.
     size = edge.SHARED_READ_BYTES * 10
     obj = pod(container(memory=1024))
@@ -201,11 +201,14 @@ def test_event_loops_on_two_threads_never_read_into_each_others_buffer(
         first, second = ports.get(timeout=30), ports.get(timeout=30)
         client_context = ssl.create_default_context(cafile=str(tls.ca_file))
 
+        answered: list[str] = []  # a failure in a client thread would not fail the test by itself
+
         def send(port: int, fill: str) -> None:
             for _ in range(8):
                 connection = http.client.HTTPSConnection("127.0.0.1", port, context=client_context)
                 connection.request("POST", "/", body=fill.encode() * _BODY_BYTES, headers={"X-Fill": fill})
-                assert connection.getresponse().read() == b"ok"
+                if connection.getresponse().read() == b"ok":
+                    answered.append(fill)
                 connection.close()
 
         clients = [
@@ -220,4 +223,5 @@ def test_event_loops_on_two_threads_never_read_into_each_others_buffer(
         stop.set()
         for server in servers:
             server.join()
+    assert sorted(answered) == sorted("abcd" * 8)  # every body reached its server and was answered
     assert mismatches == []

@@ -196,8 +196,8 @@ class AdmissionProtocol(RequestHandler):
 
 
 class BufferedReads(asyncio.BufferedProtocol):
-    """What the transport talks to: it reads into one buffer that every connection shares and hands
-    `protocol` a copy of each read's bytes; everything else goes to `protocol` as it is.
+    """What the transport talks to: it reads into one buffer that every connection on its thread
+    shares and hands `protocol` a copy of each read's bytes; everything else goes to `protocol` as it is.
 
     aiohttp's protocol is a plain `asyncio.Protocol`, so uvloop's TLS reads for it allocate a
     256 KiB block per read (`SSLObject.read(256 KiB)`) and then shrink it. A buffered protocol is
