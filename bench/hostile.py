@@ -614,6 +614,7 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             held += large.held
             time.sleep(1)
             rss_after_large, _ = bench_webhook.rss_mib(proc.pid)
+            large_open = still_open(large.held)
         finally:
             for sock in held:
                 sock.close()
@@ -646,7 +647,8 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
     print(
         f"{args.idle_after_large} TLS connections idle after one {'plain' if args.plain_large else 'gzip'} "
         f"review each ({len(large_write)} bytes sent, {args.inflated_kib} KiB decoded): {large.ok} "
-        "answered 200; webhook RSS "
+        f"answered 200, {large_open} kept open by the webhook (the rest closed after their answer, "
+        "or by the cap); webhook RSS "
         f"{rss_after_large:.0f} MiB"
     )
     print(f"tracebacks in the webhook log: {tracebacks}; exit code on SIGTERM {code}")

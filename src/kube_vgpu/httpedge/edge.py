@@ -47,6 +47,14 @@ MAX_HEAD_BYTES = 16 * 1024
 SLICE_BYTES = 16 * 1024
 # aiohttp's read-ahead for one connection's body before it pauses reading (flow control).
 READ_BUFFER_BYTES = 64 * 1024
+# A TLS connection that received more than this since its last answer is closed after its next
+# answer (`Connection: close`). Its TLS layer keeps what its largest read wrote, for as long as the
+# connection is open: uvloop reads the socket into a 256 KiB buffer of the connection's own, and
+# OpenSSL's incoming buffer grows to the largest read and never shrinks, so about 2.3 times the
+# read. 1,000 connections left idle after one plain 256 KiB review each held 387 MiB; after 32 KiB,
+# 208 MiB (`bench/hostile.py --plain-large`). The API server's reviews of ordinary pods are a few
+# kB; a review past this costs it a new TLS handshake for its next one.
+MAX_KEEP_ALIVE_READ_BYTES = 32 * 1024
 # An answer given before the body was read (413, 415, 429, 404): aiohttp reads and drops the rest for
 # up to this long, so a client still sending reads the answer rather than a reset (Go: 500 ms).
 LINGER_SECONDS = 0.5
@@ -97,7 +105,7 @@ class AdmissionProtocol(RequestHandler):
     """aiohttp's RequestHandler for one connection, reporting to its slot and answering framing errors
     with JSON."""
 
-    __slots__ = ("_head_bytes", "_last_payload", "_unfed", "edge", "slot")
+    __slots__ = ("_head_bytes", "_last_payload", "_received", "_unfed", "edge", "slot")
 
     def __init__(self, manager: EdgeServer, slot: SlotHooks | None, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -108,6 +116,8 @@ class AdmissionProtocol(RequestHandler):
         self._last_payload: StreamReader | None = None
         # The rest of a read that came while aiohttp's parser was paused (see data_received).
         self._unfed = b""
+        # Bytes received since the last answer (see `answer_closes`).
+        self._received = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -122,6 +132,7 @@ class AdmissionProtocol(RequestHandler):
             self.slot = None
 
     def data_received(self, data: bytes) -> None:
+        self._received += len(data)
         if self.slot is not None and data:
             self.slot.received()
         if not data or self._unfed:
@@ -140,6 +151,14 @@ class AdmissionProtocol(RequestHandler):
                 self._unfed = data[start:]
                 return
             self._feed(data[start : start + SLICE_BYTES])
+
+    def answer_closes(self) -> bool:
+        """Whether the answer about to be sent must close the connection: more than
+        MAX_KEEP_ALIVE_READ_BYTES arrived since the last answer (this request, and whatever was
+        pipelined behind it). The count starts again for the next answer."""
+        large = self._received > MAX_KEEP_ALIVE_READ_BYTES
+        self._received = 0
+        return large
 
     def _feed(self, data: bytes) -> None:
         """Hand aiohttp one slice of a read and count what it adds to the heads held."""

@@ -37,8 +37,13 @@ class ConnectionLimits:
     # Open connections (TLS handshakes included); at the cap the one longest without progress closes.
     max_connections: int = 1000
     # From a connection's accept (TLS handshake included), or a request's first bytes, until the
-    # request has arrived whole; also bounds the TLS close exchange.
+    # request has arrived whole.
     request_timeout_seconds: float = 10.0
+    # How long a closing TLS connection waits for the peer's close_notify after sending its own (the
+    # answer was sent before it). Until then the connection keeps its TLS buffers, which hold up to
+    # about 2.3 times its largest read (`httpedge.edge.MAX_KEEP_ALIVE_READ_BYTES`); Go's server does
+    # not wait at all.
+    tls_close_timeout_seconds: float = 1.0
     # An idle keep-alive connection is closed after this; above the 90 s the API server's HTTP
     # client keeps idle connections, so the client, not the server, ends them (no request is
     # ever sent on a connection the server is closing).
@@ -47,8 +52,8 @@ class ConnectionLimits:
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError(f"max connections must be at least 1, got {self.max_connections}")
-        if self.request_timeout_seconds <= 0 or self.idle_timeout_seconds <= 0:
-            raise ValueError("request and idle timeouts must be positive seconds")
+        if min(self.request_timeout_seconds, self.idle_timeout_seconds, self.tls_close_timeout_seconds) <= 0:
+            raise ValueError("request, idle and TLS close timeouts must be positive seconds")
 
 
 class Slot:
@@ -291,7 +296,7 @@ class Listener:
                     slot.sock,
                     ssl=self.ssl_context,
                     ssl_handshake_timeout=timeout,
-                    ssl_shutdown_timeout=timeout,
+                    ssl_shutdown_timeout=self.limits.tls_close_timeout_seconds,
                 )
         except (OSError, ssl.SSLError, asyncio.CancelledError) as exc:
             # A failed or timed-out handshake never reaches the protocol; the slot is freed here.

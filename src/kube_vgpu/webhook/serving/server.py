@@ -109,7 +109,8 @@ class AdmissionApp:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request (aiohttp calls this once its head has arrived)."""
         protocol = request.protocol
-        slot = protocol.slot if isinstance(protocol, AdmissionProtocol) else None
+        edge = protocol if isinstance(protocol, AdmissionProtocol) else None
+        slot = edge.slot if edge is not None else None
         self.in_flight += 1
         if slot is not None:
             slot.began()
@@ -119,7 +120,8 @@ class AdmissionApp:
             self.in_flight -= 1
             if slot is not None:
                 slot.answered()
-        if self.draining:
+        # After a large read the connection goes, and with it what its TLS layer keeps of the read.
+        if self.draining or (edge is not None and edge.answer_closes()):
             response.force_close()
         return response
 

@@ -1,0 +1,213 @@
+"""A connection that received much is closed after its answer, over real TLS (SPEC §2.3).
+
+A TLS connection keeps buffers as large as its largest read for as long as it is open, so a caller
+that sends one large review and then idles would hold that memory on every connection up to the
+cap. Past `MAX_KEEP_ALIVE_READ_BYTES` received since the last answer, the answer says
+`Connection: close` and the connection ends; at or under it, the connection is kept alive. A closing
+connection waits for the caller's TLS close only `tls_close_timeout_seconds`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kube_vgpu.httpedge.edge import MAX_KEEP_ALIVE_READ_BYTES
+from kube_vgpu.httpedge.listener import ConnectionLimits
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.webhook import (
+    A100,
+    ThreadedWebhook,
+    closed_by_server,
+    container,
+    gpu_node,
+    pod,
+    review,
+    write_tls,
+)
+
+BOUND = 10.0  # seconds any wait in these tests may take before it fails
+
+
+def _request_of(size: int, uid: str = "review-1") -> bytes:
+    """A POST /mutate of exactly `size` bytes, head and body: a review of a pod padded by an annotation."""
+
+    def build(padding: int) -> bytes:
+        document = review(pod(container(), annotations={"example.com/pad": "x" * padding}), uid=uid)
+        body = json.dumps(document, separators=(",", ":")).encode()
+        head = (
+            "POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        return head + body
+
+    padding = 0
+    for _ in range(3):  # the Content-Length's digits settle after a step or two
+        request = build(padding)
+        padding += size - len(request)
+    assert len(request) == size
+    return request
+
+
+def _read_answer(sock: ssl.SSLSocket) -> tuple[bytes, dict[str, object]]:
+    """The next answer on `sock`: its head, and its JSON body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed before the answer"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed in the middle of the answer"
+        body += chunk
+    answer: dict[str, object] = json.loads(body)
+    return head, answer
+
+
+def _says_close(head: bytes) -> bool:
+    return any(line.lower() == b"connection: close" for line in head.split(b"\r\n"))
+
+
+def _allowed(answer: dict[str, object], uid: str) -> bool:
+    response = answer["response"]
+    assert isinstance(response, dict)
+    return response["uid"] == uid and response["allowed"] is True
+
+
+def _wait(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + BOUND
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def opened() -> Iterator[list[socket.socket]]:
+    sockets: list[socket.socket] = []
+    yield sockets
+    for sock in sockets:
+        sock.close()
+
+
+def _webhook(
+    apiserver: ApiServerStandin, tmp_path: Path, tls_close_timeout_seconds: float
+) -> ThreadedWebhook:
+    apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
+    limits = ConnectionLimits(
+        request_timeout_seconds=30,
+        idle_timeout_seconds=60,
+        tls_close_timeout_seconds=tls_close_timeout_seconds,
+    )
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    return ThreadedWebhook(kubeconfig, write_tls(tmp_path / "tls"), limits=limits)
+
+
+@pytest.fixture
+def webhook(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[ThreadedWebhook]:
+    with _webhook(apiserver, tmp_path, tls_close_timeout_seconds=1.0) as running:
+        yield running
+
+
+def _connect(webhook: ThreadedWebhook, opened: list[socket.socket]) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+    opened.append(raw)
+    sock = webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost")
+    opened.append(sock)
+    return sock
+
+
+def test_a_request_of_the_bound_keeps_its_connection_alive(
+    webhook: ThreadedWebhook, opened: list[socket.socket]
+) -> None:
+    sock = _connect(webhook, opened)
+    sock.sendall(_request_of(MAX_KEEP_ALIVE_READ_BYTES, uid="first"))
+    head, answer = _read_answer(sock)
+    assert b" 200 " in head and _allowed(answer, "first")
+    assert not _says_close(head)
+    # The count starts again at each answer: two requests of the bound, one after the other, are
+    # twice the bound in all and still keep the connection.
+    sock.sendall(_request_of(MAX_KEEP_ALIVE_READ_BYTES, uid="second"))
+    head, answer = _read_answer(sock)
+    assert _allowed(answer, "second") and not _says_close(head)
+
+
+def test_a_request_one_byte_past_the_bound_is_answered_and_its_connection_closed(
+    webhook: ThreadedWebhook, opened: list[socket.socket]
+) -> None:
+    sock = _connect(webhook, opened)
+    sock.sendall(_request_of(MAX_KEEP_ALIVE_READ_BYTES + 1, uid="large"))
+    head, answer = _read_answer(sock)
+    assert b" 200 " in head and _allowed(answer, "large")
+    assert _says_close(head)
+    assert closed_by_server(sock)
+    # The caller opens a new connection and is served there.
+    again = _connect(webhook, opened)
+    again.sendall(_request_of(MAX_KEEP_ALIVE_READ_BYTES, uid="again"))
+    head, answer = _read_answer(again)
+    assert _allowed(answer, "again") and not _says_close(head)
+
+
+def test_a_request_past_the_bound_after_small_ones_closes_after_its_own_answer(
+    webhook: ThreadedWebhook, opened: list[socket.socket]
+) -> None:
+    sock = _connect(webhook, opened)
+    for number in range(3):
+        sock.sendall(_request_of(4096, uid=f"small-{number}"))
+        head, answer = _read_answer(sock)
+        assert _allowed(answer, f"small-{number}") and not _says_close(head)
+    sock.sendall(_request_of(3 * MAX_KEEP_ALIVE_READ_BYTES, uid="large"))
+    head, answer = _read_answer(sock)
+    assert _allowed(answer, "large") and _says_close(head)
+
+
+def _open_count(webhook: ThreadedWebhook) -> int:
+    listener = webhook.server.listener
+    assert listener is not None
+    return webhook.read(lambda: len(listener.connections))
+
+
+def test_a_caller_that_never_closes_its_tls_is_let_go_after_the_tls_close_timeout(
+    webhook: ThreadedWebhook, opened: list[socket.socket]
+) -> None:
+    sock = _connect(webhook, opened)
+    sock.sendall(_request_of(MAX_KEEP_ALIVE_READ_BYTES + 1, uid="large"))
+    head, _ = _read_answer(sock)
+    assert _says_close(head)
+    # The caller keeps its socket and never answers the server's close_notify: the server's side
+    # is gone after the 1 s TLS close timeout, not after the 30 s request deadline.
+    _wait(lambda: _open_count(webhook) == 0, "the closing connection to be let go")
+    assert sock.fileno() != -1  # the caller did not close it
+
+
+def test_a_closing_connection_waits_for_the_callers_tls_close_up_to_its_timeout(
+    apiserver: ApiServerStandin, tmp_path: Path, opened: list[socket.socket]
+) -> None:
+    with _webhook(apiserver, tmp_path, tls_close_timeout_seconds=30.0) as webhook:
+        sock = _connect(webhook, opened)
+        sock.sendall(_request_of(MAX_KEEP_ALIVE_READ_BYTES + 1, uid="large"))
+        head, _ = _read_answer(sock)
+        assert _says_close(head)
+        time.sleep(1.5)
+        assert _open_count(webhook) == 1  # still waiting for the caller's close_notify
+        sock.unwrap()  # the caller's close_notify ends the wait
+        _wait(lambda: _open_count(webhook) == 0, "the closed connection to be forgotten")
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0])
+def test_a_tls_close_timeout_that_is_not_positive_is_refused(seconds: float) -> None:
+    with pytest.raises(ValueError, match="TLS close timeouts must be positive"):
+        ConnectionLimits(tls_close_timeout_seconds=seconds)
+
+
+def test_the_smallest_positive_tls_close_timeout_is_accepted() -> None:
+    assert ConnectionLimits(tls_close_timeout_seconds=1e-3).tls_close_timeout_seconds == 1e-3
