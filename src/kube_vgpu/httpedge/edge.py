@@ -85,6 +85,10 @@ def error_response(status: int, reason: str, *, close: bool = False) -> web.Resp
 class SlotHooks(Protocol):
     """What a connection tells the listener's record of it (`httpedge.listener.Slot`)."""
 
+    # The accepted socket (asked for the bytes the kernel received; the transport's own stand-in
+    # for it answers `getsockopt` three times slower).
+    sock: socket.socket
+
     def received(self) -> None:
         """Bytes arrived (a request may have begun)."""
         ...
@@ -142,7 +146,7 @@ class AdmissionProtocol(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._socket = transport.get_extra_info("socket")
+        self._socket = self.slot.sock if self.slot is not None else transport.get_extra_info("socket")
         if self.slot is not None:
             self.slot.opened(self)
 
@@ -193,10 +197,8 @@ class AdmissionProtocol(RequestHandler):
             return None
         try:
             info = self._socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
-        except ValueError:  # the connection is gone (its descriptor closed): it is closing anyway
-            return None
-        except (OSError, AttributeError):  # not TCP, or no TCP_INFO on this platform
-            self._socket = None
+        except (OSError, ValueError, AttributeError):  # closed (answered after the caller went), not TCP,
+            self._socket = None  # or no TCP_INFO on this platform
             return None
         if len(info) < _TCP_BYTES_RECEIVED_OFFSET + _TCP_BYTES_RECEIVED.size:  # a kernel before 4.1
             self._socket = None

@@ -273,9 +273,10 @@ def _send_in_padded_records(
     context: ssl.SSLContext,
     request: bytes,
     records: int,
-) -> tuple[socket.socket, ssl.SSLObject, ssl.MemoryBIO, int]:
+) -> tuple[socket.socket, ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, int]:
     """Connect, hand-shake, and send `request` split into `records` TLS records in one write; the
-    raw socket, the TLS object and its incoming BIO, and the bytes that write put on the wire."""
+    raw socket, the TLS object and its incoming and outgoing BIOs, and the bytes that write put on
+    the wire."""
     raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
     opened.append(raw)
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -294,7 +295,7 @@ def _send_in_padded_records(
         tls.write(request[number * len(request) // records : (number + 1) * len(request) // records])
     wire = outgoing.read()
     raw.sendall(wire)
-    return raw, tls, incoming, len(wire)
+    return raw, tls, incoming, outgoing, len(wire)
 
 
 def _read_head_over(raw: socket.socket, tls: ssl.SSLObject, incoming: ssl.MemoryBIO) -> bytes:
@@ -315,10 +316,51 @@ def test_a_small_request_in_records_padded_past_the_bound_closes_its_connection(
     # unpadded 256 KiB review would (1,000 such idle connections: 332 MiB, `bench/padded_records.py`);
     # the answer must close the connection as it does for that review.
     request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
-    raw, tls, incoming, wire = _send_in_padded_records(
+    raw, tls, incoming, _, wire = _send_in_padded_records(
         webhook, opened, _padding_context(webhook, 16384), request, records=16
     )
     assert wire > 16 * 16384
     head = _read_head_over(raw, tls, incoming)
     assert b" 200 " in head.split(b"\r\n")[0]
     assert _says_close(head)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not yet bounded: TLS bytes that carry no HTTP and arrive while the connection is idle are "
+    "counted only at its next answer, which never comes; the connection keeps them until --idle-timeout "
+    "or the cap (1,000 such connections: 326 MiB)",
+)
+def test_padded_tls_messages_without_http_after_an_answer_close_the_idle_connection(
+    webhook: ThreadedWebhook, opened: list[socket.socket]
+) -> None:
+    # A small request, answered and kept alive; then 16 TLS 1.3 KeyUpdate messages, each in a record
+    # padded to 16 KiB: 256 KiB the TLS layer reads and keeps, and not one byte of HTTP, so no request
+    # (and no request deadline) begins.
+    raw, tls, incoming, outgoing, _ = _send_in_padded_records(
+        webhook, opened, webhook.tls.client_context(), b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", 1
+    )
+    head = _read_head_over(raw, tls, incoming)
+    assert not _says_close(head)
+    libssl = ctypes.CDLL(_LIBSSL or "libssl.so.3")
+    libssl.SSL_set_block_padding.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libssl.SSL_key_update.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    libssl.SSL_do_handshake.argtypes = [ctypes.c_void_p]
+    # CPython's _ssl._SSLSocket holds a weak reference to its socket, then its SSL pointer.
+    inner = tls._sslobj  # type: ignore[attr-defined]
+    ssl_ptr = ctypes.c_void_p.from_address(id(inner) + object.__basicsize__ + 8).value
+    assert libssl.SSL_set_block_padding(ssl_ptr, 16384) == 1
+    for _ in range(16):
+        assert libssl.SSL_key_update(ssl_ptr, 0) == 1  # SSL_KEY_UPDATE_NOT_REQUESTED
+        libssl.SSL_do_handshake(ssl_ptr)  # writes the KeyUpdate
+    wire = outgoing.read()
+    assert len(wire) > 16 * 16384
+    raw.sendall(wire)
+    raw.settimeout(3.0)
+    try:
+        while raw.recv(65536):
+            pass
+    except TimeoutError:
+        pytest.fail("the idle connection that received 256 KiB of padded TLS messages was kept open")
+    except ConnectionResetError:
+        pass
