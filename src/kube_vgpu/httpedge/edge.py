@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -53,8 +55,15 @@ READ_BUFFER_BYTES = 64 * 1024
 # OpenSSL's incoming buffer grows to the largest read and never shrinks, so about 2.3 times the
 # read. 1,000 connections left idle after one plain 256 KiB review each held 387 MiB; after 32 KiB,
 # 208 MiB (`bench/hostile.py --plain-large`). The API server's reviews of ordinary pods are a few
-# kB; a review past this costs it a new TLS handshake for its next one.
+# kB; a review past this costs it a new TLS handshake for its next one. Counted as the kernel counts
+# the connection's bytes (TLS records, handshake and padding included), not as HTTP bytes: a TLS 1.3
+# record may carry one byte of HTTP padded to 16 KiB, and 1,000 connections left idle after a 42-byte
+# request sent in 16 such records held 332 MiB while their HTTP count said 42 bytes.
 MAX_KEEP_ALIVE_READ_BYTES = 32 * 1024
+# Linux's `struct tcp_info`: the buffer asked for, and where `tcpi_bytes_received` sits in it.
+_TCP_INFO_BYTES = 136
+_TCP_BYTES_RECEIVED = struct.Struct("=Q")
+_TCP_BYTES_RECEIVED_OFFSET = 128
 # An answer given before the body was read (413, 415, 429, 404): aiohttp reads and drops the rest for
 # up to this long, so a client still sending reads the answer rather than a reset (Go: 500 ms).
 LINGER_SECONDS = 0.5
@@ -75,6 +84,10 @@ def error_response(status: int, reason: str, *, close: bool = False) -> web.Resp
 
 class SlotHooks(Protocol):
     """What a connection tells the listener's record of it (`httpedge.listener.Slot`)."""
+
+    # The accepted socket (asked for the bytes the kernel received; the transport's own stand-in
+    # for it answers `getsockopt` three times slower).
+    sock: socket.socket
 
     def received(self) -> None:
         """Bytes arrived (a request may have begun)."""
@@ -105,7 +118,16 @@ class AdmissionProtocol(RequestHandler):
     """aiohttp's RequestHandler for one connection, reporting to its slot and answering framing errors
     with JSON."""
 
-    __slots__ = ("_head_bytes", "_last_payload", "_received", "_unfed", "edge", "slot")
+    __slots__ = (
+        "_head_bytes",
+        "_last_payload",
+        "_received",
+        "_socket",
+        "_unfed",
+        "_wire_seen",
+        "edge",
+        "slot",
+    )
 
     def __init__(self, manager: EdgeServer, slot: SlotHooks | None, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -116,11 +138,15 @@ class AdmissionProtocol(RequestHandler):
         self._last_payload: StreamReader | None = None
         # The rest of a read that came while aiohttp's parser was paused (see data_received).
         self._unfed = b""
-        # Bytes received since the last answer (see `answer_closes`).
+        # HTTP bytes received since the last answer (see `answer_closes`), and the kernel's count of
+        # the connection's bytes at the last answer; the socket it is asked on (None: not TCP).
         self._received = 0
+        self._wire_seen = 0
+        self._socket: Any = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self._socket = self.slot.sock if self.slot is not None else transport.get_extra_info("socket")
         if self.slot is not None:
             self.slot.opened(self)
 
@@ -155,10 +181,30 @@ class AdmissionProtocol(RequestHandler):
     def answer_closes(self) -> bool:
         """Whether the answer about to be sent must close the connection: more than
         MAX_KEEP_ALIVE_READ_BYTES arrived since the last answer (this request, and whatever was
-        pipelined behind it). The count starts again for the next answer."""
-        large = self._received > MAX_KEEP_ALIVE_READ_BYTES
-        self._received = 0
-        return large
+        pipelined behind it), as the kernel counts the connection's bytes (TLS records and their
+        padding, the handshake for the first answer); HTTP bytes where it cannot say (not TCP). The
+        count starts again for the next answer."""
+        received, self._received = self._received, 0
+        wire = self._wire_received()
+        if wire is not None:
+            received, self._wire_seen = wire - self._wire_seen, wire
+        return received > MAX_KEEP_ALIVE_READ_BYTES
+
+    def _wire_received(self) -> int | None:
+        """The bytes the kernel has received on this connection since it opened (Linux's
+        `tcpi_bytes_received`), or None when the socket cannot say."""
+        if self._socket is None:
+            return None
+        try:
+            info = self._socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+        except (OSError, ValueError, AttributeError):  # closed (answered after the caller went), not TCP,
+            self._socket = None  # or no TCP_INFO on this platform
+            return None
+        if len(info) < _TCP_BYTES_RECEIVED_OFFSET + _TCP_BYTES_RECEIVED.size:  # a kernel before 4.1
+            self._socket = None
+            return None
+        count: int = _TCP_BYTES_RECEIVED.unpack_from(info, _TCP_BYTES_RECEIVED_OFFSET)[0]
+        return count
 
     def _feed(self, data: bytes) -> None:
         """Hand aiohttp one slice of a read and count what it adds to the heads held."""
