@@ -190,6 +190,14 @@ class AdmissionProtocol(RequestHandler):
             received, self._wire_seen = wire - self._wire_seen, wire
         return received > MAX_KEEP_ALIVE_READ_BYTES
 
+    def received_since_answer(self) -> int | None:
+        """What the kernel has received on this connection since its last answer (its accept, before
+        the first), or None when the socket cannot say. Asked of idle connections by the listener:
+        TLS messages that carry no HTTP (KeyUpdates padded to 16 KiB) start no request, so no answer
+        ever counts them."""
+        wire = self._wire_received()
+        return None if wire is None else wire - self._wire_seen
+
     def _wire_received(self) -> int | None:
         """The bytes the kernel has received on this connection since it opened (Linux's
         `tcpi_bytes_received`), or None when the socket cannot say."""

@@ -18,7 +18,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from kube_vgpu.httpedge.edge import AdmissionProtocol, BufferedReads, EdgeServer
+from kube_vgpu.httpedge.edge import MAX_KEEP_ALIVE_READ_BYTES, AdmissionProtocol, BufferedReads, EdgeServer
 
 log = logging.getLogger("kube_vgpu.webhook.listener")
 
@@ -28,6 +28,9 @@ _BACKLOG = 512
 _ACCEPT_ERROR_PAUSE_SECONDS = 0.1
 # A deadline this close is due when its wake-up runs (the loop's clock is read once a pass, in ms).
 _CLOCK_SLACK_SECONDS = 0.001
+# How often idle connections are asked what the kernel received since their last answer (see
+# `Slot.check_idle`): a getsockopt each, about 1 ms a check for 1,000 idle connections.
+IDLE_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,11 @@ class ConnectionLimits:
     # From a connection's accept (TLS handshake included), or a request's first bytes, until the
     # request has arrived whole.
     request_timeout_seconds: float = 10.0
-    # How long a closing TLS connection waits for the peer's close_notify after sending its own (the
-    # answer was sent before it). Until then the connection keeps its TLS buffers, which hold up to
-    # about 2.3 times its largest read (`httpedge.edge.MAX_KEEP_ALIVE_READ_BYTES`); Go's server does
-    # not wait at all.
+    # How long a closing TLS connection has to close: from the close, to push out what it still has
+    # to send (an answer of a few kB, in the kernel's buffer long before) and exchange close_notify
+    # with the peer; past it, the connection is aborted. Until then it keeps its TLS buffers, which
+    # hold up to about 2.3 times its largest read (`httpedge.edge.MAX_KEEP_ALIVE_READ_BYTES`). Go's
+    # server does not wait for the peer's close_notify at all.
     tls_close_timeout_seconds: float = 1.0
     # An idle keep-alive connection is closed after this; above the 90 s the API server's HTTP
     # client keeps idle connections, so the client, not the server, ends them (no request is
@@ -69,6 +73,7 @@ class Slot:
         "protocol",
         "since",
         "sock",
+        "suspect",
         "transport",
         "woke",
     )
@@ -90,6 +95,9 @@ class Slot:
         self.opening: asyncio.Task[None] | None = None
         # When the request arriving now must have arrived whole (loop clock), or None when none is.
         self.deadline: float | None = None
+        # An idle check found more than MAX_KEEP_ALIVE_READ_BYTES received since the last answer;
+        # the next one closes the connection if it is still idle (see `check_idle`).
+        self.suspect = False
         # The pending wake-up that checks the deadline. It is left running when a request completes
         # and moved when it fires early, so a request on a kept-alive connection costs a store, not a
         # timer (a timer per request was 2 % of a review's CPU): one wake-up per deadline length.
@@ -133,6 +141,7 @@ class Slot:
         """The answer is written: idle from now (unless a pipelined request was already arriving)."""
         self.busy = False
         self.handling = False
+        self.suspect = False  # what an idle check found was before this answer
         now = self.listener.loop.time()
         self.since = now
         self.listener.progressed(self)
@@ -147,6 +156,28 @@ class Slot:
             # connection): its deadline ends with it, or it would close the idle connection, and cut
             # the next request on it short, a deadline after this one began.
             self.deadline = None
+
+    def check_idle(self) -> None:
+        """Close an idle connection whose TLS layer has read more than MAX_KEEP_ALIVE_READ_BYTES since
+        its last answer without a request beginning: TLS messages that carry no HTTP (KeyUpdates
+        padded to 16 KiB), which the TLS layer keeps in its buffers as it does a large review, and
+        which no answer will ever count. Two checks in a row must find it so: bytes of a request
+        may be in the kernel before the loop has read them, and by the next check they have begun
+        a request (and its deadline), which leaves the connection alone.
+        """
+        protocol = self.protocol
+        if protocol is None or self.handling or self.busy or self.deadline is not None:
+            self.suspect = False
+            return
+        received = protocol.received_since_answer()
+        if received is None or received <= MAX_KEEP_ALIVE_READ_BYTES:
+            self.suspect = False
+        elif not self.suspect:
+            self.suspect = True
+        else:
+            self.listener.idle_closed += 1
+            log.info("event=idle_tls_bytes_closed bytes=%d limit=%d", received, MAX_KEEP_ALIVE_READ_BYTES)
+            self.close_now()
 
     # -- closing ----------------------------------------------------------------------------------
 
@@ -223,6 +254,8 @@ class Listener:
         self.connections: dict[Slot, None] = {}
         self.evicted = 0  # connections closed to make room at the cap
         self.expired = 0  # connections closed by the request deadline
+        self.idle_closed = 0  # idle connections closed for TLS bytes that began no request
+        self._idle_checks: asyncio.TimerHandle | None = None
         self._sock: socket.socket | None = None
         self._all_closed = asyncio.Event()
         self._all_closed.set()
@@ -238,6 +271,13 @@ class Listener:
         # A reader callback rather than `loop.sock_accept`: nothing to cancel on close, so no
         # accepted socket can be lost between the accept and a cancellation.
         self.loop.add_reader(sock.fileno(), self._accept_ready, sock)
+        self._idle_checks = self.loop.call_later(IDLE_CHECK_SECONDS, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """Every IDLE_CHECK_SECONDS while listening: each open connection's `check_idle`."""
+        self._idle_checks = self.loop.call_later(IDLE_CHECK_SECONDS, self._check_idle)
+        for slot in list(self.connections):
+            slot.check_idle()
 
     def _accept_ready(self, sock: socket.socket) -> None:
         for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn
@@ -322,6 +362,9 @@ class Listener:
 
     async def close(self) -> None:
         """Stop accepting; handshakes still in progress are abandoned. Open connections stay."""
+        if self._idle_checks is not None:
+            self._idle_checks.cancel()
+            self._idle_checks = None
         if self._sock is not None:
             self.loop.remove_reader(self._sock.fileno())
             self._sock.close()

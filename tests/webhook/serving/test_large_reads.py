@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.httpedge.edge import MAX_KEEP_ALIVE_READ_BYTES
-from kube_vgpu.httpedge.listener import ConnectionLimits
+from kube_vgpu.httpedge.listener import IDLE_CHECK_SECONDS, ConnectionLimits
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.webhook import (
     A100,
@@ -325,18 +325,13 @@ def test_a_small_request_in_records_padded_past_the_bound_closes_its_connection(
     assert _says_close(head)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not yet bounded: TLS bytes that carry no HTTP and arrive while the connection is idle are "
-    "counted only at its next answer, which never comes; the connection keeps them until --idle-timeout "
-    "or the cap (1,000 such connections: 326 MiB)",
-)
-def test_padded_tls_messages_without_http_after_an_answer_close_the_idle_connection(
-    webhook: ThreadedWebhook, opened: list[socket.socket]
-) -> None:
-    # A small request, answered and kept alive; then 16 TLS 1.3 KeyUpdate messages, each in a record
-    # padded to 16 KiB: 256 KiB the TLS layer reads and keeps, and not one byte of HTTP, so no request
-    # (and no request deadline) begins.
+def _idle_after_key_updates(
+    webhook: ThreadedWebhook, opened: list[socket.socket], updates: int
+) -> tuple[socket.socket, ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, int]:
+    """A connection answered once and kept alive, then sent `updates` TLS 1.3 KeyUpdate messages, each
+    in a record padded to 16 KiB: bytes the TLS layer reads and keeps, and not one byte of HTTP, so
+    no request (and no request deadline) begins. The raw socket, TLS object, its BIOs, and the bytes
+    the KeyUpdates put on the wire."""
     raw, tls, incoming, outgoing, _ = _send_in_padded_records(
         webhook, opened, webhook.tls.client_context(), b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", 1
     )
@@ -350,13 +345,21 @@ def test_padded_tls_messages_without_http_after_an_answer_close_the_idle_connect
     inner = tls._sslobj  # type: ignore[attr-defined]
     ssl_ptr = ctypes.c_void_p.from_address(id(inner) + object.__basicsize__ + 8).value
     assert libssl.SSL_set_block_padding(ssl_ptr, 16384) == 1
-    for _ in range(16):
+    for _ in range(updates):
         assert libssl.SSL_key_update(ssl_ptr, 0) == 1  # SSL_KEY_UPDATE_NOT_REQUESTED
         libssl.SSL_do_handshake(ssl_ptr)  # writes the KeyUpdate
     wire = outgoing.read()
-    assert len(wire) > 16 * 16384
     raw.sendall(wire)
-    raw.settimeout(3.0)
+    return raw, tls, incoming, outgoing, len(wire)
+
+
+def test_padded_tls_messages_without_http_after_an_answer_close_the_idle_connection(
+    webhook: ThreadedWebhook, opened: list[socket.socket]
+) -> None:
+    # 256 KiB of KeyUpdates: an idle check finds them, and the next one closes the connection.
+    raw, _, _, _, wire = _idle_after_key_updates(webhook, opened, 16)
+    assert wire > 16 * 16384
+    raw.settimeout(BOUND)
     try:
         while raw.recv(65536):
             pass
@@ -364,3 +367,19 @@ def test_padded_tls_messages_without_http_after_an_answer_close_the_idle_connect
         pytest.fail("the idle connection that received 256 KiB of padded TLS messages was kept open")
     except ConnectionResetError:
         pass
+    assert webhook.read(lambda: webhook.server.listener and webhook.server.listener.idle_closed) == 1
+    assert "kube_vgpu_webhook_idle_connections_closed_total 1.0" in webhook.metrics()
+
+
+def test_padded_tls_messages_under_the_bound_leave_the_idle_connection_open(
+    webhook: ThreadedWebhook, opened: list[socket.socket]
+) -> None:
+    # One padded KeyUpdate (about 16 KiB): under the bound, through several idle checks.
+    raw, tls, incoming, outgoing, wire = _idle_after_key_updates(webhook, opened, 1)
+    assert 16384 < wire <= MAX_KEEP_ALIVE_READ_BYTES
+    time.sleep(3.5 * IDLE_CHECK_SECONDS)
+    tls.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    raw.sendall(outgoing.read())
+    head = _read_head_over(raw, tls, incoming)
+    assert b" 200 " in head.split(b"\r\n")[0]
+    assert webhook.read(lambda: webhook.server.listener and webhook.server.listener.idle_closed) == 0

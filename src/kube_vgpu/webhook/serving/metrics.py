@@ -61,6 +61,11 @@ class ConnectionState(Protocol):
         """Connections closed because a request did not arrive within its deadline."""
         ...
 
+    @property
+    def idle_closed(self) -> int:
+        """Idle connections closed for TLS bytes past the keep-alive bound that began no request."""
+        ...
+
 
 class _ConnectionCollector(Collector):
     def __init__(self, state: Callable[[], ConnectionState | None]) -> None:
@@ -83,6 +88,12 @@ class _ConnectionCollector(Collector):
             "kube_vgpu_webhook_request_deadline_expired",
             "Connections closed because a request did not arrive and get its answer within the deadline.",
             value=state.expired,
+        )
+        yield CounterMetricFamily(
+            "kube_vgpu_webhook_idle_connections_closed",
+            "Idle connections closed because their TLS layer read more than 32 KiB since their last "
+            "answer without a request beginning (TLS messages that carry no HTTP, padded).",
+            value=state.idle_closed,
         )
 
 
