@@ -6,9 +6,12 @@ reads (into uvloop's buffer and OpenSSL's) and drops before HTTP sees it. Each c
 shakes, sends a 42-byte `GET /healthz` split into `--records` records padded to `--block` bytes
 (OpenSSL's `SSL_CTX_set_block_padding`, called through ctypes since Python does not expose it) in one
 write, reads its answer and stays open; `--block 0` sends the same request unpadded, in one record.
+With `--key-updates N`, each connection then also sends N TLS 1.3 KeyUpdate messages, each in a
+record padded to `--block`: bytes with no HTTP in them at all, sent while the connection is idle.
 
     .venv/bin/python bench/padded_records.py                 # 1,000 connections, 16 records of 16 KiB
     .venv/bin/python bench/padded_records.py --block 0       # the same request, unpadded
+    .venv/bin/python bench/padded_records.py --records 1 --key-updates 16   # idle, 256 KiB of KeyUpdates
 """
 
 from __future__ import annotations
@@ -57,9 +60,38 @@ def padding_context(ca_pem: bytes, block: int) -> ssl.SSLContext:
     return context
 
 
-def open_one(port: int, context: ssl.SSLContext, records: int) -> tuple[socket.socket, bytes, int] | None:
-    """One connection that sent REQUEST in `records` records in one write: the socket, the answer's
-    head and the bytes on the wire; None when the server closed it first."""
+def _libssl() -> ctypes.CDLL:
+    libssl = ctypes.CDLL(ctypes.util.find_library("ssl"))
+    libssl.SSL_set_block_padding.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libssl.SSL_set_block_padding.restype = ctypes.c_int
+    libssl.SSL_key_update.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    libssl.SSL_key_update.restype = ctypes.c_int
+    libssl.SSL_do_handshake.argtypes = [ctypes.c_void_p]
+    libssl.SSL_do_handshake.restype = ctypes.c_int
+    return libssl
+
+
+def key_updates(tls: ssl.SSLObject, count: int, block: int) -> None:
+    """Have `tls` write `count` KeyUpdate messages (not requesting one back), each in a record padded
+    to `block` bytes, into its outgoing BIO."""
+    libssl = _libssl()
+    # CPython's _ssl._SSLSocket holds a weak reference to its socket, then its SSL pointer.
+    inner = tls._sslobj  # type: ignore[attr-defined]
+    ssl_ptr = ctypes.c_void_p.from_address(id(inner) + object.__basicsize__ + 8).value
+    if block and libssl.SSL_set_block_padding(ssl_ptr, block) != 1:
+        raise SystemExit(f"libssl refused a block padding of {block}")
+    for _ in range(count):
+        if libssl.SSL_key_update(ssl_ptr, 0) != 1:  # SSL_KEY_UPDATE_NOT_REQUESTED
+            raise SystemExit("libssl refused a KeyUpdate")
+        libssl.SSL_do_handshake(ssl_ptr)  # writes it
+
+
+def open_one(
+    port: int, context: ssl.SSLContext, records: int, updates: int = 0, block: int = 0
+) -> tuple[socket.socket, bytes, int] | None:
+    """One connection that sent REQUEST in `records` records in one write, then `updates` padded
+    KeyUpdates once answered: the socket, the answer's head and the bytes on the wire after the
+    handshake; None when the server closed it first."""
     raw = socket.create_connection(("127.0.0.1", port), timeout=10)
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
@@ -87,6 +119,11 @@ def open_one(port: int, context: ssl.SSLContext, records: int) -> tuple[socket.s
             incoming.write(data)
             with contextlib.suppress(ssl.SSLWantReadError):
                 answer += tls.read(65536)
+        if updates:
+            key_updates(tls, updates, block)
+            sent = outgoing.read()
+            raw.sendall(sent)
+            wire += sent
     except (OSError, ssl.SSLError):
         raw.close()
         return None
@@ -113,6 +150,12 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=1000)
     parser.add_argument("--records", type=int, default=16, help="records the 42-byte request is split into")
     parser.add_argument("--block", type=int, default=16384, help="pad each record to this; 0: no padding")
+    parser.add_argument(
+        "--key-updates",
+        type=int,
+        default=0,
+        help="padded KeyUpdate messages each connection sends once answered",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kube-vgpu-padded-"))
     ca = issue_ca("bench-ca", 1)
@@ -137,15 +180,17 @@ def main() -> int:
         try:
             plain = ssl.create_default_context(cadata=ca.cert_pem.decode())
             asyncio.run(bench_webhook.wait_ready(f"https://127.0.0.1:{port}", plain, proc, 120))
-            context = padding_context(ca.cert_pem, args.block)
+            # KeyUpdates are padded on their own, after the answer: the request goes as it is.
+            context = padding_context(ca.cert_pem, 0 if args.key_updates else args.block)
             rss_before, _ = bench_webhook.rss_mib(proc.pid)
             for _ in range(args.connections):
-                opened = open_one(port, context, args.records)
+                opened = open_one(port, context, args.records, args.key_updates, args.block)
                 if opened is not None:
                     held.append(opened[0])
                     closing += b"connection: close" in opened[1].lower()
                     wire = opened[2]
-            time.sleep(2)
+            # Idle connections are checked every second, and closed on the second finding in a row.
+            time.sleep(3 if args.key_updates else 2)
             rss_after, _ = bench_webhook.rss_mib(proc.pid)
             kept = still_open(held)
         finally:
@@ -156,7 +201,12 @@ def main() -> int:
             log.close()
     print(
         f"{args.connections} TLS connections, each a {len(REQUEST)}-byte request in {args.records} records "
-        f"padded to {args.block or 'no'} bytes ({wire} bytes on the wire): {len(held)} answered, "
+        + (
+            f"then {args.key_updates} KeyUpdates padded to {args.block or 'no'} bytes"
+            if args.key_updates
+            else f"padded to {args.block or 'no'} bytes"
+        )
+        + f" ({wire} bytes on the wire after the handshake): {len(held)} answered, "
         f"{closing} answers said Connection: close, {kept} kept open by the webhook; webhook RSS "
         f"{rss_before:.0f} MiB before, {rss_after:.0f} MiB after; exit code on SIGTERM {code}"
     )
