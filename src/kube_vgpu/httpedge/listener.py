@@ -271,10 +271,15 @@ class Listener:
         # A reader callback rather than `loop.sock_accept`: nothing to cancel on close, so no
         # accepted socket can be lost between the accept and a cancellation.
         self.loop.add_reader(sock.fileno(), self._accept_ready, sock)
-        self._idle_checks = self.loop.call_later(IDLE_CHECK_SECONDS, self._check_idle)
+        if self.ssl_context is not None:
+            # Only TLS connections keep buffers as large as their largest read, and only the
+            # webhook's answers restart the count (`AdmissionProtocol.answer_closes`): a plain
+            # listener's (the metrics port's) count would be every byte since its accept, and close a
+            # scraper's keep-alive connection after 32 KiB of scrapes.
+            self._idle_checks = self.loop.call_later(IDLE_CHECK_SECONDS, self._check_idle)
 
     def _check_idle(self) -> None:
-        """Every IDLE_CHECK_SECONDS while listening: each open connection's `check_idle`."""
+        """Every IDLE_CHECK_SECONDS while listening for TLS: each open connection's `check_idle`."""
         self._idle_checks = self.loop.call_later(IDLE_CHECK_SECONDS, self._check_idle)
         for slot in list(self.connections):
             slot.check_idle()
