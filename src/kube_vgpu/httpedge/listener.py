@@ -29,7 +29,8 @@ _ACCEPT_ERROR_PAUSE_SECONDS = 0.1
 # A deadline this close is due when its wake-up runs (the loop's clock is read once a pass, in ms).
 _CLOCK_SLACK_SECONDS = 0.001
 # How often idle connections are asked what the kernel received since their last answer (see
-# `Slot.check_idle`): a getsockopt each, about 1 ms a check for 1,000 idle connections.
+# `Slot.check_idle`): a getsockopt each, about 2.5 ms a check for 1,000 idle connections
+# (the webhook idle with 1,000 of them open: 3.5 ms of CPU a second, against 1.0 without the check).
 IDLE_CHECK_SECONDS = 1.0
 
 
