@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from kube_vgpu.httpedge.listener import ConnectionLimits
+from kube_vgpu.httpedge.edge import MAX_KEEP_ALIVE_READ_BYTES
+from kube_vgpu.httpedge.listener import IDLE_CHECK_SECONDS, ConnectionLimits
 from kube_vgpu.httpedge.metrics_server import METRICS_LIMITS, MetricsServer, Render
 
 BOUND = 10.0
@@ -109,5 +110,42 @@ async def test_only_get_metrics_is_served_there() -> None:
         async with asyncio.timeout(BOUND):
             assert b" 405 " in (await reader.read()).split(b"\r\n", 1)[0]
         writer.close()
+    finally:
+        await server.stop()
+
+
+# What Prometheus sends for each scrape (about 300 bytes): 110 of them pass 32 KiB, half an hour of
+# scrapes at a 15 s interval on one keep-alive connection.
+_PROMETHEUS_HEAD = (
+    b"GET /metrics HTTP/1.1\r\nHost: 10.0.0.1:9395\r\nUser-Agent: Prometheus/2.53.0\r\n"
+    b"Accept: application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"
+    b"version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2\r\nAccept-Encoding: gzip\r\n"
+    b"X-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\n"
+)
+
+
+async def test_a_scraper_kept_alive_past_32_kib_of_scrapes_is_not_closed_while_idle() -> None:
+    # The idle check counts TLS bytes since a connection's last answer; the metrics port is plain
+    # HTTP, keeps no TLS buffers, and its answers never restart that count: past 32 KiB received in
+    # all, the scraper's connection was closed between two scrapes.
+    server = MetricsServer(exposition(), host="127.0.0.1", port=0)
+    await server.start()
+    try:
+        reader, writer = await _connect(server.port)
+        try:
+            scrapes = MAX_KEEP_ALIVE_READ_BYTES // len(_PROMETHEUS_HEAD) + 2
+            assert scrapes * len(_PROMETHEUS_HEAD) > MAX_KEEP_ALIVE_READ_BYTES
+            for number in range(scrapes + 1):
+                if number == scrapes:  # idle through two checks, as between two scrapes
+                    await asyncio.sleep(2.5 * IDLE_CHECK_SECONDS)
+                writer.write(_PROMETHEUS_HEAD)
+                async with asyncio.timeout(BOUND):
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                    await reader.readexactly(length)
+                assert b" 200 " in head.split(b"\r\n", 1)[0]
+            assert server.listener is not None and server.listener.idle_closed == 0
+        finally:
+            writer.close()
     finally:
         await server.stop()
