@@ -12,6 +12,10 @@ record padded to `--block`: bytes with no HTTP in them at all, sent while the co
     .venv/bin/python bench/padded_records.py                 # 1,000 connections, 16 records of 16 KiB
     .venv/bin/python bench/padded_records.py --block 0       # the same request, unpadded
     .venv/bin/python bench/padded_records.py --records 1 --key-updates 16   # idle, 256 KiB of KeyUpdates
+    .venv/bin/python bench/padded_records.py --records 1 --key-updates 64 --after head   # 1 MiB, mid-request
+
+`--after head` sends the first byte of a next request before the KeyUpdates, so a request (and its
+deadline) is running while they arrive.
 """
 
 from __future__ import annotations
@@ -87,7 +91,13 @@ def key_updates(tls: ssl.SSLObject, count: int, block: int) -> None:
 
 
 def open_one(
-    port: int, context: ssl.SSLContext, records: int, updates: int = 0, block: int = 0
+    port: int,
+    context: ssl.SSLContext,
+    records: int,
+    *,
+    updates: int = 0,
+    block: int = 0,
+    after: str = "answer",
 ) -> tuple[socket.socket, bytes, int] | None:
     """One connection that sent REQUEST in `records` records in one write, then `updates` padded
     KeyUpdates once answered: the socket, the answer's head and the bytes on the wire after the
@@ -120,6 +130,8 @@ def open_one(
             with contextlib.suppress(ssl.SSLWantReadError):
                 answer += tls.read(65536)
         if updates:
+            if after == "head":
+                tls.write(REQUEST[:1])
             key_updates(tls, updates, block)
             sent = outgoing.read()
             raw.sendall(sent)
@@ -156,6 +168,12 @@ def main() -> int:
         default=0,
         help="padded KeyUpdate messages each connection sends once answered",
     )
+    parser.add_argument(
+        "--after",
+        choices=("answer", "head"),
+        default="answer",
+        help="send the KeyUpdates once answered, or after the first byte of a next request",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kube-vgpu-padded-"))
     ca = issue_ca("bench-ca", 1)
@@ -184,14 +202,16 @@ def main() -> int:
             context = padding_context(ca.cert_pem, 0 if args.key_updates else args.block)
             rss_before, _ = bench_webhook.rss_mib(proc.pid)
             for _ in range(args.connections):
-                opened = open_one(port, context, args.records, args.key_updates, args.block)
+                opened = open_one(
+                    port, context, args.records, updates=args.key_updates, block=args.block, after=args.after
+                )
                 if opened is not None:
                     held.append(opened[0])
                     closing += b"connection: close" in opened[1].lower()
                     wire = opened[2]
             # Idle connections are checked every second, and closed on the second finding in a row.
             time.sleep(3 if args.key_updates else 2)
-            rss_after, _ = bench_webhook.rss_mib(proc.pid)
+            rss_after, rss_peak = bench_webhook.rss_mib(proc.pid)
             kept = still_open(held)
         finally:
             for sock in held:
@@ -202,13 +222,15 @@ def main() -> int:
     print(
         f"{args.connections} TLS connections, each a {len(REQUEST)}-byte request in {args.records} records "
         + (
-            f"then {args.key_updates} KeyUpdates padded to {args.block or 'no'} bytes"
+            f"then {'one byte of a next request and ' if args.after == 'head' else ''}"
+            f"{args.key_updates} KeyUpdates padded to {args.block or 'no'} bytes"
             if args.key_updates
             else f"padded to {args.block or 'no'} bytes"
         )
         + f" ({wire} bytes on the wire after the handshake): {len(held)} answered, "
         f"{closing} answers said Connection: close, {kept} kept open by the webhook; webhook RSS "
-        f"{rss_before:.0f} MiB before, {rss_after:.0f} MiB after; exit code on SIGTERM {code}"
+        f"{rss_before:.0f} MiB before, {rss_after:.0f} MiB after (peak {rss_peak:.0f} MiB); "
+        f"exit code on SIGTERM {code}"
     )
     return 0 if code == 0 else 1
 

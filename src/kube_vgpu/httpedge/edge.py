@@ -190,13 +190,15 @@ class AdmissionProtocol(RequestHandler):
             received, self._wire_seen = wire - self._wire_seen, wire
         return received > MAX_KEEP_ALIVE_READ_BYTES
 
-    def received_since_answer(self) -> int | None:
-        """What the kernel has received on this connection since its last answer (its accept, before
-        the first), or None when the socket cannot say. Asked of idle connections by the listener:
-        TLS messages that carry no HTTP (KeyUpdates padded to 16 KiB) start no request, so no answer
-        ever counts them."""
+    def non_http_since_answer(self) -> int | None:
+        """What the kernel received on this connection since its last answer (its accept, before the
+        first) that has not reached HTTP, or None when the socket cannot say: TLS records' own bytes
+        and padding, TLS messages with no HTTP in them (KeyUpdates padded to 16 KiB), the handshake
+        before the first answer, and bytes not read yet. Asked by the listener: such bytes start no
+        request when the connection is idle, and belong to none when it is not, so neither an answer
+        nor the body budget counts them, yet the TLS layer keeps them in its buffers."""
         wire = self._wire_received()
-        return None if wire is None else wire - self._wire_seen
+        return None if wire is None else wire - self._wire_seen - self._received
 
     def _wire_received(self) -> int | None:
         """The bytes the kernel has received on this connection since it opened (Linux's

@@ -28,10 +28,10 @@ _BACKLOG = 512
 _ACCEPT_ERROR_PAUSE_SECONDS = 0.1
 # A deadline this close is due when its wake-up runs (the loop's clock is read once a pass, in ms).
 _CLOCK_SLACK_SECONDS = 0.001
-# How often idle connections are asked what the kernel received since their last answer (see
-# `Slot.check_idle`): a getsockopt each, about 2.5 ms a check for 1,000 idle connections
-# (the webhook idle with 1,000 of them open: 3.5 ms of CPU a second, against 1.0 without the check).
-IDLE_CHECK_SECONDS = 1.0
+# How often TLS connections are asked what the kernel received since their last answer that never
+# reached HTTP (see `Slot.check_non_http`): a getsockopt each, about 2.5 ms a check for 1,000
+# connections (the webhook idle with 1,000 open: 3.5 ms of CPU a second, against 1.0 without it).
+NON_HTTP_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -96,8 +96,8 @@ class Slot:
         self.opening: asyncio.Task[None] | None = None
         # When the request arriving now must have arrived whole (loop clock), or None when none is.
         self.deadline: float | None = None
-        # An idle check found more than MAX_KEEP_ALIVE_READ_BYTES received since the last answer;
-        # the next one closes the connection if it is still idle (see `check_idle`).
+        # A check found more than MAX_KEEP_ALIVE_READ_BYTES received since the last answer that never
+        # reached HTTP; the next one closes the connection if it is still so (see `check_non_http`).
         self.suspect = False
         # The pending wake-up that checks the deadline. It is left running when a request completes
         # and moved when it fires early, so a request on a kept-alive connection costs a store, not a
@@ -142,7 +142,7 @@ class Slot:
         """The answer is written: idle from now (unless a pipelined request was already arriving)."""
         self.busy = False
         self.handling = False
-        self.suspect = False  # what an idle check found was before this answer
+        self.suspect = False  # what a check found was before this answer
         now = self.listener.loop.time()
         self.since = now
         self.listener.progressed(self)
@@ -158,26 +158,29 @@ class Slot:
             # the next request on it short, a deadline after this one began.
             self.deadline = None
 
-    def check_idle(self) -> None:
-        """Close an idle connection whose TLS layer has read more than MAX_KEEP_ALIVE_READ_BYTES since
-        its last answer without a request beginning: TLS messages that carry no HTTP (KeyUpdates
-        padded to 16 KiB), which the TLS layer keeps in its buffers as it does a large review, and
-        which no answer will ever count. Two checks in a row must find it so: bytes of a request
-        may be in the kernel before the loop has read them, and by the next check they have begun
-        a request (and its deadline), which leaves the connection alone.
+    def check_non_http(self) -> None:
+        """Close a connection whose TLS layer has read more than MAX_KEEP_ALIVE_READ_BYTES since its
+        last answer that never reached HTTP: TLS messages with no HTTP in them (KeyUpdates padded to
+        16 KiB), sent while idle (they begin no request, so no answer counts them) or while a request
+        arrives (its deadline ends them, but 1,000 connections each sent 1 MiB of them within it put
+        the webhook past 600 MiB). The TLS layer keeps them in its buffers as it does a large review,
+        and neither an answer nor the body budget counts them. A legitimate caller's own such bytes
+        are its records' 22 bytes each and its handshake. Two checks in a row must find it so: a
+        request's bytes may be in the kernel before the loop has read them, and by the next check
+        they have reached HTTP.
         """
         protocol = self.protocol
-        if protocol is None or self.handling or self.busy or self.deadline is not None:
+        if protocol is None:  # the handshake: bounded by the request deadline
             self.suspect = False
             return
-        received = protocol.received_since_answer()
-        if received is None or received <= MAX_KEEP_ALIVE_READ_BYTES:
+        non_http = protocol.non_http_since_answer()
+        if non_http is None or non_http <= MAX_KEEP_ALIVE_READ_BYTES:
             self.suspect = False
         elif not self.suspect:
             self.suspect = True
         else:
-            self.listener.idle_closed += 1
-            log.info("event=idle_tls_bytes_closed bytes=%d limit=%d", received, MAX_KEEP_ALIVE_READ_BYTES)
+            self.listener.non_http_closed += 1
+            log.info("event=non_http_tls_bytes_closed bytes=%d limit=%d", non_http, MAX_KEEP_ALIVE_READ_BYTES)
             self.close_now()
 
     # -- closing ----------------------------------------------------------------------------------
@@ -255,8 +258,8 @@ class Listener:
         self.connections: dict[Slot, None] = {}
         self.evicted = 0  # connections closed to make room at the cap
         self.expired = 0  # connections closed by the request deadline
-        self.idle_closed = 0  # idle connections closed for TLS bytes that began no request
-        self._idle_checks: asyncio.TimerHandle | None = None
+        self.non_http_closed = 0  # connections closed for TLS bytes that never reached HTTP
+        self._non_http_checks: asyncio.TimerHandle | None = None
         self._sock: socket.socket | None = None
         self._all_closed = asyncio.Event()
         self._all_closed.set()
@@ -275,15 +278,14 @@ class Listener:
         if self.ssl_context is not None:
             # Only TLS connections keep buffers as large as their largest read, and only the
             # webhook's answers restart the count (`AdmissionProtocol.answer_closes`): a plain
-            # listener's (the metrics port's) count would be every byte since its accept, and close a
-            # scraper's keep-alive connection after 32 KiB of scrapes.
-            self._idle_checks = self.loop.call_later(IDLE_CHECK_SECONDS, self._check_idle)
+            # listener (the metrics port) is not checked.
+            self._non_http_checks = self.loop.call_later(NON_HTTP_CHECK_SECONDS, self._check_non_http)
 
-    def _check_idle(self) -> None:
-        """Every IDLE_CHECK_SECONDS while listening for TLS: each open connection's `check_idle`."""
-        self._idle_checks = self.loop.call_later(IDLE_CHECK_SECONDS, self._check_idle)
+    def _check_non_http(self) -> None:
+        """Every NON_HTTP_CHECK_SECONDS while listening for TLS: each open connection's `check_non_http`."""
+        self._non_http_checks = self.loop.call_later(NON_HTTP_CHECK_SECONDS, self._check_non_http)
         for slot in list(self.connections):
-            slot.check_idle()
+            slot.check_non_http()
 
     def _accept_ready(self, sock: socket.socket) -> None:
         for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn
@@ -368,9 +370,9 @@ class Listener:
 
     async def close(self) -> None:
         """Stop accepting; handshakes still in progress are abandoned. Open connections stay."""
-        if self._idle_checks is not None:
-            self._idle_checks.cancel()
-            self._idle_checks = None
+        if self._non_http_checks is not None:
+            self._non_http_checks.cancel()
+            self._non_http_checks = None
         if self._sock is not None:
             self.loop.remove_reader(self._sock.fileno())
             self._sock.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.httpedge.edge import MAX_KEEP_ALIVE_READ_BYTES
-from kube_vgpu.httpedge.listener import IDLE_CHECK_SECONDS, ConnectionLimits
+from kube_vgpu.httpedge.listener import NON_HTTP_CHECK_SECONDS, ConnectionLimits
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.webhook import (
     A100,
@@ -325,18 +325,27 @@ def test_a_small_request_in_records_padded_past_the_bound_closes_its_connection(
     assert _says_close(head)
 
 
-def _idle_after_key_updates(
-    webhook: ThreadedWebhook, opened: list[socket.socket], updates: int
+_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+def _key_updates_after(
+    webhook: ThreadedWebhook, opened: list[socket.socket], updates: int, after: str = "an answer"
 ) -> tuple[socket.socket, ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, int]:
-    """A connection answered once and kept alive, then sent `updates` TLS 1.3 KeyUpdate messages, each
-    in a record padded to 16 KiB: bytes the TLS layer reads and keeps, and not one byte of HTTP, so
-    no request (and no request deadline) begins. The raw socket, TLS object, its BIOs, and the bytes
-    the KeyUpdates put on the wire."""
+    """A connection that, after its handshake (`after="the handshake"`), after one request answered
+    and kept alive (`"an answer"`), or after that and the first byte of a next request
+    (`"a request's first byte"`), sends `updates` TLS 1.3 KeyUpdate messages, each in a record padded
+    to 16 KiB: bytes the TLS layer reads and keeps, and not one byte of HTTP. The raw socket, TLS
+    object, its BIOs, and the bytes the KeyUpdates put on the wire."""
+    answered = after != "the handshake"
     raw, tls, incoming, outgoing, _ = _send_in_padded_records(
-        webhook, opened, webhook.tls.client_context(), b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n", 1
+        webhook, opened, webhook.tls.client_context(), _HEALTHZ if answered else b"", 1 if answered else 0
     )
-    head = _read_head_over(raw, tls, incoming)
-    assert not _says_close(head)
+    if answered:
+        head = _read_head_over(raw, tls, incoming)
+        assert not _says_close(head)
+    if after == "a request's first byte":
+        tls.write(_HEALTHZ[:1])
+        raw.sendall(outgoing.read())
     libssl = ctypes.CDLL(_LIBSSL or "libssl.so.3")
     libssl.SSL_set_block_padding.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libssl.SSL_key_update.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -353,33 +362,63 @@ def _idle_after_key_updates(
     return raw, tls, incoming, outgoing, len(wire)
 
 
-def test_padded_tls_messages_without_http_after_an_answer_close_the_idle_connection(
-    webhook: ThreadedWebhook, opened: list[socket.socket]
+def _non_http_closed(webhook: ThreadedWebhook) -> int:
+    listener = webhook.server.listener
+    assert listener is not None
+    return webhook.read(lambda: listener.non_http_closed)
+
+
+@pytest.mark.parametrize("after", ["an answer", "the handshake", "a request's first byte"])
+def test_padded_tls_messages_without_http_close_the_connection(
+    webhook: ThreadedWebhook, opened: list[socket.socket], after: str
 ) -> None:
-    # 256 KiB of KeyUpdates: an idle check finds them, and the next one closes the connection.
-    raw, _, _, _, wire = _idle_after_key_updates(webhook, opened, 16)
+    # 256 KiB of KeyUpdates: a check finds them, and the next one closes the connection, long
+    # before the 30 s request deadline that runs after the handshake or a request's first byte.
+    raw, _, _, _, wire = _key_updates_after(webhook, opened, 16, after)
     assert wire > 16 * 16384
     raw.settimeout(BOUND)
     try:
         while raw.recv(65536):
             pass
     except TimeoutError:
-        pytest.fail("the idle connection that received 256 KiB of padded TLS messages was kept open")
+        pytest.fail(f"a connection sent 256 KiB of padded TLS messages after {after} was kept open")
     except ConnectionResetError:
         pass
-    assert webhook.read(lambda: webhook.server.listener and webhook.server.listener.idle_closed) == 1
-    assert "kube_vgpu_webhook_idle_connections_closed_total 1.0" in webhook.metrics()
+    assert _non_http_closed(webhook) == 1
+    assert "kube_vgpu_webhook_non_http_bytes_closed_total 1.0" in webhook.metrics()
+
+
+def test_a_large_review_sent_while_the_loop_is_blocked_is_answered(
+    webhook: ThreadedWebhook, opened: list[socket.socket]
+) -> None:
+    # Its bytes wait in the kernel, counted there and not yet read, while the loop is held past two
+    # checks' times: they reach HTTP before a second check finds them, so the connection stays.
+    sock = _connect(webhook, opened)
+    sock.sendall(_request_of(2048, uid="first"))
+    head, _ = _read_answer(sock)
+    assert not _says_close(head)
+
+    async def hold_the_loop() -> None:
+        time.sleep(2.5 * NON_HTTP_CHECK_SECONDS)  # noqa: ASYNC251 (blocks the loop, as a long review would)
+
+    held = webhook.submit(hold_the_loop())
+    time.sleep(0.2)
+    sock.sendall(_request_of(200 * 1024, uid="large"))
+    head, answer = _read_answer(sock)
+    held.result(timeout=BOUND)
+    assert b" 200 " in head and _allowed(answer, "large") and _says_close(head)
+    assert _non_http_closed(webhook) == 0
 
 
 def test_padded_tls_messages_under_the_bound_leave_the_idle_connection_open(
     webhook: ThreadedWebhook, opened: list[socket.socket]
 ) -> None:
     # One padded KeyUpdate (about 16 KiB): under the bound, through several idle checks.
-    raw, tls, incoming, outgoing, wire = _idle_after_key_updates(webhook, opened, 1)
+    raw, tls, incoming, outgoing, wire = _key_updates_after(webhook, opened, 1)
     assert 16384 < wire <= MAX_KEEP_ALIVE_READ_BYTES
-    time.sleep(3.5 * IDLE_CHECK_SECONDS)
+    time.sleep(3.5 * NON_HTTP_CHECK_SECONDS)
     tls.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     raw.sendall(outgoing.read())
     head = _read_head_over(raw, tls, incoming)
     assert b" 200 " in head.split(b"\r\n")[0]
-    assert webhook.read(lambda: webhook.server.listener and webhook.server.listener.idle_closed) == 0
+    assert _non_http_closed(webhook) == 0

@@ -62,8 +62,8 @@ class ConnectionState(Protocol):
         ...
 
     @property
-    def idle_closed(self) -> int:
-        """Idle connections closed for TLS bytes past the keep-alive bound that began no request."""
+    def non_http_closed(self) -> int:
+        """Connections closed for TLS bytes past the keep-alive bound that never reached HTTP."""
         ...
 
 
@@ -90,10 +90,10 @@ class _ConnectionCollector(Collector):
             value=state.expired,
         )
         yield CounterMetricFamily(
-            "kube_vgpu_webhook_idle_connections_closed",
-            "Idle connections closed because their TLS layer read more than 32 KiB since their last "
-            "answer without a request beginning (TLS messages that carry no HTTP, padded).",
-            value=state.idle_closed,
+            "kube_vgpu_webhook_non_http_bytes_closed",
+            "Connections closed because their TLS layer read more than 32 KiB since their last answer "
+            "that never reached HTTP (TLS messages that carry no HTTP, padded).",
+            value=state.non_http_closed,
         )
 
 
