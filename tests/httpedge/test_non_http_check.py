@@ -1,7 +1,7 @@
 """`Slot.check_non_http`: a connection, idle or not, whose TLS layer read more than
-MAX_KEEP_ALIVE_READ_BYTES since its last answer that never reached HTTP is closed on the second check
-in a row that finds it so; bytes reaching HTTP or an answer in between start over. (Over real TLS
-with padded KeyUpdates: tests/webhook/serving/test_large_reads.py.)"""
+MAX_KEEP_ALIVE_READ_BYTES since its last answer that never reached HTTP, and more than did, is
+closed on the second check in a row that finds it so; bytes reaching HTTP or an answer in between
+start over. (Over real TLS with padded KeyUpdates: tests/webhook/serving/test_large_reads.py.)"""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ from kube_vgpu.httpedge.listener import ConnectionLimits, Listener, Slot
 
 
 class _Counted:
-    """Stands where `AdmissionProtocol` stands: says what the kernel received since the last answer
-    that never reached HTTP."""
+    """Stands where `AdmissionProtocol` stands: says what the TLS layer read since the last answer
+    that never reached HTTP, and what did."""
 
     def __init__(self) -> None:
         self.non_http: int | None = 0
+        self.http = 0
 
-    def non_http_since_answer(self) -> int | None:
-        return self.non_http
+    def read_since_answer(self) -> tuple[int, int] | None:
+        return None if self.non_http is None else (self.non_http + self.http, self.http)
 
 
 async def _answer(request: web.BaseRequest) -> web.Response:
@@ -132,3 +133,21 @@ async def test_a_handshake_in_progress_is_left_to_the_request_deadline(listener:
         slot.check_non_http()
     assert slot in listener.connections and listener.non_http_closed == 0
     slot.close_now()
+
+
+@pytest.mark.parametrize("http", [40 * 1024, 1024 * 1024])
+async def test_as_many_non_http_bytes_as_http_ones_are_left_alone(listener: Listener, http: int) -> None:
+    # A streamed body's records read and not yet decrypted, while its HTTP bytes flow; such bytes
+    # are bounded by the head limit and the body budget as the HTTP ones are.
+    slot, counted, sock = _idle_slot(listener)
+    slot.received()
+    counted.http = http
+    counted.non_http = http
+    for _ in range(3):
+        slot.check_non_http()
+    assert slot in listener.connections and listener.non_http_closed == 0
+    counted.non_http = http + 1  # one byte more than reached HTTP
+    slot.check_non_http()
+    slot.check_non_http()
+    assert slot not in listener.connections and listener.non_http_closed == 1
+    assert sock.fileno() == -1

@@ -11,9 +11,11 @@ bytes arrive, so the listener can enforce the request deadline and choose whom t
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import socket
 import struct
+import termios
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -64,6 +66,8 @@ MAX_KEEP_ALIVE_READ_BYTES = 32 * 1024
 _TCP_INFO_BYTES = 136
 _TCP_BYTES_RECEIVED = struct.Struct("=Q")
 _TCP_BYTES_RECEIVED_OFFSET = 128
+# The bytes the kernel holds that the connection has not read yet (FIONREAD's int).
+_INT = struct.Struct("i")
 # An answer given before the body was read (413, 415, 429, 404): aiohttp reads and drops the rest for
 # up to this long, so a client still sending reads the answer rather than a reset (Go: 500 ms).
 LINGER_SECONDS = 0.5
@@ -190,15 +194,21 @@ class AdmissionProtocol(RequestHandler):
             received, self._wire_seen = wire - self._wire_seen, wire
         return received > MAX_KEEP_ALIVE_READ_BYTES
 
-    def non_http_since_answer(self) -> int | None:
-        """What the kernel received on this connection since its last answer (its accept, before the
-        first) that has not reached HTTP, or None when the socket cannot say: TLS records' own bytes
-        and padding, TLS messages with no HTTP in them (KeyUpdates padded to 16 KiB), the handshake
-        before the first answer, and bytes not read yet. Asked by the listener: such bytes start no
-        request when the connection is idle, and belong to none when it is not, so neither an answer
-        nor the body budget counts them, yet the TLS layer keeps them in its buffers."""
+    def read_since_answer(self) -> tuple[int, int] | None:
+        """What the TLS layer has read from the socket since the last answer (the accept, before the
+        first), and how much of it reached HTTP; None when the socket cannot say. The rest is TLS
+        records' own bytes and padding, TLS messages with no HTTP in them (KeyUpdates padded to
+        16 KiB), the handshake before the first answer, and what the TLS layer has read and not yet
+        decrypted. Bytes the kernel holds unread are left out: a caller streaming a body always has
+        some in flight."""
         wire = self._wire_received()
-        return None if wire is None else wire - self._wire_seen - self._received
+        if wire is None:
+            return None
+        try:
+            unread = _INT.unpack(fcntl.ioctl(self._socket.fileno(), termios.FIONREAD, _INT.pack(0)))[0]
+        except (OSError, ValueError, AttributeError):  # closed meanwhile, or not a socket that can say
+            return None
+        return int(wire - unread - self._wire_seen), self._received
 
     def _wire_received(self) -> int | None:
         """The bytes the kernel has received on this connection since it opened (Linux's

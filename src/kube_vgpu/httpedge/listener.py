@@ -159,28 +159,39 @@ class Slot:
             self.deadline = None
 
     def check_non_http(self) -> None:
-        """Close a connection whose TLS layer has read more than MAX_KEEP_ALIVE_READ_BYTES since its
-        last answer that never reached HTTP: TLS messages with no HTTP in them (KeyUpdates padded to
-        16 KiB), sent while idle (they begin no request, so no answer counts them) or while a request
-        arrives (its deadline ends them, but 1,000 connections each sent 1 MiB of them within it put
-        the webhook past 600 MiB). The TLS layer keeps them in its buffers as it does a large review,
-        and neither an answer nor the body budget counts them. A legitimate caller's own such bytes
-        are its records' 22 bytes each and its handshake. Two checks in a row must find it so: a
-        request's bytes may be in the kernel before the loop has read them, and by the next check
-        they have reached HTTP.
+        """Close a connection whose TLS layer has read, since its last answer, more bytes that never
+        reached HTTP than MAX_KEEP_ALIVE_READ_BYTES and than those that did: TLS messages with no
+        HTTP in them (KeyUpdates padded to 16 KiB), sent while idle (they begin no request, so no
+        answer counts them) or while a request arrives (its deadline ends them, but 1,000
+        connections each sent 1 MiB of them within it put the webhook past 600 MiB). The TLS layer
+        keeps them in its buffers as it does a large review, and neither an answer nor the body
+        budget counts them. A legitimate caller's are its records' 22 bytes each, its handshake, and
+        a streamed body's records read and not yet decrypted (up to uvloop's 256 KiB read, while its
+        HTTP bytes flow); a caller that sends as many HTTP bytes as the others is bounded by the
+        head limit and the body budget. Two checks in a row must find it so.
         """
         protocol = self.protocol
         if protocol is None:  # the handshake: bounded by the request deadline
             self.suspect = False
             return
-        non_http = protocol.non_http_since_answer()
-        if non_http is None or non_http <= MAX_KEEP_ALIVE_READ_BYTES:
+        counted = protocol.read_since_answer()
+        if counted is None:
+            self.suspect = False
+            return
+        read, http = counted
+        non_http = read - http
+        if non_http <= max(MAX_KEEP_ALIVE_READ_BYTES, http):
             self.suspect = False
         elif not self.suspect:
             self.suspect = True
         else:
             self.listener.non_http_closed += 1
-            log.info("event=non_http_tls_bytes_closed bytes=%d limit=%d", non_http, MAX_KEEP_ALIVE_READ_BYTES)
+            log.info(
+                "event=non_http_tls_bytes_closed bytes=%d http_bytes=%d limit=%d",
+                non_http,
+                http,
+                MAX_KEEP_ALIVE_READ_BYTES,
+            )
             self.close_now()
 
     # -- closing ----------------------------------------------------------------------------------
