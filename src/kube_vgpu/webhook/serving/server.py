@@ -144,13 +144,13 @@ class AdmissionApp:
                 )
             if slot is not None:
                 slot.request_complete()
-            answer = get()
+            health = get()
             if request.body_exists:
                 # Answered before its body: aiohttp would read and drop the body after the answer and
                 # keep the connection, and bytes that come after an answer and reach HTTP are counted
                 # by no bound (1,000 such 1 MiB bodies held 830 MiB until their request deadlines).
-                answer.force_close()
-            return answer
+                health.force_close()
+            return health
         if method != "POST":
             return error_response(
                 405, f"method {method[:16]} is not served at {path}; use POST", close=request.body_exists
