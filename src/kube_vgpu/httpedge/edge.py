@@ -198,8 +198,8 @@ class AdmissionProtocol(RequestHandler):
         """What the TLS layer has read from the socket since the last answer (the accept, before the
         first), and how much of it reached HTTP; None when the socket cannot say. The rest is TLS
         records' own bytes and padding, TLS messages with no HTTP in them (KeyUpdates padded to
-        16 KiB), the handshake before the first answer, and what the TLS layer has read and not yet
-        decrypted. Bytes the kernel holds unread are left out: a caller streaming a body always has
+        16 KiB) and the handshake before the first answer. Bytes the kernel holds unread, and those
+        the TLS layer holds not yet decrypted, are left out: a caller streaming a body always has
         some in flight."""
         wire = self._wire_received()
         if wire is None:
@@ -208,7 +208,12 @@ class AdmissionProtocol(RequestHandler):
             unread = _INT.unpack(fcntl.ioctl(self._socket.fileno(), termios.FIONREAD, _INT.pack(0)))[0]
         except (OSError, ValueError, AttributeError):  # closed meanwhile, or not a socket that can say
             return None
-        return int(wire - unread - self._wire_seen), self._received
+        # Bytes read from the socket and not yet decrypted are left out too: on a loaded loop (or while
+        # aiohttp pauses reading) the TLS transport reads up to its 256 KiB high-water mark, and a
+        # read past it, faster than it decrypts, so a large review's own bytes wait there for seconds.
+        size = getattr(self.transport, "get_read_buffer_size", None)
+        pending = size() if size is not None else 0
+        return int(wire - unread - pending - self._wire_seen), self._received
 
     def _wire_received(self) -> int | None:
         """The bytes the kernel has received on this connection since it opened (Linux's
