@@ -26,11 +26,11 @@ from typing import Any
 from kube_vgpu.contract.config import Config, NodeConfig
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.plugin import NodePlugin, PluginSettings
-from kube_vgpu.node.simnvml.api import load_simulation
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.deviceplugin import MAX_MESSAGE_BYTES, KubeletStandin
+from kube_vgpu.standins.nvml.api import load_simulation
 
 NODE = "bench-node"
 RESOURCE = "volcano.sh/vgpu-number"

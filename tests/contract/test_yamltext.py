@@ -11,8 +11,8 @@ from kube_vgpu.contract.config import ConfigError, load_config, parse_config
 from kube_vgpu.contract.yamltext import safe_load
 from kube_vgpu.demo.examples import ExampleError, load_nodes, load_pods
 from kube_vgpu.kubeapi.client import KubeConfigError, load_api_client
-from kube_vgpu.node.simnvml.api import load_simulation
-from kube_vgpu.node.simnvml.config import SimulationError
+from kube_vgpu.standins.nvml.api import load_simulation
+from kube_vgpu.standins.nvml.config import SimulationError
 
 
 @pytest.mark.parametrize(

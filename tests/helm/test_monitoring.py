@@ -18,9 +18,9 @@ from kube_vgpu.node.deviceplugin.ledger import Ledger
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.nvml.gpus import discover
 from kube_vgpu.node.nvml.inventory import Inventory
-from kube_vgpu.node.simnvml.api import load_simulation
 from kube_vgpu.node.usage.metrics import UsageSampler
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.nvml.api import load_simulation
 from kube_vgpu.webhook.cache import ClusterCache
 from kube_vgpu.webhook.service import build_services
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics

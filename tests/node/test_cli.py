@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kube_vgpu.cli import node as node_cli
 from kube_vgpu.cli.main import apply_env_defaults
 from kube_vgpu.contract.names import NODE_REGISTER
-from kube_vgpu.node import cli as node_cli
 from kube_vgpu.node.deviceplugin.server import socket_name
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.hamicore import install_placeholder
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_MAIN = (
     "import argparse, os, sys\n"
     "from kube_vgpu.cli.main import apply_env_defaults\n"
-    "from kube_vgpu.node import cli\n"
+    "from kube_vgpu.cli import node as cli\n"
     "parser = argparse.ArgumentParser(prog='kube-vgpu node')\n"
     "cli.add_arguments(parser)\n"
     "apply_env_defaults(parser, os.environ)\n"

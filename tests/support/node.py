@@ -25,11 +25,11 @@ from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.node.nvml.inventory import Inventory
 from kube_vgpu.node.plugin import NodePlugin, PluginSettings
-from kube_vgpu.node.simnvml.api import SimulatedNvml, load_simulation
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
+from kube_vgpu.standins.nvml.api import SimulatedNvml, load_simulation
 
 NODE = "gpu-node-1"
 UUID_A = "GPU-1c2d3e4f-0a1b-2c3d-4e5f-60718293a4b5"

@@ -13,9 +13,9 @@ from kube_vgpu.contract.models import register_type
 from kube_vgpu.node.deviceplugin.selection import Claim, select
 from kube_vgpu.node.mig.manager import MigManager
 from kube_vgpu.node.nvml.gpus import GpuInfo, discover
-from kube_vgpu.node.simnvml.api import SimulatedNvml, load_simulation
-from kube_vgpu.node.simnvml.events import FakeClock
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.nvml.api import SimulatedNvml, load_simulation
+from kube_vgpu.standins.nvml.events import FakeClock
 from tests.support.node import COUNT, MEMORY, NODE, Harness, container, make_pod, running_plugin
 
 A100_40 = "NVIDIA A100-SXM4-40GB"

@@ -29,11 +29,11 @@ from kube_vgpu.demo.examples import NamespaceSpec, NodeSpec
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.kubeapi.permissions import Component
 from kube_vgpu.node.plugin import NodePlugin, PluginSettings
-from kube_vgpu.node.simnvml.api import load_simulation
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.admission import KubeletAdmission
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
+from kube_vgpu.standins.nvml.api import load_simulation
 from kube_vgpu.standins.volcano.config import volcano_from_cluster
 from kube_vgpu.standins.volcano.scheduler import VolcanoStandin
 from kube_vgpu.webhook.service import Options, WebhookServer

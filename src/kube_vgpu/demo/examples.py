@@ -18,7 +18,7 @@ import yaml
 
 from kube_vgpu.contract.names import MODES
 from kube_vgpu.contract.yamltext import safe_load, utf8_problem, yaml_problem
-from kube_vgpu.node.simnvml.config import SimulationError, parse_simulation
+from kube_vgpu.standins.nvml.config import SimulationError, parse_simulation
 
 EXPECT_PREFIX = "demo.kube-vgpu.io/"
 # What an examples folder holds; every error about a missing or malformed file repeats it.

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kube_vgpu.demo.cluster import LocalCluster, SimulatedNode
 from kube_vgpu.demo.flow import Outcome
-from kube_vgpu.node.simnvml.api import SimProcess
-from kube_vgpu.node.simnvml.config import WHOLE_GPU
+from kube_vgpu.standins.nvml.api import SimProcess
+from kube_vgpu.standins.nvml.config import WHOLE_GPU
 
 _MIB = 1 << 20
 _USAGE_METRICS = ("kube_vgpu_container_memory_used_mib", "kube_vgpu_container_sm_utilization_percent")

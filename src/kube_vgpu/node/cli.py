@@ -1,7 +1,8 @@
-"""`kube-vgpu node`: flags, NVML (real or simulated), credentials, signals and the exit code.
+"""`kube-vgpu node`: flags, credentials, signals and the exit code.
 
 The work is in `node.plugin`; this module only turns the command line into a running plugin and stops
-it cleanly on SIGTERM or SIGINT.
+it cleanly on SIGTERM or SIGINT. Which NVML it runs over (the driver's, or a simulation for
+`--simulate FILE`) is the caller's choice (`cli.node`), passed in as an `NvmlLoader`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
@@ -21,6 +21,7 @@ from kube_vgpu.kubeapi.client import Kube, KubeConfigError, load_api_client
 from kube_vgpu.kubeapi.flags import add_cluster_arguments
 from kube_vgpu.node.mig.config import MigConfigError
 from kube_vgpu.node.nvml.gpus import DiscoveryError
+from kube_vgpu.node.nvml.surface import NvmlLoader
 from kube_vgpu.node.plugin import NodePlugin, PluginSettings
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
@@ -84,16 +85,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     check_command.add_arguments(check)
 
 
-def _load_nvml(args: argparse.Namespace) -> Any:
-    if args.simulate:
-        from kube_vgpu.node.simnvml.api import load_simulation
-
-        return load_simulation(Path(args.simulate), args.node_name)
-    import pynvml
-
-    return pynvml
-
-
 async def _serve(plugin: NodePlugin) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -106,20 +97,20 @@ async def _serve(plugin: NodePlugin) -> None:
             loop.remove_signal_handler(signum)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until SIGTERM: 0 on a clean stop, 1 when NVML or the GPUs fail, 2 on bad input.
-    `node check` instead: see `node.check.command`."""
+def run(args: argparse.Namespace, load_nvml: NvmlLoader) -> int:
+    """Serve until SIGTERM over the NVML `load_nvml` gives: 0 on a clean stop, 1 when NVML or the
+    GPUs fail, 2 on bad input. `node check` instead: see `node.check.command`."""
     if getattr(args, "node_command", None) == "check":
         from kube_vgpu.node.check import command as check_command
 
-        return check_command.run(args)
+        return check_command.run(args, load_nvml)
     if not args.node_name:
         print("kube-vgpu node: error: the following arguments are required: --node-name", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
     try:
         config = load_config(args.config)
-        nvml = _load_nvml(args)
+        nvml = load_nvml(args.node_name)
         kube = Kube(load_api_client(args.kubeconfig, args.context), component="node")
     except (ConfigError, KubeConfigError, ValueError) as exc:
         # ValueError: SimulationError, a bad --simulate file.

@@ -41,11 +41,11 @@ from kube_vgpu.node.deviceplugin.server import (
 from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, found_message, missing_message
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.mig.start import reconcile_interval, start_mig
-from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml, check_inventory, discover
+from kube_vgpu.node.nvml.gpus import GpuInfo, check_inventory, discover
 from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
 from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.surface import Nvml
 from kube_vgpu.node.publish.publisher import NodePublisher
-from kube_vgpu.node.usage.cgroups import CgroupReader, read_proc_cgroup
 from kube_vgpu.node.usage.metrics import UsageSampler
 
 log = logging.getLogger("kube_vgpu.node.plugin")
@@ -81,14 +81,9 @@ class PluginSettings:
 class NodePlugin:
     """One node's vGPU plugin; `start()`, then `stop()` (or `run(stop_event)`)."""
 
-    def __init__(
-        self, settings: PluginSettings, nvml: Nvml, kube: Kube, *, read_cgroup: CgroupReader | None = None
-    ) -> None:
+    def __init__(self, settings: PluginSettings, nvml: Nvml, kube: Kube) -> None:
         self.settings = settings
         self._nvml = nvml
-        # A simulated NVML knows its processes' cgroups; a real one's are in /proc (hostPID).
-        simulated: CgroupReader | None = getattr(nvml, "process_cgroup", None)
-        self._read_cgroup: CgroupReader = read_cgroup or simulated or read_proc_cgroup
         self._config = settings.config
         self.api = NodeApi(kube, settings.node_name)
         self._stop = asyncio.Event()
@@ -128,7 +123,7 @@ class NodePlugin:
         )
         inventory = self.inventory = Inventory(gpus, node.device_split_count, s.node_name)
         ledger = Ledger(gpus, node.device_split_count, self._config.resource_names, s.node_name)
-        usage = self.usage = UsageSampler(self._nvml, gpus, s.node_name, self._read_cgroup)
+        usage = self.usage = UsageSampler(self._nvml, gpus, s.node_name, self._nvml.process_cgroup)
         metrics = self.metrics = Metrics(inventory, ledger, usage)
         self._ledger = ledger
         self.pod_watch = PodWatch(

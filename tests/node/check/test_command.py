@@ -16,8 +16,8 @@ from kube_vgpu.cli.main import main
 from kube_vgpu.contract.config import Config, NodeConfig
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.node.check.report import CheckSettings, check_node
-from kube_vgpu.node.simnvml.api import load_simulation
 from kube_vgpu.standins.hamicore import install_placeholder
+from kube_vgpu.standins.nvml.api import load_simulation
 
 NODE = "gpu-node-1"
 A100 = "NVIDIA A100-SXM4-80GB"

@@ -26,10 +26,10 @@ from kube_vgpu.contract.names import (
 )
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.plugin import NodePlugin
-from kube_vgpu.node.simnvml.api import load_simulation
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.kubelet.admission import KubeletAdmission, PodAdmission
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
+from kube_vgpu.standins.nvml.api import load_simulation
 from tests.support.node import (
     COUNT,
     MEMORY,

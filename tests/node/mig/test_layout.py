@@ -23,7 +23,7 @@ from kube_vgpu.node.mig.layout import (
     teardown_due,
 )
 from kube_vgpu.node.mig.nvml import gpu_handle, read_profiles
-from kube_vgpu.node.simnvml.profiles import MODELS
+from kube_vgpu.standins.nvml.profiles import MODELS
 from tests.support.node_mig import A100_40, mig_sim
 
 

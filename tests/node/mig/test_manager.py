@@ -11,7 +11,7 @@ import pytest
 from kube_vgpu.contract.mig.geometry import parse_device_config
 from kube_vgpu.node.mig.manager import MigManager, MigRefused
 from kube_vgpu.node.mig.nvml import read_state
-from kube_vgpu.node.simnvml.api import SimProcess, SimulatedNvml
+from kube_vgpu.standins.nvml.api import SimProcess, SimulatedNvml
 from tests.support.node_mig import (
     A100_40,
     GPU_0,

@@ -12,7 +12,7 @@ from kube_vgpu.contract.mig.geometry import MigGroup, MigInstanceType
 from kube_vgpu.node.mig.inspect import describe_mig, main
 from kube_vgpu.node.mig.layout import LayoutActions, plan_group
 from kube_vgpu.node.mig.nvml import MigNvmlError, apply_actions, destroy_all, read_state
-from kube_vgpu.node.simnvml.api import SimProcess, load_simulation
+from kube_vgpu.standins.nvml.api import SimProcess, load_simulation
 from tests.support.node import NODE
 from tests.support.node_mig import A100_40, GPU_0, mig_sim
 
@@ -88,7 +88,7 @@ def test_mig_inspect_runs_over_a_simulation_file(tmp_path: Path, capsys: pytest.
             }
         )
     )
-    assert main(["--simulate", str(path), "--node-name", NODE]) == 0
+    assert main([], load_simulation(path, NODE)) == 0
     report = json.loads(capsys.readouterr().out)
     assert [g["migMode"] for g in report["gpus"]] == [{"current": 0, "pending": 0}, "not supported"]
     assert "instances" not in report["gpus"][0]  # MIG is off: nothing to list
@@ -112,12 +112,12 @@ def test_mig_inspect_plans_a_given_device_config(tmp_path: Path, capsys: pytest.
         "      - {name: 3g.20gb, memory: 19968, count: 1}\n"
         "    - group: bad\n      geometries: [{name: 3g.20gb, memory: 19968, count: 3}]\n"
     )
-    assert main(["--simulate", str(sim), "--device-config", str(config)]) == 0
+    assert main(["--device-config", str(config)], load_simulation(sim, NODE)) == 0
     plans = json.loads(capsys.readouterr().out)["gpus"][0]["plans"]
     assert plans["ok"] == [[0, "4g.20gb", 0, 4, 19968], [1, "3g.20gb", 4, 4, 19968]]
     assert "at most 2" in plans["bad"]["error"]
     config.write_text("nvidia: [")
-    assert main(["--simulate", str(sim), "--device-config", str(config)]) == 2
+    assert main(["--device-config", str(config)], load_simulation(sim, NODE)) == 2
     assert "cannot use --device-config" in capsys.readouterr().err
 
 

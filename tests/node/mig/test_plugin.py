@@ -10,13 +10,13 @@ import pytest
 import yaml
 from grpc import aio
 
+from kube_vgpu.cli import node as node_cli
 from kube_vgpu.contract.models import register_type
 from kube_vgpu.contract.names import BIND_PHASE, NODE_REGISTER
 from kube_vgpu.contract.register import GpuRecord, decode_register
-from kube_vgpu.node import cli as node_cli
 from kube_vgpu.node.mig.nvml import read_state
-from kube_vgpu.node.simnvml.api import SimulatedNvml
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.nvml.api import SimulatedNvml
 from tests.support.node import NODE, Harness, eventually, free_port, node_object
 from tests.support.node_mig import A100_40, GPU_0, GPU_1, mig_pod, mig_sim, running_mig_plugin
 

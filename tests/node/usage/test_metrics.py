@@ -20,10 +20,10 @@ from kube_vgpu.node.deviceplugin.ledger import Ledger
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.nvml.gpus import discover
 from kube_vgpu.node.nvml.inventory import Inventory
-from kube_vgpu.node.simnvml.api import SimProcess, SimulatedNvml, SimulationError, load_simulation
 from kube_vgpu.node.usage.metrics import UsageSampler
 from kube_vgpu.node.usage.sample import read_usage
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.nvml.api import SimProcess, SimulatedNvml, SimulationError, load_simulation
 from tests.support.node import (
     UUID_A,
     UUID_B,

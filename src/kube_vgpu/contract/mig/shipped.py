@@ -10,7 +10,7 @@ from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.mig.geometry import DeviceConfig, parse_device_config
 
 # Memory is each profile's NVML memorySizeMB, the same table the NVML simulator serves
-# (node.simnvml.profiles, where the sources are cited), so a request that fits a slot here fits
+# (standins.nvml.profiles, where the sources are cited), so a request that fits a slot here fits
 # the instance the plugin creates. Groups follow Volcano's shipped layout (protocol §6.1). Models
 # are substrings of the NVML name: "NVIDIA H200" does not match "NVIDIA GH200 ...", whose
 # profiles differ. A whole-card request does not fit the 7g slot, whose memory is below the

@@ -11,7 +11,6 @@ import json
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
@@ -19,6 +18,7 @@ from kube_vgpu.contract.mig.geometry import DeviceConfig, parse_device_config
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.node.check.render import render_text
 from kube_vgpu.node.check.report import CheckSettings, check_node, one_line_reason
+from kube_vgpu.node.nvml.surface import NvmlLoader
 
 OUTPUTS = ("text", "json")
 
@@ -45,25 +45,21 @@ def _geometry(path: str | None) -> DeviceConfig:
         raise ValueError(f"cannot use --device-config {path}: {exc}") from None
 
 
-def _load_nvml(simulate: str | None, node_name: str) -> tuple[Any, str]:
+def _nvml_source(simulate: str | None) -> str:
     if simulate:
-        from kube_vgpu.node.simnvml.api import load_simulation
-
-        return load_simulation(Path(simulate), node_name), f"simulated, from {simulate} (no GPU is read)"
-    import pynvml
-
-    return pynvml, "the NVIDIA driver's libnvidia-ml.so.1"
+        return f"simulated, from {simulate} (no GPU is read)"
+    return "the NVIDIA driver's libnvidia-ml.so.1"
 
 
-def run(args: argparse.Namespace) -> int:
-    """Check, print, and return the exit code."""
+def run(args: argparse.Namespace, load_nvml: NvmlLoader) -> int:
+    """Check over the NVML `load_nvml` gives, print, and return the exit code."""
     # The report says everything; the plugin code it reuses would say parts of it again as logs.
     configure_logging("debug" if args.log_level == "debug" else "error")
     node_name = args.node_name or socket.gethostname()
     try:
         config = load_config(args.config)
         geometry = _geometry(args.device_config)
-        nvml, source = _load_nvml(args.simulate, node_name)
+        nvml = load_nvml(node_name)
     except (ConfigError, ValueError) as exc:
         # ValueError: SimulationError (a bad --simulate file) or an unusable --device-config.
         print(f"kube-vgpu node check: {exc}", file=sys.stderr)
@@ -82,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
         kubelet_dir=Path(args.kubelet_dir),
         config=config,
-        nvml_source=source,
+        nvml_source=_nvml_source(args.simulate),
         geometry=geometry,
     )
     try:

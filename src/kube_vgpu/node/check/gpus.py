@@ -11,19 +11,20 @@ from kube_vgpu.contract.mig.geometry import DeviceConfig, geometry_for_type
 from kube_vgpu.contract.models import register_type
 from kube_vgpu.node.mig.layout import LayoutError, ProfileSpec, plan_group
 from kube_vgpu.node.mig.nvml import gpu_handle, mig_device_handles, mig_mode, read_instances, read_profiles
-from kube_vgpu.node.nvml.gpus import MIB, Nvml, nvml_text
+from kube_vgpu.node.nvml.gpus import MIB, nvml_text
+from kube_vgpu.node.nvml.surface import Nvml
 
 
 def describe_versions(nvml: Nvml) -> dict[str, str]:
     """The driver's, NVML's and CUDA's versions (`unknown: <error>` for one NVML cannot give)."""
     out: dict[str, str] = {}
     for key, call in (
-        ("driverVersion", "nvmlSystemGetDriverVersion"),
-        ("nvmlVersion", "nvmlSystemGetNVMLVersion"),
-        ("cudaDriverVersion", "nvmlSystemGetCudaDriverVersion"),
+        ("driverVersion", nvml.nvmlSystemGetDriverVersion),
+        ("nvmlVersion", nvml.nvmlSystemGetNVMLVersion),
+        ("cudaDriverVersion", nvml.nvmlSystemGetCudaDriverVersion),
     ):
         try:
-            value = getattr(nvml, call)()
+            value = call()
         except nvml.NVMLError as exc:
             out[key] = f"unknown: {exc}"
             continue

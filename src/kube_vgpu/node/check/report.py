@@ -24,7 +24,8 @@ from kube_vgpu.node.check.gpus import describe_gpu, describe_versions
 from kube_vgpu.node.deviceplugin.server import KUBELET_SOCKET, socket_name
 from kube_vgpu.node.hookpath import INSTALLER_VALUE, inspect_hook_path
 from kube_vgpu.node.mig.manager import MigManager
-from kube_vgpu.node.nvml.gpus import DiscoveryError, GpuInfo, Nvml, check_inventory, discover
+from kube_vgpu.node.nvml.gpus import DiscoveryError, GpuInfo, check_inventory, discover
+from kube_vgpu.node.nvml.surface import Nvml
 from kube_vgpu.node.publish.advertise import capacity, desired_labels, device_list, register_value
 
 

@@ -1,4 +1,4 @@
-"""Read-only MIG inspection: `python -m kube_vgpu.node.mig.inspect [--device-config FILE] [--simulate FILE]`.
+"""Read-only MIG inspection: `python -m kube_vgpu.node.mig.inspect [--device-config FILE]`.
 
 Superseded by `kube-vgpu node check --mode mig [--device-config FILE] -o json`, which reports the
 same facts per GPU (from `node.check.gpus`, where this code now lives) together with everything
@@ -6,7 +6,8 @@ else the node plugin depends on; this entry point stays for scripts that call it
 what the node plugin's MIG mode would work from on every GPU: MIG mode (current and pending), the
 GPU instance profiles with memory and placements, where the plugin would place each position of
 each geometry group, and the existing GPU/compute instances with their MIG device UUIDs and NVML's
-MIG device index order. It changes nothing, so it is safe on a production node.
+MIG device index order. It changes nothing, so it is safe on a production node. It reads the
+driver's NVML; `kube-vgpu node check --simulate FILE --mode mig -o json` reads a simulated one.
 """
 
 from __future__ import annotations
@@ -19,18 +20,15 @@ from pathlib import Path
 from kube_vgpu.contract.mig.geometry import parse_device_config
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.node.check.gpus import describe_geometry, describe_gpu, describe_mig
-from kube_vgpu.node.nvml.gpus import Nvml
+from kube_vgpu.node.nvml.real import real_nvml
+from kube_vgpu.node.nvml.surface import Nvml
 
 __all__ = ["describe_geometry", "describe_gpu", "describe_mig", "main"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print `describe_mig` as JSON; 1 when NVML cannot start."""
+def main(argv: list[str] | None = None, nvml: Nvml | None = None) -> int:
+    """Print `describe_mig` of `nvml` (default: the driver's) as JSON; 1 when NVML cannot start."""
     parser = argparse.ArgumentParser(prog="python -m kube_vgpu.node.mig.inspect", description=__doc__)
-    parser.add_argument(
-        "--simulate", default=None, help="inspect a simulated NVML described by this YAML file"
-    )
-    parser.add_argument("--node-name", default="inspect", help="node name for the simulation's default UUIDs")
     parser.add_argument(
         "--device-config",
         default=None,
@@ -46,14 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"cannot use --device-config {args.device_config}: {exc}", file=sys.stderr)
         return 2
-    if args.simulate:
-        from kube_vgpu.node.simnvml.api import load_simulation
-
-        nvml: Nvml = load_simulation(Path(args.simulate), args.node_name)
-    else:
-        import pynvml
-
-        nvml = pynvml
+    if nvml is None:
+        nvml = real_nvml()
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:

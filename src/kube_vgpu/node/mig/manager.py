@@ -47,7 +47,8 @@ from kube_vgpu.node.mig.layout import (
     teardown_due,
 )
 from kube_vgpu.node.mig.nvml import GpuMigState, MigNvmlError, apply_actions, destroy_all, read_state
-from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml
+from kube_vgpu.node.nvml.gpus import GpuInfo
+from kube_vgpu.node.nvml.surface import Nvml
 
 log = logging.getLogger("kube_vgpu.node.mig")
 

@@ -1,8 +1,8 @@
 """MIG through NVML: read a GPU's mode, profiles and instances; create and destroy instances.
 
-Every function takes the `pynvml`-shaped module (the real one or `node.simnvml`) and a GPU UUID,
-and calls only `pynvml`'s names. NVML errors surface as `MigNvmlError` with the GPU and the call in
-the message. Callers serialise mutations (one MIG change at a time per node).
+Every function takes the plugin's `Nvml` (`node.nvml.surface`) and a GPU UUID. NVML errors surface
+as `MigNvmlError` with the GPU and the call in the message. Callers serialise mutations (one MIG
+change at a time per node).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from kube_vgpu.node.mig.layout import (
     PlannedInstance,
     ProfileSpec,
 )
-from kube_vgpu.node.nvml.gpus import Nvml, nvml_text
+from kube_vgpu.node.nvml.gpus import nvml_text
+from kube_vgpu.node.nvml.surface import Nvml
 
 log = logging.getLogger("kube_vgpu.node.mig")
 

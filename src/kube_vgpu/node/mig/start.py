@@ -15,7 +15,8 @@ from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.mig.config import load_geometry
 from kube_vgpu.node.mig.manager import MigManager
-from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml
+from kube_vgpu.node.nvml.gpus import GpuInfo
+from kube_vgpu.node.nvml.surface import Nvml
 
 log = logging.getLogger("kube_vgpu.node.mig")
 

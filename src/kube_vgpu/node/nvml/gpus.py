@@ -1,23 +1,15 @@
-"""The node's physical GPUs as NVML reports them, read through a `pynvml`-shaped module.
-
-Every function takes the NVML module as an argument (`pynvml` itself, or the simulated surface of
-`node.simnvml`) and calls only `pynvml`'s own function names, so the one code path runs on a real
-GPU and in simulation alike.
-"""
+"""The node's physical GPUs as NVML reports them, read through the `Nvml` the plugin is given."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from kube_vgpu.contract.models import model_registrable
 from kube_vgpu.contract.register import uuid_registrable
+from kube_vgpu.node.nvml.surface import Nvml
 
 log = logging.getLogger("kube_vgpu.node.gpus")
-
-# A `pynvml`-shaped module; typed loosely because pynvml ships no type information.
-Nvml = Any
 
 MIB = 1024 * 1024
 # The kubelet refuses device IDs longer than this (deviceplugin v1beta1).

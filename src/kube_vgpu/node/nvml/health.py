@@ -17,7 +17,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml, nvml_text
+from kube_vgpu.node.nvml.gpus import GpuInfo, nvml_text
+from kube_vgpu.node.nvml.surface import Nvml
 
 log = logging.getLogger("kube_vgpu.node.health")
 

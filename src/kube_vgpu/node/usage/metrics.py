@@ -16,7 +16,8 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml
+from kube_vgpu.node.nvml.gpus import GpuInfo
+from kube_vgpu.node.nvml.surface import Nvml
 from kube_vgpu.node.usage.attribution import ContainerFigures, ContainerKey, attribute
 from kube_vgpu.node.usage.cgroups import CgroupReader
 from kube_vgpu.node.usage.sample import UsageSample, read_usage

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from kube_vgpu.node.nvml.gpus import MIB, GpuInfo, Nvml
+from kube_vgpu.node.nvml.gpus import MIB, GpuInfo
+from kube_vgpu.node.nvml.surface import Nvml
 
 # Every sample NVML still buffers is asked for; the newest one per process wins.
 _ALL_BUFFERED_SAMPLES = 0

@@ -1,18 +1,18 @@
 """A simulated NVML with the surface of the `pynvml` module (nvidia-ml-py), for machines with no GPU.
 
-The node plugin has one NVML code path that takes a module-like object: the real `pynvml`, or a
-`SimulatedNvml` from `load_simulation(file, node_name)`. Same function names and signatures, the
-same ctypes structures and handle types in return, the real `pynvml.NVMLError` subclasses raised;
-every other name (constants, structures, error classes) is the real module's. An nvml* function
-the simulator does not implement raises NVMLError_FunctionNotFound, as pynvml does when the
-driver's library lacks a symbol.
+The node plugin takes its NVML as a parameter (`node.nvml.surface.Nvml`): the driver's through
+`pynvml`, or a `SimulatedNvml` from `load_simulation(file, node_name)`. Same function names and
+signatures, the same ctypes structures and handle types in return, the real `pynvml.NVMLError`
+subclasses raised; every other name (constants, structures, error classes) is the real module's. An
+nvml* function the simulator does not implement raises NVMLError_FunctionNotFound, as pynvml does
+when the driver's library lacks a symbol.
 
 What the simulation holds and its conventions:
-- GPUs from a YAML file (see src/kube_vgpu/node/simnvml/config.py); minor number and index are the position in
+- GPUs from a YAML file (see `standins.nvml.config`); minor number and index are the position in
   the file, default UUIDs derive from the node name and index.
-- MIG with the real profile tables (src/kube_vgpu/node/simnvml/profiles.py) and NVML's rules
-  (src/kube_vgpu/node/simnvml/state.py); MIG devices are indexed by GPU instance ID, then compute instance ID.
-- Processes: the file's `processes:` (src/kube_vgpu/node/simnvml/processes.py), or `set_processes`.
+- MIG with the real profile tables (`standins.nvml.profiles`) and NVML's rules
+  (`standins.nvml.state`); MIG devices are indexed by GPU instance ID, then compute instance ID.
+- Processes: the file's `processes:` (`standins.nvml.processes`), or `set_processes`.
 - Events: the file's XIDs fire `after` seconds past the first nvmlInit on the injected clock, and
   reach an event set only if the GPU registered for them before they happened; `inject_xid`
   fires one now. `set_lost(i, True)` makes every call on GPU i (and its MIG devices) raise
@@ -32,13 +32,13 @@ from typing import Any, NoReturn
 import pynvml
 
 from kube_vgpu.contract.yamltext import utf8_problem
-from kube_vgpu.node.simnvml.config import SimulationError, SimulationSpec, parse_simulation
-from kube_vgpu.node.simnvml.core import nvml_call
-from kube_vgpu.node.simnvml.events import Clock, Event, EventSet
-from kube_vgpu.node.simnvml.mig import MigApi
-from kube_vgpu.node.simnvml.processes import ProcessApi, processes_of_spec
-from kube_vgpu.node.simnvml.profiles import compute_profiles
-from kube_vgpu.node.simnvml.state import SimGpu, SimProcess, nvml_error
+from kube_vgpu.standins.nvml.config import SimulationError, SimulationSpec, parse_simulation
+from kube_vgpu.standins.nvml.core import nvml_call
+from kube_vgpu.standins.nvml.events import Clock, Event, EventSet
+from kube_vgpu.standins.nvml.mig import MigApi
+from kube_vgpu.standins.nvml.processes import ProcessApi, processes_of_spec
+from kube_vgpu.standins.nvml.profiles import compute_profiles
+from kube_vgpu.standins.nvml.state import SimGpu, SimProcess, nvml_error
 
 __all__ = ["SimProcess", "SimulatedNvml", "SimulationError", "load_simulation"]
 

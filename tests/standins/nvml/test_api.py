@@ -10,9 +10,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from kube_vgpu.node.simnvml.api import SimProcess, SimulatedNvml, SimulationError, load_simulation
-from kube_vgpu.node.simnvml.config import default_gpu_uuid
-from kube_vgpu.node.simnvml.events import FakeClock, SystemClock
+from kube_vgpu.standins.nvml.api import SimProcess, SimulatedNvml, SimulationError, load_simulation
+from kube_vgpu.standins.nvml.config import default_gpu_uuid
+from kube_vgpu.standins.nvml.events import FakeClock, SystemClock
 
 TWO_NODES = """
 gpus:

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kube_vgpu.node.simnvml.config import EventSpec
+from kube_vgpu.standins.nvml.config import EventSpec
 
 
 class Clock(Protocol):

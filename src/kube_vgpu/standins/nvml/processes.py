@@ -14,9 +14,9 @@ from typing import Any
 
 import pynvml
 
-from kube_vgpu.node.simnvml.config import WHOLE_GPU
-from kube_vgpu.node.simnvml.core import SimCore, nvml_call
-from kube_vgpu.node.simnvml.state import SimGpu, SimProcess, nvml_error
+from kube_vgpu.standins.nvml.config import WHOLE_GPU
+from kube_vgpu.standins.nvml.core import SimCore, nvml_call
+from kube_vgpu.standins.nvml.state import SimGpu, SimProcess, nvml_error
 
 _MICROSECONDS = 1_000_000
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import pynvml
 
-from kube_vgpu.node.simnvml.config import WHOLE_GPU, GpuSpec
-from kube_vgpu.node.simnvml.profiles import (
+from kube_vgpu.standins.nvml.config import WHOLE_GPU, GpuSpec
+from kube_vgpu.standins.nvml.profiles import (
     COMPUTE_SLICES,
     ComputeProfile,
     GpuModel,

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from kube_vgpu.contract.yamltext import safe_load, yaml_problem
-from kube_vgpu.node.simnvml.profiles import MODELS
+from kube_vgpu.standins.nvml.profiles import MODELS
 
 DEFAULT_DRIVER_VERSION = "550.54.15"
 # Fixed namespace so a node's default UUIDs are the same on every run and every machine.

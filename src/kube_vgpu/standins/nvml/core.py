@@ -19,10 +19,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pynvml
 
-from kube_vgpu.node.simnvml.config import WHOLE_GPU, SimulationSpec
-from kube_vgpu.node.simnvml.events import Clock, Event, EventSet, Schedule, SystemClock
-from kube_vgpu.node.simnvml.profiles import MODELS
-from kube_vgpu.node.simnvml.state import ComputeInstance, SimGpu, SimProcess, nvml_error
+from kube_vgpu.standins.nvml.config import WHOLE_GPU, SimulationSpec
+from kube_vgpu.standins.nvml.events import Clock, Event, EventSet, Schedule, SystemClock
+from kube_vgpu.standins.nvml.profiles import MODELS
+from kube_vgpu.standins.nvml.state import ComputeInstance, SimGpu, SimProcess, nvml_error
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kube_vgpu.node.simnvml.config import WHOLE_GPU, SimulationError, default_gpu_uuid, parse_simulation
+from kube_vgpu.standins.nvml.config import WHOLE_GPU, SimulationError, default_gpu_uuid, parse_simulation
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 UUID_RE = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

@@ -10,9 +10,9 @@ import pytest
 
 from kube_vgpu.contract.mig.geometry import geometry_for_type
 from kube_vgpu.contract.mig.shipped import default_device_config
-from kube_vgpu.node.simnvml.api import SimProcess, SimulatedNvml, SimulationError, load_simulation
-from kube_vgpu.node.simnvml.events import FakeClock
-from kube_vgpu.node.simnvml.profiles import MODELS
+from kube_vgpu.standins.nvml.api import SimProcess, SimulatedNvml, SimulationError, load_simulation
+from kube_vgpu.standins.nvml.events import FakeClock
+from kube_vgpu.standins.nvml.profiles import MODELS
 
 MIG_MODELS = sorted(MODELS)
 GI_PROFILES = [

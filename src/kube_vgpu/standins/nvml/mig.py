@@ -13,9 +13,9 @@ from typing import Any
 
 import pynvml
 
-from kube_vgpu.node.simnvml.core import SimCore, array_capacity, nvml_call, struct_target, uint_target
-from kube_vgpu.node.simnvml.profiles import COMPUTE_SLICES, MigProfile, compute_profiles
-from kube_vgpu.node.simnvml.state import ComputeInstance, GpuInstance, SimGpu, nvml_error
+from kube_vgpu.standins.nvml.core import SimCore, array_capacity, nvml_call, struct_target, uint_target
+from kube_vgpu.standins.nvml.profiles import COMPUTE_SLICES, MigProfile, compute_profiles
+from kube_vgpu.standins.nvml.state import ComputeInstance, GpuInstance, SimGpu, nvml_error
 
 log = logging.getLogger(__name__)
 
