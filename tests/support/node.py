@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import shutil
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,10 +181,17 @@ class Harness:
 
 
 def plugin_settings(
-    kubelet_dir: Path, tmp: Path, *, mode: str = "hami-core", hami_core: bool = True, **node: Any
+    kubelet_dir: Path,
+    tmp: Path,
+    *,
+    mode: str = "hami-core",
+    hami_core: bool = True,
+    plugin: Mapping[str, Any] | None = None,
+    **node: Any,
 ) -> PluginSettings:
     """Production settings with short waits, files under `tmp`; with `hami_core`, the hookPath
-    (`tmp/hook`) holds HAMi-core's files (stand-ins), as the chart's installer leaves a node."""
+    (`tmp/hook`) holds HAMi-core's files (stand-ins), as the chart's installer leaves a node.
+    `node`: configuration file keys; `plugin`: PluginSettings fields."""
     if hami_core:
         install_placeholder(tmp / "hook")
     node_config = {
@@ -193,7 +201,7 @@ def plugin_settings(
         "register_interval_seconds": 30.0,
         **node,
     }
-    return PluginSettings(
+    settings = PluginSettings(
         node_name=NODE,
         mode=mode,
         kubelet_dir=kubelet_dir,
@@ -206,6 +214,7 @@ def plugin_settings(
         metrics_port=0,
         hook_path_poll_seconds=0.1,
     )
+    return dataclasses.replace(settings, **(plugin or {}))
 
 
 @contextlib.asynccontextmanager

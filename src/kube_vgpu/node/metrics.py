@@ -113,6 +113,11 @@ class Metrics:
         )
         for reason in FAILURE_REASONS:
             self.failures.labels(reason)  # every reason shows from the start, at 0
+        self.cache_folders_removed = Counter(
+            "kube_vgpu_cache_folders_removed",
+            "HAMi-core per-container host folders removed after their pod left the node",
+            registry=self.registry,
+        )
 
     def watch_hook_path(self, node_name: str, watch: HookPathWatch) -> None:
         """Serve `kube_vgpu_hami_core_ready` from `watch` (hami-core nodes only)."""

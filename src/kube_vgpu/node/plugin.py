@@ -26,6 +26,7 @@ from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.allocator import Allocator
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder
+from kube_vgpu.node.deviceplugin.cache_folders import DEFAULT_GRACE_SECONDS, CacheFolders
 from kube_vgpu.node.deviceplugin.hamicore import DEFAULT_LOCK_DIR
 from kube_vgpu.node.deviceplugin.ledger import Ledger
 from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
@@ -76,6 +77,8 @@ class PluginSettings:
     # is recorded again while it is missing (under the API server's default one-hour event TTL).
     hook_path_poll_seconds: float = 10.0
     hook_path_remind_seconds: float = 1800.0
+    # How long a hami-core container's host folder outlives its pod's last sighting on the node.
+    cache_folder_grace_seconds: float = DEFAULT_GRACE_SECONDS
 
 
 class NodePlugin:
@@ -102,6 +105,7 @@ class NodePlugin:
         self.metrics_server: MetricsServer | None = None
         self.health: HealthMonitor | None = None
         self.hook_path: HookPathWatch | None = None
+        self.cache_folders: CacheFolders | None = None
         self.server: PluginServer | None = None
         self.registrations = 0
 
@@ -193,6 +197,12 @@ class NodePlugin:
             )
             metrics.watch_hook_path(s.node_name, self.hook_path)
             await self.hook_path.check()
+            self.cache_folders = CacheFolders(
+                node.hook_path,
+                s.node_name,
+                grace_seconds=s.cache_folder_grace_seconds,
+                on_removed=metrics.cache_folders_removed.inc,
+            )
 
         # The annotation must be on the node before the kubelet learns of the resource.
         if not await publisher.publish_first(self._stop):
@@ -340,6 +350,9 @@ class NodePlugin:
                 pods = await self.api.pods_on_node(node.allocate_timeout_seconds)
                 if self.usage is not None:
                     self.usage.pods_seen(pods)
+                if self.cache_folders is not None:
+                    live = {str((p.get("metadata") or {}).get("uid", "")) for p in pods}
+                    await asyncio.to_thread(self.cache_folders.sweep, live)
                 for problem in self._ledger.rebuild(pods):
                     log.warning("event=ledger_skipped node=%s %s", self.settings.node_name, problem)
                 current = {(o.gpu_uuid, o.resource): o for o in self._ledger.overcommits()}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,9 @@ async def test_worked_example_two_containers_and_a_sidecar(h: Harness) -> None:
     cache = h.hook / "vgpu" / "containers" / f"{uid}_c1"
     assert mounts(first)["/tmp/vgpu"] == (str(cache), False)
     assert cache.is_dir()
+    # HAMi-core's cache and lock folders: any UID creates its file, none lists or removes another's.
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o1733
+    assert stat.S_IMODE(os.stat(h.plugin.settings.lock_dir).st_mode) == 0o1733
     assert mounts(first)["/usr/local/vgpu/libvgpu.so"] == (str(h.hook / "libvgpu.so"), True)
     assert mounts(first)["/etc/ld.so.preload"] == (str(h.hook / "ld.so.preload"), True)
     annotations = h.annotations("p")
@@ -274,3 +279,29 @@ async def test_api_server_hanging_is_cut_short(h: Harness) -> None:
     assert h.plugin.allocator is not None
     await h.plugin.allocator.drain()
     assert h.annotations("p")[BIND_PHASE] == "failed"
+
+
+async def test_a_gone_pods_cache_folder_is_removed_and_counted(
+    apiserver: ApiServerStandin, kdir: Path, tmp_path: Path
+) -> None:
+    apiserver.put(node_object())
+    async with running_plugin(
+        apiserver,
+        kdir,
+        tmp_path,
+        register_interval_seconds=0.1,
+        plugin={"cache_folder_grace_seconds": 0.0},
+    ) as h:
+        # Pod UIDs as the API server makes them (UUIDs): the folder names the plugin sweeps.
+        gone_uid, live_uid = "3f2b9c1e-8d4a-4e6f-9b0c-1a2d3e4f5a6b", "7c8d9e0f-1a2b-4c3d-8e5f-6a7b8c9d0e1f"
+        h.api.put(one_gpu_pod("gone", UUID_A, mem=1111, vgpu_time="100", uid=gone_uid))
+        h.api.put(one_gpu_pod("live", UUID_B, mem=2222, vgpu_time="101", uid=live_uid))
+        await asyncio.gather(h.allocate(1), h.allocate(1))
+        root = h.hook / "vgpu" / "containers"
+        gone, live = root / f"{gone_uid}_main", root / f"{live_uid}_main"
+        assert gone.is_dir() and live.is_dir()
+        h.api.delete("Pod", "gone", "default")
+        await eventually(lambda: not gone.exists())
+        assert live.is_dir()
+        assert h.plugin.metrics is not None
+        assert "kube_vgpu_cache_folders_removed_total 1.0" in h.plugin.metrics.render().decode()

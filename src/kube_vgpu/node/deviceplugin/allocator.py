@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from kube_vgpu.contract.names import (
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable
 from kube_vgpu.node.api import NodeApi, annotation_path, is_conflict
 from kube_vgpu.node.deviceplugin.bind_order import fallback_key
+from kube_vgpu.node.deviceplugin.cache_folders import make_folder
 from kube_vgpu.node.deviceplugin.hamicore import (
     DEFAULT_LOCK_DIR,
     ContainerResponse,
@@ -319,11 +319,10 @@ class Allocator:
         return response
 
     def _make_dirs(self, claim: Claim) -> None:
-        # Created, never emptied: a live container may already map it (protocol §8 item 1). World
-        # writable because the containers' own users write HAMi-core's shared cache and lock there.
+        # An existing folder is kept as it is (a restarted container may already map its cache);
+        # `CacheFolders` removes it once the pod has left the node. The lock folder is the node's.
         for path in (cache_dir(self._config.hook_path, claim.pod.uid, claim.container_name), self._lock_dir):
-            os.makedirs(path, exist_ok=True)
-            os.chmod(path, 0o777)
+            make_folder(path)
 
     async def _settle_failed(self, pod: PodRef, reason: str, deadline: float) -> None:
         """Mark a pod's allocation failed (best effort: the Allocate fails either way)."""
