@@ -53,6 +53,8 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 CERT_MANAGER_KINDS = {"Issuer", "Certificate"}
 
@@ -575,8 +577,9 @@ def test_components_mount_the_config_and_use_its_paths(rendered: Rendered) -> No
         (container,) = spec["containers"]
         host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
         mounted = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert host_paths["hami-core"] == mounted["hami-core"] == cfg.node.hook_path
-        assert host_paths["host-tmp"] == mounted["host-tmp"] == "/tmp"
+        if "--mode=hami-core" in container["args"]:
+            assert host_paths["hami-core"] == mounted["hami-core"] == cfg.node.hook_path
+            assert host_paths["vgpu-lock"] == mounted["vgpu-lock"] == "/tmp/vgpulock"
         assert host_paths["device-plugins"] == mounted["device-plugins"] == "/var/lib/kubelet/device-plugins"
         assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == cfg.node.metrics_port
 
