@@ -82,9 +82,9 @@ async def test_worked_example_two_containers_and_a_sidecar(h: Harness) -> None:
     cache = h.hook / "vgpu" / "containers" / f"{uid}_c1"
     assert mounts(first)["/tmp/vgpu"] == (str(cache), False)
     assert cache.is_dir()
-    # HAMi-core's cache and lock folders: any UID creates its file, none lists or removes another's.
-    assert stat.S_IMODE(cache.stat().st_mode) == 0o1733
-    assert stat.S_IMODE(os.stat(h.plugin.settings.lock_dir).st_mode) == 0o1733
+    # HAMi-core's cache and lock folders: any UID creates its file there, no other user lists them.
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o733
+    assert stat.S_IMODE(os.stat(h.plugin.settings.lock_dir).st_mode) == 0o733
     assert mounts(first)["/usr/local/vgpu/libvgpu.so"] == (str(h.hook / "libvgpu.so"), True)
     assert mounts(first)["/etc/ld.so.preload"] == (str(h.hook / "ld.so.preload"), True)
     annotations = h.annotations("p")

@@ -25,11 +25,14 @@ log = logging.getLogger("kube_vgpu.node.cache_folders")
 # /tmp/vgpulock/lock) as whatever user the container runs as: the image's USER, the pod's
 # runAsUser, an arbitrary UID the platform assigns, or one an entrypoint switches to, none of
 # which the plugin can know at Allocate. So any UID must be able to create a file in the folder
-# (write and search for others). It opens the files by name and never lists or removes them, so
-# others get no read (listing) bit, and the sticky bit keeps a process from removing or replacing
-# a file another UID created (as /tmp does): the node-wide lock file stays the one every container
-# locks.
-FOLDER_MODE = 0o1733
+# (write and search for others). It opens the files by name and never lists them, so others get
+# no read (listing) bit. No sticky bit: with fs.protected_regular set (systemd's default), an
+# O_CREAT open of a file in a world-writable sticky folder fails unless the opener or the folder's
+# owner owns the file (Linux Documentation/admin-guide/sysctl/fs.rst, protected_regular), so a
+# second UID could not open the lock or cache file a first one created; and HAMi-core's first
+# releases take the lock by creating it with O_EXCL and release it by removing it, a waiter
+# removing a stale one (src/utils.c in its initial commit), which a sticky bit forbids across UIDs.
+FOLDER_MODE = 0o733
 # How long a folder outlives its pod's last sighting by default (the node plugin's setting).
 DEFAULT_GRACE_SECONDS = 600.0
 
