@@ -140,9 +140,10 @@ def test_taints_are_dropped_while_the_gate_is_off_and_kept_while_on(
     assert "taints" not in off["spec"]["devices"][0]
     apiserver.feature_gates = FeatureGates(device_taints=True)
     on = create_slice(custom, a_slice("n2", devices=[shared_gpu("gpu-0", taint=True)]))
-    assert on["spec"]["devices"][0]["taints"] == [
-        {"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
-    ]
+    (taint,) = on["spec"]["devices"][0]["taints"]
+    # defaults.go (SetDefaults_DeviceTaint): timeAdded is set when the taint is stored without one.
+    assert taint.pop("timeAdded").endswith("Z")
+    assert taint == {"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
 
 
 def test_slices_are_selected_by_node_and_by_driver(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kube_vgpu.standins.apiserver import errors, quantity
@@ -76,6 +77,7 @@ def prepare(
     canonicalise quantities (400 for text that is no quantity, as decoding fails there)."""
     if rt.plural == "resourceslices":
         _drop_slice_fields(obj, old, gates)
+        _default_taints(obj)
     elif rt.plural == "deviceclasses":
         spec = _dict(obj.get("spec"))
         old_spec = _dict((old or {}).get("spec"))
@@ -158,6 +160,27 @@ def _uses_consumable_capacity(devices: list[dict[str, Any]]) -> bool:
 
 
 # -- defaults.go -------------------------------------------------------------------------------------
+
+
+def _default_taints(obj: dict[str, Any]) -> None:
+    """SetDefaults_DeviceTaint: a taint without timeAdded gets the time it was stored; a given one is
+    read as a metav1.Time and written back as RFC 3339 in UTC with seconds (`...Z`)."""
+    for i, device in enumerate(_list(_dict(obj.get("spec")).get("devices"))):
+        for j, taint in enumerate(_list(_dict(device).get("taints"))):
+            if not isinstance(taint, dict):
+                continue
+            given = taint.get("timeAdded")
+            try:
+                moment = (
+                    datetime.fromisoformat(str(given).replace("Z", "+00:00")) if given else datetime.now(UTC)
+                )
+            except ValueError:
+                raise errors.bad_request(
+                    f'spec.devices[{i}].taints[{j}].timeAdded: parsing time "{given}" as RFC 3339 failed'
+                ) from None
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            taint["timeAdded"] = moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _default_claim_spec(spec: dict[str, Any]) -> None:
