@@ -114,6 +114,59 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
         raise errors.invalid(rt.kind, str(obj["metadata"].get("name") or ""), causes, GROUP)
 
 
+# -- unknown fields ----------------------------------------------------------------------------------
+
+# The fields of the request objects of resource.k8s.io/v1 (k8s.io/api/resource/v1/types.go), held
+# equal to Kubernetes 1.36's OpenAPI schema by a test. A field not named here is unknown: the real
+# server's decoder drops it with a warning (fieldValidation=Warn, the default) or refuses the request
+# (fieldValidation=Strict).
+REQUEST_FIELDS: dict[str, frozenset[str]] = {
+    "DeviceClaim": frozenset({"requests", "constraints", "config"}),
+    "DeviceRequest": frozenset({"name", "exactly", "firstAvailable"}),
+    "ExactDeviceRequest": frozenset(
+        {"deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations", "capacity"}
+    ),
+    "DeviceSubRequest": frozenset(
+        {"name", "deviceClassName", "selectors", "allocationMode", "count", "tolerations", "capacity"}
+    ),
+    "CapacityRequirements": frozenset({"requests"}),
+    "DeviceToleration": frozenset({"key", "operator", "value", "effect", "tolerationSeconds"}),
+}
+
+
+def drop_unknown_fields(rt: ResourceType, obj: Any) -> list[str]:
+    """Remove the unknown fields of a claim's or template's device requests from a request body;
+    returns their paths (`spec.devices.requests[0].exactly.capcity`), in order."""
+    if rt.plural not in ("resourceclaims", "resourceclaimtemplates") or not isinstance(obj, dict):
+        return []
+    spec = _dict(obj.get("spec"))
+    prefix = "spec"
+    if rt.plural == "resourceclaimtemplates":
+        spec, prefix = _dict(spec.get("spec")), "spec.spec"
+    found: list[str] = []
+
+    def check(holder: Any, kind: str, path: str) -> None:
+        if not isinstance(holder, dict):
+            return
+        for key in sorted(set(holder) - REQUEST_FIELDS[kind]):
+            found.append(f"{path}.{key}")
+            del holder[key]
+        if "capacity" in holder:
+            check(holder["capacity"], "CapacityRequirements", f"{path}.capacity")
+        for j, toleration in enumerate(_list(holder.get("tolerations"))):
+            check(toleration, "DeviceToleration", f"{path}.tolerations[{j}]")
+
+    devices = spec.get("devices")
+    check(devices, "DeviceClaim", f"{prefix}.devices")
+    for i, request in enumerate(_list(_dict(devices).get("requests"))):
+        where = f"{prefix}.devices.requests[{i}]"
+        check(request, "DeviceRequest", where)
+        check(_dict(request).get("exactly"), "ExactDeviceRequest", f"{where}.exactly")
+        for j, sub in enumerate(_list(_dict(request).get("firstAvailable"))):
+            check(sub, "DeviceSubRequest", f"{where}.firstAvailable[{j}]")
+    return found
+
+
 # -- dropDisabledFields ------------------------------------------------------------------------------
 
 
