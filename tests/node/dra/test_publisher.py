@@ -100,6 +100,16 @@ async def test_falls_back_to_whole_gpus_where_the_server_drops_consumable_capaci
     (line,) = [r.getMessage() for r in caplog.records if "event=dra_feature_dropped" in r.getMessage()]
     assert "dropped='consumable capacity'" in line
     assert f"node={NODE}" in line
+    assert state.report() == {
+        "driver": DRIVER,
+        "published": True,
+        "generation": 1,
+        "devices": 2,
+        "sharing": "whole GPUs",
+        "unhealthyGpus": "tainted NoSchedule",
+        "note": "the API server dropped consumable capacity (feature gate DRAConsumableCapacity off): "
+        "publishing whole GPUs",
+    }
     registry = CollectorRegistry()
     registry.register(pub.collector())
     text = generate_latest(registry).decode()
@@ -222,3 +232,26 @@ async def test_a_failed_publish_is_retried(api: ApiServerStandin, kube: Kube) ->
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_the_plugin_builds_its_publisher_from_nvml(api: ApiServerStandin, kube: Kube) -> None:
+    from kube_vgpu.node.dra.publisher import publisher_for
+    from kube_vgpu.node.nvml.gpus import discover
+    from kube_vgpu.node.simnvml.api import load_simulation
+
+    api.feature_gates = FeatureGates.of_release(36)
+    nvml = load_simulation(
+        {"gpus": [{"model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "count": 2}]}, NODE
+    )
+    nvml.nvmlInit()
+    try:
+        gpus = discover(nvml)
+        pub = publisher_for(kube, NODE, nvml, gpus, Inventory(gpus, 10, NODE))
+    finally:
+        nvml.nvmlShutdown()
+    state = await pub.publish()
+    assert state.report()["sharing"] == "consumable capacity"
+    gpu0 = devices(api)["gpu-0"]
+    assert gpu0["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert gpu0["attributes"]["architecture"] == {"string": "hopper"}
+    assert gpu0["capacity"]["memory"]["value"] == "81559Mi"

@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kube_vgpu.kubeapi.client import ApiError, Kube, KubeError
-from kube_vgpu.node.dra.attributes import GpuFacts
+from kube_vgpu.node.dra.attributes import GpuFacts, read_facts
 from kube_vgpu.node.dra.slices import (
     DRIVER,
     PoolSpec,
@@ -32,6 +32,7 @@ from kube_vgpu.node.dra.slices import (
     build_slices,
     dropped_features,
 )
+from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml
 from kube_vgpu.node.nvml.inventory import Inventory
 
 log = logging.getLogger("kube_vgpu.node.dra.publisher")
@@ -55,6 +56,18 @@ class PublishState:
     # Why a feature is off, in words an operator can act on ("" when both are on).
     note: str = ""
     published: bool = False
+
+    def report(self) -> dict[str, Any]:
+        """The pool as `node check` prints it (JSON-ready)."""
+        return {
+            "driver": DRIVER,
+            "published": self.published,
+            "generation": self.generation,
+            "devices": self.devices,
+            "sharing": "consumable capacity" if self.consumable_capacity else "whole GPUs",
+            "unhealthyGpus": "tainted NoSchedule" if self.device_taints else "left out of the pool",
+            "note": self.note,
+        }
 
 
 def _now() -> datetime:
@@ -264,6 +277,21 @@ class SlicePublisher:
     def collector(self) -> Collector:
         """Prometheus gauges of the pool: its generation, devices, and which features are on."""
         return _PoolCollector(self)
+
+
+def publisher_for(
+    kube: Kube,
+    node_name: str,
+    nvml: Nvml,
+    gpus: Sequence[GpuInfo],
+    inventory: Inventory,
+    *,
+    options: SliceOptions = _ALL_ON,
+) -> SlicePublisher:
+    """The node plugin's publisher for its discovered GPUs (NVML initialised): reads each GPU's
+    facts once, then publishes from the inventory. The caller runs `run()` as a task, and on
+    uninstall awaits `remove()`."""
+    return SlicePublisher(kube, node_name, read_facts(nvml, gpus), inventory, options=options)
 
 
 class _PoolCollector(Collector):
