@@ -289,8 +289,6 @@ def test_all_mode_takes_every_matching_device(api: ApiServerStandin, scheduler: 
 @pytest.mark.parametrize(
     ("capacity", "reason"),
     [
-        (memory("-1Gi"), r"capacity request memory=-1073741824 must be greater than zero"),
-        (memory("0"), "must be greater than zero"),
         (memory("1e30"), "no matching device has the capacity asked"),
         ({"requests": {"bandwidth": "1"}}, "no matching device has the capacity asked"),
     ],
@@ -302,6 +300,18 @@ def test_hostile_capacity_requests_are_refused_clearly(
     claim(api, "c1", exactly(capacity=capacity))
     with pytest.raises(Unschedulable, match=reason):
         scheduler.allocate("default", "c1", NODE)
+
+
+@pytest.mark.parametrize("amount", ["-1Gi", "0", "-0.5"])
+def test_zero_and_negative_requests_consume_the_minimum(
+    api: ApiServerStandin, scheduler: DraScheduler, amount: str
+) -> None:
+    # Neither the API server nor the allocator refuses them: roundUpRange lifts any amount below the
+    # range's min to the min (consumablecapacity.go), so a claim can never consume less than 256Mi.
+    publish(api, GPUS[:1])
+    claim(api, "c1", exactly(capacity=memory(amount, cores=amount)))
+    (result,) = results(scheduler.allocate("default", "c1", NODE))
+    assert result["consumedCapacity"] == {"memory": "256Mi", "cores": "1"}
 
 
 def test_an_unknown_class_is_named(api: ApiServerStandin, scheduler: DraScheduler) -> None:
