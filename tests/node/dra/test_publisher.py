@@ -255,3 +255,20 @@ async def test_the_plugin_builds_its_publisher_from_nvml(api: ApiServerStandin, 
     assert gpu0["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
     assert gpu0["attributes"]["architecture"] == {"string": "hopper"}
     assert gpu0["capacity"]["memory"]["value"] == "81559Mi"
+
+
+async def test_a_restarted_plugin_keeps_the_time_a_gpu_turned_unhealthy(
+    api: ApiServerStandin, kube: Kube
+) -> None:
+    api.feature_gates = FeatureGates.of_release(36)
+    inventory = Inventory(GPUS, 10, NODE)
+    inventory.set_health(GPUS[0].uuid, False, "XID 79")
+    await publisher(kube, inventory).publish()
+    later = datetime(2026, 1, 3, tzinfo=UTC)
+    restarted_inventory = Inventory(GPUS, 10, NODE)
+    restarted_inventory.set_health(GPUS[0].uuid, False, "XID 79")
+    api.clear_requests()
+    state = await publisher(kube, restarted_inventory, clock=lambda: later).publish()
+    assert devices(api)["gpu-0"]["taints"][0]["timeAdded"] == "2026-01-02T03:04:05Z"
+    assert state.generation == 1
+    assert [r for r in api.requests() if r.method in ("POST", "PUT", "DELETE")] == []

@@ -2,11 +2,13 @@
 
 Publishes on start and after every health change of the inventory, each change as a new pool
 generation (consumers use only the highest one); writes nothing while the stored pool already says
-it. After each write it reads what the API server stored: a server whose DRAConsumableCapacity gate
-is off drops `allowMultipleAllocations` and the request policies (its `dropDisabledFields`), which
-would leave devices that look whole but are meant to be shared, so the publisher then republishes
-whole GPUs, and says so in a log line, a metric and `state` (for `node check`); likewise for device
-taints, after which unhealthy GPUs leave the pool instead. `remove()` deletes the node's slices.
+it. After each write it reads what the API server stored, as the resourceslice controller of
+k8s.io/dynamic-resource-allocation does (its DroppedFieldsError): a server whose
+DRAConsumableCapacity gate is off drops `allowMultipleAllocations` and the request policies (its
+`dropDisabledFields`), which would leave devices that look whole but are meant to be shared, so the
+publisher then publishes whole GPUs, and says so in a log line, a metric and `state` (for
+`node check`); likewise for device taints, after which unhealthy GPUs leave the pool instead. The
+choice holds until the plugin restarts. `remove()` deletes the node's slices.
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ class SlicePublisher:
         options: SliceOptions,
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Write the pool if it differs from `existing`; returns (what was meant, what is stored)."""
-        devices = build_devices(self._gpus, unhealthy, options)
+        devices = _keep_taint_times(build_devices(self._gpus, unhealthy, options), existing)
         current = max((_generation(s) for s in existing), default=0)
         same = build_slices(PoolSpec(self._node, uid, current, devices))
         if current and _specs(same) == _specs(existing):
@@ -228,8 +230,11 @@ class SlicePublisher:
             else:
                 body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
                 stored.append(self._kube.replace("resourceslice", body["metadata"]["name"], body))
-        for leftover in by_name:
-            self._kube.delete("resourceslice", leftover)
+        for leftover, stale in by_name.items():
+            # Only the version read: a slice written since is someone else's news (a 409, retried).
+            self._kube.delete(
+                "resourceslice", leftover, resource_version=stale["metadata"]["resourceVersion"]
+            )
         self._state = replace(self._state, generation=generation, devices=len(devices), published=True)
         log.info(
             "event=dra_slices_published node=%s generation=%d slices=%d devices=%d unhealthy=%d "
@@ -321,6 +326,24 @@ class _PoolCollector(Collector):
             family = GaugeMetricFamily(name, help_text, labels=["node"])
             family.add_metric([node], value)
             yield family
+
+
+def _keep_taint_times(devices: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give each taint the timeAdded its stored twin (same device, key, value, effect) already has, so
+    a restarted plugin does not move the time a GPU turned unhealthy (copyTaintTimeAdded in
+    k8s.io/dynamic-resource-allocation/resourceslice/resourceslicecontroller.go)."""
+    taints = {
+        (d.get("name"), t.get("key"), t.get("value"), t.get("effect")): t.get("timeAdded")
+        for s in stored
+        for d in (s.get("spec") or {}).get("devices") or []
+        for t in d.get("taints") or []
+    }
+    for device in devices:
+        for taint in device.get("taints") or []:
+            kept = taints.get((device.get("name"), taint.get("key"), taint.get("value"), taint.get("effect")))
+            if kept:
+                taint["timeAdded"] = kept
+    return devices
 
 
 def _generation(slice_: dict[str, Any]) -> int:
