@@ -280,6 +280,20 @@ def test_whole_gpus_go_to_one_claim_each(api: ApiServerStandin, scheduler: DraSc
         scheduler.allocate("default", "c2", NODE)
 
 
+def test_shares_left_from_a_shared_pool_keep_a_whole_gpu_busy(
+    api: ApiServerStandin, scheduler: DraScheduler
+) -> None:
+    publish(api, GPUS[:1])
+    claim(api, "shared", exactly(capacity=memory("1Gi")))
+    scheduler.allocate("default", "shared", NODE)
+    publish(api, GPUS[:1], 2, options=SliceOptions(consumable_capacity=False, device_taints=False))
+    claim(api, "whole", exactly())
+    with pytest.raises(Unschedulable):
+        scheduler.allocate("default", "whole", NODE)
+    scheduler.deallocate("default", "shared")
+    assert results(scheduler.allocate("default", "whole", NODE))[0]["device"] == "gpu-0"
+
+
 def test_all_mode_takes_every_matching_device(api: ApiServerStandin, scheduler: DraScheduler) -> None:
     publish(api, GPUS)
     claim(api, "c1", exactly(allocationMode="All", capacity=memory("1Gi")))

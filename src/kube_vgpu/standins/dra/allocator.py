@@ -331,7 +331,8 @@ class Allocator:
             return False
         if not candidate.shared:
             ok = all(a <= _amount(capacity[n]["value"], n) for n, a in wanted.items())
-            return ok and candidate.id not in self._exclusive
+            # Taken whole, or holding shares from when the device was published as shared.
+            return ok and candidate.id not in self._exclusive and candidate.id not in self._consumed
         use: dict[str, Decimal] = {}
         for n, entry in capacity.items():
             amount = consumed(wanted.get(n), entry, n)
