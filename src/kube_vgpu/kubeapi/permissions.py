@@ -61,6 +61,9 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("node", "patch", "pods", why="bind phase, devices-to-allocate"),
     ApiCall("node", "get", "configmaps", named="device-config", why="Volcano's MIG geometry"),
     ApiCall("node", "create", "events", why="refused Allocates (on the pod), GPU health (on the node)"),
+    ApiCall(
+        "node", "get", "resourceclaims", "resource.k8s.io", why="DRA: the claim NodePrepareResources prepares"
+    ),
     # certificate Jobs.
     ApiCall("certs-create", "get", "secrets", named="tls-secret"),
     ApiCall("certs-create", "create", "secrets", why="names of new objects cannot be limited"),
