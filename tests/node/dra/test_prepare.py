@@ -154,7 +154,8 @@ class DraNode:
 def share(
     device: str = "gpu-0", memory: str | None = None, cores: str | None = None, **extra: Any
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device, **extra}
+    out: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+    out.update(extra)
     consumed = {k: v for k, v in (("memory", memory), ("cores", cores)) if v is not None}
     if consumed:
         out["consumedCapacity"] = consumed
@@ -236,6 +237,15 @@ async def test_two_gpus_of_one_request_get_one_limit_each(apiserver: ApiServerSt
         env = node.container(devices)
         assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("10240m", "12288m")
         assert env["CUDA_DEVICE_SM_LIMIT"] == "20"
+
+
+async def test_a_sub_request_is_reported_under_its_request(apiserver: ApiServerStandin, root: Path) -> None:
+    async with dra_node(apiserver, root) as node:
+        claim = node.claim("alt", [share("gpu-4", memory="16Gi", cores="20", request="gpu/small")])
+        (device,) = (await node.prepare(claim))[claim.uid]
+        assert device.request_names == ("gpu",)
+        assert device.cdi_device_ids[1] == f"vgpu.kube-vgpu.io/claim={claim.uid}_gpu_small"
+        assert node.container([device])["CUDA_DEVICE_MEMORY_LIMIT_0"] == "16384m"
 
 
 async def test_three_30_gib_claims_on_one_80_gib_gpu(apiserver: ApiServerStandin, root: Path) -> None:

@@ -291,6 +291,14 @@ def request_edits(held: Sequence[Share], *, hook_path: str, lock_dir: str, cache
     return Edits(tuple(env), mounts)
 
 
+def base_request(request: str) -> str:
+    """The request a container names for a result: `req` of a `firstAvailable` sub-request `req/sub`.
+    The kubelet matches a container's `resources.claims[].request` against a device's request names
+    exactly (pkg/kubelet/cm/dra/claiminfo.go, cdiDevicesAsList), and a container can only name the
+    request, so the plugin reports that (as the kubeletplugin helper strips sub-request names)."""
+    return request.partition("/")[0]
+
+
 def by_request(held: Iterable[Share]) -> dict[str, list[Share]]:
     """Shares grouped by request name, in result order."""
     groups: dict[str, list[Share]] = {}

@@ -29,6 +29,7 @@ from kube_vgpu.node.dra.limits import (
     ClaimRefused,
     Share,
     allocation_results,
+    base_request,
     by_request,
     cache_host_dir,
     check_fit,
@@ -257,7 +258,7 @@ class DraV1(v1_grpc.DRAPluginServicer):
             entry.error = result.error
             for d in result.devices:
                 device = entry.devices.add(
-                    request_names=[d.request],
+                    request_names=[base_request(d.request)],
                     pool_name=d.pool,
                     device_name=d.device,
                     cdi_device_ids=d.cdi_device_ids,
@@ -298,7 +299,7 @@ class DraV1beta1(v1beta1_grpc.DRAPluginServicer):
             entry.error = result.error
             for d in result.devices:
                 entry.devices.add(
-                    request_names=[d.request],
+                    request_names=[base_request(d.request)],
                     pool_name=d.pool,
                     device_name=d.device,
                     cdi_device_ids=d.cdi_device_ids,

@@ -10,14 +10,14 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from grpc import aio
 
 from kube_vgpu.kubeapi.client import Kube
-from kube_vgpu.node.deviceplugin.server import remove_stale_socket, socket_identity
+from kube_vgpu.node.deviceplugin.server import SocketIdentity, remove_stale_socket, socket_identity
 from kube_vgpu.node.dra.cdi import CLAIM_KIND, DEFAULT_GPU_KIND, GpuDevices, SpecDir
 from kube_vgpu.node.dra.checkpoint import CheckpointFile
 from kube_vgpu.node.dra.limits import Card
@@ -57,6 +57,7 @@ class DraServer:
     registration_path: Path
     dra_path: Path
     _servers: tuple[aio.Server, ...] = ()
+    _bound: dict[Path, SocketIdentity | None] = field(default_factory=dict)
 
     async def start(self) -> None:
         """Serve the DRA socket first, then the registration socket (the kubelet dials the endpoint as
@@ -65,24 +66,30 @@ class DraServer:
         add_to_server(self.preparer, dra)
         reg = aio.server()
         reg_grpc.add_RegistrationServicer_to_server(self.registration, reg)
-        for server, path in ((dra, self.dra_path), (reg, self.registration_path)):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            remove_stale_socket(path)
-            server.add_insecure_port(f"unix:{path}")
-            await server.start()
-            self._servers += (server,)
-            log.info("event=dra_serving socket=%s", path)
+        try:
+            for server, path in ((dra, self.dra_path), (reg, self.registration_path)):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                remove_stale_socket(path)
+                server.add_insecure_port(f"unix:{path}")
+                await server.start()
+                self._servers += (server,)
+                self._bound[path] = socket_identity(path)
+                log.info("event=dra_serving socket=%s", path)
+        except BaseException:
+            await self.stop(0)
+            raise
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving and remove our sockets (the kubelet deregisters the plugin)."""
-        identities = [socket_identity(p) for p in (self.registration_path, self.dra_path)]
         for server in reversed(self._servers):
             await server.stop(grace)
         self._servers = ()
-        for path, identity in zip((self.registration_path, self.dra_path), identities, strict=True):
+        # Only the sockets we bound: the path may be someone else's by now.
+        for path, identity in self._bound.items():
             if identity is not None and socket_identity(path) == identity:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+        self._bound.clear()
 
 
 def kube_claim_reader(kube: Kube) -> Callable[[str, str], Any]:
