@@ -19,7 +19,6 @@ from kube_vgpu.node.dra.limits import ClaimRef, Share
 
 CLAIM = PreparedClaim(
     ClaimRef("team-a", "slice", "uid-1"),
-    "PrepareCompleted",
     (Share("gpu", "gpu-0", "GPU-aaaa", 30720, 30, "share-1"), Share("gpu", "gpu-1", "GPU-bbbb", 81920, 100)),
 )
 
@@ -46,8 +45,8 @@ def edited(change: str) -> bytes:
         document["data"]["claims"]["uid-1"]["shares"][0]["memoryMiB"] = 1
     elif change == "version":
         document["version"] = 2
-    elif change == "state":
-        document["data"]["claims"]["uid-1"]["state"] = "Prepared"
+    elif change == "shares":
+        document["data"]["claims"]["uid-1"]["shares"] = {"gpu": 1}
         document["checksum"] = checksum(document["data"])
     elif change == "kind":
         document["kind"] = "Other"
@@ -62,7 +61,7 @@ def edited(change: str) -> bytes:
         (b"\xff\xfe", "not JSON"),
         (edited("checksum"), "checksum mismatch"),
         (edited("version"), "checkpoint version 2, this plugin reads version 1"),
-        (edited("state"), "state 'Prepared' is none of"),
+        (edited("shares"), "claim uid-1 shares is missing or malformed"),
         (edited("kind"), "not a kube-vgpu DRA checkpoint"),
         (encode(Checkpoint({"uid-1": CLAIM}))[:-40], "not JSON"),
     ],
@@ -76,11 +75,7 @@ def test_a_hostile_file_is_a_clear_error_and_is_kept(tmp_path: Path, raw: bytes,
 
 
 def test_wrong_types_inside_a_checksummed_file_are_refused(tmp_path: Path) -> None:
-    data = {
-        "claims": {
-            "u": {"namespace": "n", "name": "c", "state": "PrepareStarted", "shares": [{"request": "r"}]}
-        }
-    }
+    data = {"claims": {"u": {"namespace": "n", "name": "c", "shares": [{"request": "r"}]}}}
     document = {"kind": "KubeVgpuDRACheckpoint", "version": 1, "checksum": checksum(data), "data": data}
     with pytest.raises(CheckpointError, match=r"claim u shares\[0\].device is missing or malformed"):
         corrupt(tmp_path, json.dumps(document).encode()).load()

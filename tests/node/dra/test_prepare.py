@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from kube_vgpu.kubeapi.client import Kube
-from kube_vgpu.node.dra.checkpoint import CheckpointError
+from kube_vgpu.node.dra.checkpoint import Checkpoint, CheckpointError, encode
 from kube_vgpu.node.dra.limits import Card, ClaimRef
 from kube_vgpu.node.dra.prepare import Fault, no_fault
 from kube_vgpu.node.dra.server import DraServer, serve_dra
@@ -58,6 +58,10 @@ def nvidia_spec(count: int = 8) -> dict[str, Any]:
 
 def is_dir(path: str) -> bool:
     return os.path.isdir(path)
+
+
+def inode(path: Path) -> int:
+    return path.stat().st_ino
 
 
 @pytest.fixture
@@ -273,9 +277,11 @@ async def test_prepare_and_unprepare_repeated(apiserver: ApiServerStandin, root:
         claim = node.claim("c", [share(memory="8Gi", cores="25")])
         first = await node.prepare(claim)
         spec = (node.cdi_dir / f"vgpu.kube-vgpu.io-claim_{claim.uid}.json").read_bytes()
+        written = inode(node.cdi_dir / f"vgpu.kube-vgpu.io-claim_{claim.uid}.json")
         assert await node.prepare(claim) == first
         assert (node.cdi_dir / f"vgpu.kube-vgpu.io-claim_{claim.uid}.json").read_bytes() == spec
-        assert node.checkpoint()[claim.uid]["state"] == "PrepareCompleted"
+        assert inode(node.cdi_dir / f"vgpu.kube-vgpu.io-claim_{claim.uid}.json") == written  # not rewritten
+        assert list(node.checkpoint()) == [claim.uid]
         await node.unprepare(claim)
         await node.unprepare(claim)
         assert node.spec_files() == [] and node.checkpoint() == {}
@@ -386,7 +392,7 @@ async def test_a_crash_mid_prepare_leaves_no_half_spec_and_no_leaked_share(
         # As a killed process leaves it: a write cut short before its rename.
         (node.cdi_dir / f".vgpu.kube-vgpu.io-claim_{claim.uid}.json.deadbeef.tmp").write_text('{"cdiVer')
         await node.stop()
-        assert node.checkpoint()[claim.uid]["state"] == "PrepareStarted"
+        assert list(node.checkpoint()) == [claim.uid]
         await node.start()
         assert not any(name.startswith(".") for name in node.spec_files())
         # The share is still held: nothing can over-commit the GPU meanwhile.
@@ -396,10 +402,24 @@ async def test_a_crash_mid_prepare_leaves_no_half_spec_and_no_leaked_share(
         # The kubelet's retry completes it; its unprepare removes all of it.
         devices = (await node.prepare(claim))[claim.uid]
         assert node.container(devices)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "61440m"
-        assert node.checkpoint()[claim.uid]["state"] == "PrepareCompleted"
         await node.unprepare(claim)
         assert node.spec_files() == [] and node.checkpoint() == {}
         await node.prepare(other)
+
+
+async def test_a_spec_no_share_owns_is_removed_at_start(apiserver: ApiServerStandin, root: Path) -> None:
+    async with dra_node(apiserver, root) as node:
+        claim = node.claim("c", [share(memory="10Gi", cores="10")])
+        first = await node.prepare(claim)
+        spec = node.cdi_dir / f"vgpu.kube-vgpu.io-claim_{claim.uid}.json"
+        await node.stop()
+        # As a crash between the two writes leaves it: the spec on disk, the share not recorded.
+        path = root / "kubelet" / "plugins" / DRIVER / "checkpoint.json"
+        path.write_bytes(encode(Checkpoint()))
+        await node.start()
+        assert not spec.exists()
+        assert await node.prepare(claim) == first  # the kubelet's retry prepares it afresh
+        assert list(node.checkpoint()) == [claim.uid]
 
 
 async def test_a_failure_mid_prepare_is_undone(apiserver: ApiServerStandin, root: Path) -> None:

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from kube_vgpu.node.dra.cdi import write_atomic
 from kube_vgpu.node.dra.limits import ClaimRef, Share
@@ -25,10 +25,6 @@ CHECKPOINT_KIND: Final = "KubeVgpuDRACheckpoint"
 VERSION: Final = 1
 FILE_NAME: Final = "checkpoint.json"
 MAX_BYTES: Final = 64 * 1024 * 1024
-# A claim moves to PrepareCompleted once its CDI spec is in place; one still PrepareStarted after a
-# crash holds its share until the kubelet prepares it again or unprepares it.
-State = Literal["PrepareStarted", "PrepareCompleted"]
-STATES: Final[tuple[State, ...]] = ("PrepareStarted", "PrepareCompleted")
 
 
 class CheckpointError(Exception):
@@ -37,10 +33,10 @@ class CheckpointError(Exception):
 
 @dataclass(frozen=True)
 class PreparedClaim:
-    """One claim as prepared on this node."""
+    """One claim as prepared on this node (its share is held from the moment it is recorded: a claim
+    whose prepare a crash cut short holds it until the kubelet prepares it again or unprepares it)."""
 
     ref: ClaimRef
-    state: State
     shares: tuple[Share, ...]
 
 
@@ -70,7 +66,6 @@ def _data(checkpoint: Checkpoint) -> dict[str, Any]:
             uid: {
                 "namespace": c.ref.namespace,
                 "name": c.ref.name,
-                "state": c.state,
                 "shares": [_share_json(s) for s in c.shares],
             }
             for uid, c in sorted(checkpoint.claims.items())
@@ -118,9 +113,6 @@ def decode(raw: bytes, where: str) -> Checkpoint:
     for uid, entry in _need(data.get("claims"), dict, f"{where}: data.claims").items():
         at = f"{where}: claim {uid}"
         _need(entry, dict, at)
-        state = entry.get("state")
-        if state not in STATES:
-            raise CheckpointError(f"{at}: state {state!r} is none of {', '.join(STATES)}")
         shares = []
         for i, s in enumerate(_need(entry.get("shares"), list, f"{at} shares")):
             _need(s, dict, f"{at} shares[{i}]")
@@ -140,7 +132,7 @@ def decode(raw: bytes, where: str) -> Checkpoint:
             _need(entry.get("name"), str, f"{at} name"),
             uid,
         )
-        out.claims[uid] = PreparedClaim(ref, state, tuple(shares))
+        out.claims[uid] = PreparedClaim(ref, tuple(shares))
     return out
 
 

@@ -1,11 +1,12 @@
 """NodePrepareResources and NodeUnprepareResources: one implementation, served to the kubelet through
 two thin servicers, one per DRA API version it may choose (v1, v1beta1).
 
-Prepare reads the ResourceClaim from the API server, decides with `node.dra.limits`, records the claim's
-shares in the checkpoint (state PrepareStarted), writes its CDI spec, and only then marks it
-PrepareCompleted: a crash at any point leaves either nothing, or a checkpointed share whose spec the
-kubelet's next prepare (or unprepare) completes (or removes). Both calls are idempotent, as the kubelet
-repeats them (pkg/kubelet/cm/dra/manager.go), and answer an entry for every claim asked.
+Prepare reads the ResourceClaim from the API server, decides with `node.dra.limits`, and makes the
+claim's shares (in the checkpoint) and its CDI spec durable before answering: a crash at any point
+leaves no half-written spec, and either a checkpointed share whose spec the kubelet's next prepare (or
+unprepare) completes (or removes), or a spec no share owns, removed at the next start. Both calls are
+idempotent, as the kubelet repeats them (pkg/kubelet/cm/dra/manager.go), and answer an entry for every
+claim asked.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from grpc import aio
@@ -27,6 +28,7 @@ from kube_vgpu.node.dra.limits import (
     Card,
     ClaimRef,
     ClaimRefused,
+    Edits,
     Share,
     allocation_results,
     base_request,
@@ -154,23 +156,11 @@ class Preparer:
                 )
                 for request, group in by_request(held).items()
             }
-            claims = dict(self._checkpoint.claims)
-            if known is None or known.state != "PrepareCompleted":
-                claims[ref.uid] = PreparedClaim(ref, "PrepareStarted", tuple(held))
-                self._save(claims)
             try:
-                self.fault("checkpointed", ref.uid)
-                for request in edits:
-                    self._make_dir(cache_host_dir(self.hook_path, ref.uid, request))
-                self._make_dir(self.lock_dir)
-                self.specs.write(ref.uid, edits)
-                self.fault("spec-written", ref.uid)
-                if claims[ref.uid].state != "PrepareCompleted":
-                    claims[ref.uid] = replace(claims[ref.uid], state="PrepareCompleted")
-                    self._save(claims)
+                await self._record(ref, held, edits, new=known is None)
             except Exception:
                 if known is None:
-                    self._undo(ref.uid, held)
+                    await self._undo(ref.uid, held)
                 raise
         log.info(
             "event=claim_prepared node=%s claim=%s devices=%s",
@@ -179,6 +169,33 @@ class Preparer:
             ",".join(f"{s.device}:{s.memory_mib}MiB:{s.cores}%" for s in held),
         )
         return devices
+
+    async def _record(
+        self, ref: ClaimRef, held: Sequence[Share], edits: Mapping[str, Edits], *, new: bool
+    ) -> None:
+        """Make the claim's share and its CDI spec durable before the kubelet hears of them. The two
+        writes go to disk side by side (each costs a journal commit; together they cost about one):
+        a crash between them leaves a share the kubelet's retry completes, or a spec no share owns,
+        which the next start removes (the kubelet retries a prepare it got no answer to)."""
+
+        def save_share() -> None:
+            if new:
+                self._save({**self._checkpoint.claims, ref.uid: PreparedClaim(ref, tuple(held))})
+            self.fault("checkpointed", ref.uid)
+
+        def write_spec() -> None:
+            for request in edits:
+                self._make_dir(cache_host_dir(self.hook_path, ref.uid, request))
+            self._make_dir(self.lock_dir)
+            self.specs.write(ref.uid, edits)
+            self.fault("spec-written", ref.uid)
+
+        outcomes = await asyncio.gather(
+            asyncio.to_thread(save_share), asyncio.to_thread(write_spec), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     def _devices(
         self, held: Sequence[Share], cards: Mapping[str, Card], ref: ClaimRef
@@ -206,15 +223,25 @@ class Preparer:
         os.makedirs(path, exist_ok=True)
         os.chmod(path, 0o777)
 
-    def _undo(self, uid: str, held: Sequence[Share]) -> None:
-        """Remove what a failed prepare made: its spec, its folders, its checkpoint entry."""
-        self.specs.remove(uid)
-        for request in by_request(held):
-            shutil.rmtree(cache_host_dir(self.hook_path, uid, request), ignore_errors=True)
-        if uid in self._checkpoint.claims:
-            claims = dict(self._checkpoint.claims)
-            del claims[uid]
-            self._save(claims)
+    async def _undo(self, uid: str, held: Sequence[Share]) -> None:
+        """Remove what prepare made for a claim: its spec and folders, and its checkpoint entry (side
+        by side, as prepare writes them)."""
+
+        def remove_files() -> None:
+            self.specs.remove(uid)
+            for request in by_request(held):
+                shutil.rmtree(cache_host_dir(self.hook_path, uid, request), ignore_errors=True)
+
+        def forget_share() -> None:
+            if uid in self._checkpoint.claims:
+                self._save({u: c for u, c in self._checkpoint.claims.items() if u != uid})
+
+        outcomes = await asyncio.gather(
+            asyncio.to_thread(remove_files), asyncio.to_thread(forget_share), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """Undo what prepare made for each claim (nothing to undo is success); uid -> error or ""."""
@@ -223,7 +250,7 @@ class Preparer:
             async with self._lock:
                 known = self._checkpoint.claims.get(ref.uid)
                 try:
-                    self._undo(ref.uid, known.shares if known else ())
+                    await self._undo(ref.uid, known.shares if known else ())
                     out[ref.uid] = ""
                 except (OSError, CheckpointError) as exc:
                     out[ref.uid] = f"claim {ref}: cannot remove what was prepared for it: {exc}"
