@@ -16,13 +16,17 @@ Pinned against Kubernetes' own code:
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 from kubernetes import client, watch
 
-from kube_vgpu.standins.apiserver.dra import FeatureGates
+from kube_vgpu.standins.apiserver.dra import REQUEST_FIELDS, FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 
 GROUP, VERSION = "resource.k8s.io", "v1"
@@ -140,9 +144,10 @@ def test_taints_are_dropped_while_the_gate_is_off_and_kept_while_on(
     assert "taints" not in off["spec"]["devices"][0]
     apiserver.feature_gates = FeatureGates(device_taints=True)
     on = create_slice(custom, a_slice("n2", devices=[shared_gpu("gpu-0", taint=True)]))
-    assert on["spec"]["devices"][0]["taints"] == [
-        {"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
-    ]
+    (taint,) = on["spec"]["devices"][0]["taints"]
+    # defaults.go (SetDefaults_DeviceTaint): timeAdded is set when the taint is stored without one.
+    assert taint.pop("timeAdded").endswith("Z")
+    assert taint == {"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
 
 
 def test_slices_are_selected_by_node_and_by_driver(
@@ -497,3 +502,57 @@ def test_claim_templates_are_namespaced_and_immutable(custom: client.CustomObjec
             {"spec": {"spec": {"devices": {"requests": []}}}},
         )
     assert "spec: Invalid value: field is immutable" in status_of(refused.value)["message"]
+
+
+# -- unknown fields (fieldValidation) ---------------------------------------------------------------
+
+
+def test_the_known_request_fields_are_kubernetes_1_36s() -> None:
+    schemas = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.36.0-local-strict"
+    for kind, fields in REQUEST_FIELDS.items():
+        schema = json.loads((schemas / f"{kind.lower()}-resource-v1.json").read_text())
+        assert set(schema["properties"]) == fields, kind
+
+
+def raw_create(
+    apiserver: ApiServerStandin, body: dict[str, Any], query: str = ""
+) -> tuple[int, Any, list[str]]:
+    url = f"{apiserver.url}/apis/{GROUP}/{VERSION}/namespaces/default/resourceclaims{query}"
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": "Bearer standin-token"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read()), response.headers.get_all("Warning") or []
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), []
+
+
+def test_unknown_request_fields_are_dropped_with_a_warning(apiserver: ApiServerStandin) -> None:
+    body = claim(capacity={"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}})
+    body["spec"]["devices"]["requests"][0]["exactly"]["capcity"] = {"requests": {"memory": "1Gi"}}
+    code, stored, warnings = raw_create(apiserver, body)
+    assert code == 201
+    exactly = stored["spec"]["devices"]["requests"][0]["exactly"]
+    assert "capcity" not in exactly
+    assert exactly["capacity"] == {"requests": {"memory": "1Gi"}}
+    assert warnings == [
+        '299 - "unknown field \\"spec.devices.requests[0].exactly.capcity\\""',
+        '299 - "unknown field \\"spec.devices.requests[0].exactly.capacity.limits\\""',
+    ]
+
+
+def test_unknown_request_fields_are_refused_under_strict_validation(apiserver: ApiServerStandin) -> None:
+    body = claim()
+    body["spec"]["devices"]["requests"][0]["firstAvailable"] = None
+    body["spec"]["devices"]["requests"][0]["priority"] = 1
+    code, status, _ = raw_create(apiserver, body, "?fieldValidation=Strict")
+    assert code == 400
+    assert status["message"] == 'strict decoding error: unknown field "spec.devices.requests[0].priority"'
+    assert apiserver.get("ResourceClaim", "c1", "default") is None
+    code, status, _ = raw_create(apiserver, claim(), "?fieldValidation=Loose")
+    assert code == 400
+    assert "fieldValidation must be one of" in status["message"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kube_vgpu.standins.apiserver import errors, quantity
@@ -76,6 +77,7 @@ def prepare(
     canonicalise quantities (400 for text that is no quantity, as decoding fails there)."""
     if rt.plural == "resourceslices":
         _drop_slice_fields(obj, old, gates)
+        _default_taints(obj)
     elif rt.plural == "deviceclasses":
         spec = _dict(obj.get("spec"))
         old_spec = _dict((old or {}).get("spec"))
@@ -110,6 +112,59 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
             _validate_claim_spec(_dict(_dict(obj.get("spec")).get("spec")), "spec.spec", causes)
     if causes:
         raise errors.invalid(rt.kind, str(obj["metadata"].get("name") or ""), causes, GROUP)
+
+
+# -- unknown fields ----------------------------------------------------------------------------------
+
+# The fields of the request objects of resource.k8s.io/v1 (k8s.io/api/resource/v1/types.go), held
+# equal to Kubernetes 1.36's OpenAPI schema by a test. A field not named here is unknown: the real
+# server's decoder drops it with a warning (fieldValidation=Warn, the default) or refuses the request
+# (fieldValidation=Strict).
+REQUEST_FIELDS: dict[str, frozenset[str]] = {
+    "DeviceClaim": frozenset({"requests", "constraints", "config"}),
+    "DeviceRequest": frozenset({"name", "exactly", "firstAvailable"}),
+    "ExactDeviceRequest": frozenset(
+        {"deviceClassName", "selectors", "allocationMode", "count", "adminAccess", "tolerations", "capacity"}
+    ),
+    "DeviceSubRequest": frozenset(
+        {"name", "deviceClassName", "selectors", "allocationMode", "count", "tolerations", "capacity"}
+    ),
+    "CapacityRequirements": frozenset({"requests"}),
+    "DeviceToleration": frozenset({"key", "operator", "value", "effect", "tolerationSeconds"}),
+}
+
+
+def drop_unknown_fields(rt: ResourceType, obj: Any) -> list[str]:
+    """Remove the unknown fields of a claim's or template's device requests from a request body;
+    returns their paths (`spec.devices.requests[0].exactly.capcity`), in order."""
+    if rt.plural not in ("resourceclaims", "resourceclaimtemplates") or not isinstance(obj, dict):
+        return []
+    spec = _dict(obj.get("spec"))
+    prefix = "spec"
+    if rt.plural == "resourceclaimtemplates":
+        spec, prefix = _dict(spec.get("spec")), "spec.spec"
+    found: list[str] = []
+
+    def check(holder: Any, kind: str, path: str) -> None:
+        if not isinstance(holder, dict):
+            return
+        for key in sorted(set(holder) - REQUEST_FIELDS[kind]):
+            found.append(f"{path}.{key}")
+            del holder[key]
+        if "capacity" in holder:
+            check(holder["capacity"], "CapacityRequirements", f"{path}.capacity")
+        for j, toleration in enumerate(_list(holder.get("tolerations"))):
+            check(toleration, "DeviceToleration", f"{path}.tolerations[{j}]")
+
+    devices = spec.get("devices")
+    check(devices, "DeviceClaim", f"{prefix}.devices")
+    for i, request in enumerate(_list(_dict(devices).get("requests"))):
+        where = f"{prefix}.devices.requests[{i}]"
+        check(request, "DeviceRequest", where)
+        check(_dict(request).get("exactly"), "ExactDeviceRequest", f"{where}.exactly")
+        for j, sub in enumerate(_list(_dict(request).get("firstAvailable"))):
+            check(sub, "DeviceSubRequest", f"{where}.firstAvailable[{j}]")
+    return found
 
 
 # -- dropDisabledFields ------------------------------------------------------------------------------
@@ -158,6 +213,27 @@ def _uses_consumable_capacity(devices: list[dict[str, Any]]) -> bool:
 
 
 # -- defaults.go -------------------------------------------------------------------------------------
+
+
+def _default_taints(obj: dict[str, Any]) -> None:
+    """SetDefaults_DeviceTaint: a taint without timeAdded gets the time it was stored; a given one is
+    read as a metav1.Time and written back as RFC 3339 in UTC with seconds (`...Z`)."""
+    for i, device in enumerate(_list(_dict(obj.get("spec")).get("devices"))):
+        for j, taint in enumerate(_list(_dict(device).get("taints"))):
+            if not isinstance(taint, dict):
+                continue
+            given = taint.get("timeAdded")
+            try:
+                moment = (
+                    datetime.fromisoformat(str(given).replace("Z", "+00:00")) if given else datetime.now(UTC)
+                )
+            except ValueError:
+                raise errors.bad_request(
+                    f'spec.devices[{i}].taints[{j}].timeAdded: parsing time "{given}" as RFC 3339 failed'
+                ) from None
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=UTC)
+            taint["timeAdded"] = moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _default_claim_spec(spec: dict[str, Any]) -> None:
