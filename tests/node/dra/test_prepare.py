@@ -190,12 +190,16 @@ async def dra_node(
 
 async def test_two_claims_limits_in_their_cdi_specs(apiserver: ApiServerStandin, root: Path) -> None:
     async with dra_node(apiserver, root) as node:
-        a = node.claim("a", [share(memory="30Gi", cores="30")])
+        a = node.claim("a", [share(memory="30Gi", cores="30", shareID="share-a")])
         b = node.claim("b", [share(memory="20Gi", cores="50")])
         prepared = await node.prepare(a, b)
         assert prepared[a.uid] == [
             PreparedDevice(
-                ("gpu",), NODE, "gpu-0", (f"nvidia.com/gpu={uuid(0)}", f"vgpu.kube-vgpu.io/claim={a.uid}_gpu")
+                ("gpu",),
+                NODE,
+                "gpu-0",
+                (f"nvidia.com/gpu={uuid(0)}", f"vgpu.kube-vgpu.io/claim={a.uid}_gpu"),
+                "share-a",
             )
         ]
         env_a, env_b = node.container(prepared[a.uid]), node.container(prepared[b.uid])

@@ -10,15 +10,19 @@ import pytest
 from grpc import aio
 
 from kube_vgpu.kubeapi.client import Kube
+from kube_vgpu.node.dra.attributes import GpuFacts
 from kube_vgpu.node.dra.limits import Card
 from kube_vgpu.node.dra.server import (
     DEFAULT_CDI_DIR,
     DEFAULT_KUBELET_ROOT_DIR,
     DraServer,
     dra_socket,
+    inventory_cards,
     registration_socket,
     serve_dra,
 )
+from kube_vgpu.node.nvml.gpus import GpuInfo
+from kube_vgpu.node.nvml.inventory import Inventory
 from kube_vgpu.proto import pluginregistration_v1_pb2 as reg
 from kube_vgpu.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -122,3 +126,20 @@ async def test_a_file_that_is_no_socket_is_not_removed(apiserver: ApiServerStand
     finally:
         kube.close()
     assert path.read_text() == "someone's file"
+
+
+def test_the_inventory_gives_cards_named_as_the_slice_names_them_with_health() -> None:
+    gpus = [GpuInfo(0, "GPU-a", "A100", 3, 81920), GpuInfo(1, "GPU-b", "A100", 1, 40960)]
+    inventory = Inventory(gpus, 10, "n1")
+    cards = inventory_cards(inventory)
+    assert cards() == {
+        "gpu-3": Card("gpu-3", "GPU-a", 0, 81920),
+        "gpu-1": Card("gpu-1", "GPU-b", 1, 40960),
+    }
+    assert [GpuFacts(g.index, g.minor, g.uuid, g.name, g.memory_mib).device_name for g in gpus] == list(
+        cards()
+    )
+    inventory.set_health("GPU-b", False, "XID 79")
+    assert cards()["gpu-1"].unhealthy == "XID 79" and cards()["gpu-3"].unhealthy is None
+    inventory.set_hold("HAMi-core missing in /usr/local/vgpu")
+    assert {c.unhealthy for c in cards().values()} == {"HAMi-core missing in /usr/local/vgpu"}

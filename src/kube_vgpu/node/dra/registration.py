@@ -8,7 +8,6 @@ reports the outcome through NotifyRegistrationStatus. Removing the socket deregi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Final
@@ -40,7 +39,6 @@ class Registration(pb_grpc.RegistrationServicer):
         self.driver = driver
         self.endpoint = endpoint
         self.status: RegistrationStatus | None = None
-        self._changed = asyncio.Event()
 
     async def GetInfo(
         self, request: pb.InfoRequest, context: aio.ServicerContext[pb.InfoRequest, pb.PluginInfo]
@@ -59,13 +57,4 @@ class Registration(pb_grpc.RegistrationServicer):
             log.info("event=dra_registered driver=%s endpoint=%s", self.driver, self.endpoint)
         else:
             log.error("event=dra_registration_refused driver=%s error=%r", self.driver, request.error)
-        self._changed.set()
         return pb.RegistrationStatusResponse()
-
-    async def wait_status(self) -> RegistrationStatus:
-        """The kubelet's next (or first) word on our registration."""
-        self._changed.clear()
-        if self.status is None:
-            await self._changed.wait()
-        assert self.status is not None
-        return self.status

@@ -23,6 +23,7 @@ from kube_vgpu.node.dra.checkpoint import CheckpointFile
 from kube_vgpu.node.dra.limits import Card
 from kube_vgpu.node.dra.prepare import Fault, Preparer, add_to_server, no_fault
 from kube_vgpu.node.dra.registration import Registration
+from kube_vgpu.node.nvml.inventory import Inventory
 from kube_vgpu.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 
 log = logging.getLogger("kube_vgpu.node.dra")
@@ -90,6 +91,21 @@ class DraServer:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
         self._bound.clear()
+
+
+def inventory_cards(inventory: Inventory) -> Callable[[], dict[str, Card]]:
+    """The node's GPUs as devices of the pool, named as the published slice names them
+    (`GpuFacts.device_name`, `gpu-<minor>`), each with why it cannot be used now: an XID, or the
+    node-wide hold while HAMi-core is missing (prepare then refuses, as Allocate does)."""
+
+    def cards() -> dict[str, Card]:
+        out = {}
+        for gpu in inventory.gpus:
+            name = f"gpu-{gpu.minor}"
+            out[name] = Card(name, gpu.uuid, gpu.index, gpu.memory_mib, inventory.reason(gpu.uuid))
+        return out
+
+    return cards
 
 
 def kube_claim_reader(kube: Kube) -> Callable[[str, str], Any]:

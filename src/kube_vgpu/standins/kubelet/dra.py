@@ -68,6 +68,7 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None  # v1 only
 
 
 def choose_service(supported: Sequence[str], kubelet: Sequence[str] = SERVICES_SUPPORTED_BY_KUBELET) -> str:
@@ -173,7 +174,13 @@ class DraKubelet:
             if result.error:
                 raise DraError(f"NodePrepareResources failed for ResourceClaim {names[uid]}: {result.error}")
             out[uid] = [
-                PreparedDevice(tuple(d.request_names), d.pool_name, d.device_name, tuple(d.cdi_device_ids))
+                PreparedDevice(
+                    tuple(d.request_names),
+                    d.pool_name,
+                    d.device_name,
+                    tuple(d.cdi_device_ids),
+                    d.share_id if isinstance(d, v1.Device) and d.HasField("share_id") else None,
+                )
                 for d in result.devices
             ]
         if len(claims) != len(entries):
