@@ -4,6 +4,7 @@ client; containers' edits resolved from the CDI specs as a runtime resolves them
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -274,6 +275,18 @@ async def test_three_30_gib_claims_on_one_80_gib_gpu(apiserver: ApiServerStandin
         # Once one of the two is unprepared, the third fits.
         await node.unprepare(first)
         await node.prepare(third)
+
+
+async def test_concurrent_prepares_never_over_commit(apiserver: ApiServerStandin, root: Path) -> None:
+    async with dra_node(apiserver, root) as node:
+        claims = [node.claim(f"c{i}", [share("gpu-6", memory="10Gi", cores="5")]) for i in range(10)]
+        outcomes = await asyncio.gather(*(node.prepare(c) for c in claims), return_exceptions=True)
+        refused = [o for o in outcomes if isinstance(o, DraError)]
+        assert len(refused) == 2 and all("would be over-committed" in str(o) for o in refused)
+        held = node.checkpoint()
+        assert len(held) == 8
+        assert sum(s["memoryMiB"] for c in held.values() for s in c["shares"]) == MIB80
+        assert len(node.spec_files()) == 8
 
 
 async def test_prepare_and_unprepare_repeated(apiserver: ApiServerStandin, root: Path) -> None:

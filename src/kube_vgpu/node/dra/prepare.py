@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,7 +92,10 @@ class Preparer:
     lock_dir: str
     fault: Fault = no_fault
     _checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    # Decisions are taken one at a time on the loop; the checkpoint is written from threads, one
+    # at a time, each write carrying the latest decided state.
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _file_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def load(self) -> None:
         """Read the checkpoint (CheckpointError when it cannot be used: the plugin must not start) and
@@ -108,9 +112,11 @@ class Preparer:
         """The claims in the checkpoint, by uid."""
         return dict(self._checkpoint.claims)
 
-    def _save(self, claims: dict[str, PreparedClaim]) -> None:
-        self.checkpoint_file.save(Checkpoint(claims))
-        self._checkpoint = Checkpoint(claims)
+    def _persist(self) -> None:
+        """Write the claims as now decided (from a thread). The dict is replaced, never changed in
+        place, so the snapshot taken here is a whole state."""
+        with self._file_lock:
+            self.checkpoint_file.save(Checkpoint(dict(self._checkpoint.claims)))
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare every claim; each gets its devices or its error."""
@@ -131,9 +137,8 @@ class Preparer:
         return out
 
     async def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        async with self._lock:
-            known = self._checkpoint.claims.get(ref.uid)
-        if known is None:
+        results: list[Mapping[str, Any]] | None = None
+        if ref.uid not in self._checkpoint.claims:
             claim = await self.read_claim(ref.namespace, ref.name)
             if claim is None:
                 raise ClaimRefused(f"claim {ref}: not found in the API server")
@@ -142,6 +147,10 @@ class Preparer:
             cards = self.cards()
             known = self._checkpoint.claims.get(ref.uid)
             if known is None:
+                if results is None:
+                    raise ClaimRefused(
+                        f"claim {ref}: unprepared while it was being prepared; prepare it again"
+                    )
                 held = shares(results, cards, ref)
                 check_fit(ref, held, {u: c.shares for u, c in self._checkpoint.claims.items()}, cards)
             else:
@@ -156,8 +165,13 @@ class Preparer:
                 )
                 for request, group in by_request(held).items()
             }
+            if known is None:
+                # Held from here on: a decision taken while the writes below run counts it.
+                self._checkpoint = Checkpoint(
+                    {**self._checkpoint.claims, ref.uid: PreparedClaim(ref, tuple(held))}
+                )
             try:
-                await self._record(ref, held, edits, new=known is None)
+                await self._record(ref, edits, new=known is None)
             except Exception:
                 if known is None:
                     await self._undo(ref.uid, held)
@@ -170,9 +184,7 @@ class Preparer:
         )
         return devices
 
-    async def _record(
-        self, ref: ClaimRef, held: Sequence[Share], edits: Mapping[str, Edits], *, new: bool
-    ) -> None:
+    async def _record(self, ref: ClaimRef, edits: Mapping[str, Edits], *, new: bool) -> None:
         """Make the claim's share and its CDI spec durable before the kubelet hears of them. The two
         writes go to disk side by side (each costs a journal commit; together they cost about one):
         a crash between them leaves a share the kubelet's retry completes, or a spec no share owns,
@@ -180,7 +192,7 @@ class Preparer:
 
         def save_share() -> None:
             if new:
-                self._save({**self._checkpoint.claims, ref.uid: PreparedClaim(ref, tuple(held))})
+                self._persist()
             self.fault("checkpointed", ref.uid)
 
         def write_spec() -> None:
@@ -232,9 +244,13 @@ class Preparer:
             for request in by_request(held):
                 shutil.rmtree(cache_host_dir(self.hook_path, uid, request), ignore_errors=True)
 
+        forget = uid in self._checkpoint.claims
+        if forget:
+            self._checkpoint = Checkpoint({u: c for u, c in self._checkpoint.claims.items() if u != uid})
+
         def forget_share() -> None:
-            if uid in self._checkpoint.claims:
-                self._save({u: c for u, c in self._checkpoint.claims.items() if u != uid})
+            if forget:
+                self._persist()
 
         outcomes = await asyncio.gather(
             asyncio.to_thread(remove_files), asyncio.to_thread(forget_share), return_exceptions=True
