@@ -97,6 +97,7 @@ class DraNode:
             lock_dir=str(self.root / "lock"),
             kubelet_root_dir=self.root / "kubelet",
             cdi_dir=self.cdi_dir,
+            gpu_cdi_dirs=[self.cdi_dir],
             fault=fault,
         )
         self.kubelet = DraKubelet(self.root / "kubelet", self.kubelet.services)
