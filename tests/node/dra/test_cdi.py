@@ -133,9 +133,11 @@ def test_the_gpu_device_by_uuid_when_named_so_else_by_index(tmp_path: Path) -> N
         "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
         "- name: '1'\n  containerEdits: {deviceNodes: [{path: /dev/nvidia1}]}\n"
     )
+    (tmp_path / "type-index.json").write_text(json.dumps(nvidia_spec(["gpu2"])))
     gpus = GpuDevices([tmp_path])
     assert gpus.device_id("GPU-aaaa", 0) == "nvidia.com/gpu=GPU-aaaa"
     assert gpus.device_id("GPU-bbbb", 1) == "nvidia.com/gpu=1"
+    assert gpus.device_id("GPU-cccc", 2) == "nvidia.com/gpu=gpu2"  # --device-name-strategy=type-index
 
 
 def test_a_gpu_with_no_cdi_device_is_a_clear_error(tmp_path: Path) -> None:

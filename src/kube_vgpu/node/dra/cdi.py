@@ -291,8 +291,8 @@ class _Cached:
 class GpuDevices:
     """The GPUs' own CDI devices, from the specs of one kind (default `nvidia.com/gpu`, the NVIDIA
     Container Toolkit's) in the CDI folders. `nvidia-ctk cdi generate` names each GPU by index and by
-    UUID unless `--device-name-strategy` leaves one, so the names are read, not assumed. Files are
-    re-read only when they change."""
+    UUID unless `--device-name-strategy` picks one naming (`index`, `uuid`, or `type-index`: `gpu0`),
+    so the names are read, not assumed. Files are re-read only when they change."""
 
     def __init__(self, folders: Sequence[Path], kind: str = DEFAULT_GPU_KIND) -> None:
         split_kind(kind)
@@ -329,7 +329,8 @@ class GpuDevices:
     def device_id(self, uuid: str, index: int) -> str:
         """The CDI device ID of one GPU: by its UUID when the spec names it so, else by its index."""
         names, problems = self._names()
-        for name in (uuid, str(index)):
+        # nvidia-ctk's naming strategies (pkg/nvcdi, DeviceNamer): uuid, index, type-index (`gpu0`).
+        for name in (uuid, str(index), f"gpu{index}"):
             if name in names:
                 return qualified(self.kind, name)
         where = ", ".join(str(f) for f in self.folders)
