@@ -103,6 +103,7 @@ def test_bad_kinds_are_refused(kind: str) -> None:
         ([], "a CDI spec is a mapping"),
         ({"kind": "a/b", "devices": []}, "cdiVersion is missing"),
         ({"cdiVersion": "0.5.0", "kind": "a/b"}, "devices is missing"),
+        ({"cdiVersion": "0.5.0", "kind": "a/b", "devices": []}, "devices is missing, empty"),
         ({"cdiVersion": "0.5.0", "kind": "a/b", "devices": [{"name": "x"}]}, "containerEdits is missing"),
         (
             {"cdiVersion": "0.5.0", "kind": "a/b", "devices": [{"name": "a/b", "containerEdits": {}}]},

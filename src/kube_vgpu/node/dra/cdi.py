@@ -140,8 +140,8 @@ def parse_spec(data: object, where: str) -> Spec:
             raise CdiError(f"{where}: {key} is missing or not a string")
     split_kind(data["kind"])
     devices = data.get("devices")
-    if not isinstance(devices, list):
-        raise CdiError(f"{where}: devices is missing or not a list")
+    if not isinstance(devices, list) or not devices:
+        raise CdiError(f"{where}: devices is missing, empty or not a list")
     seen: set[str] = set()
     for i, device in enumerate(devices):
         if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):

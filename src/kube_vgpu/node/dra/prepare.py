@@ -198,10 +198,13 @@ class Preparer:
             self.fault("checkpointed", ref.uid)
 
         def write_spec() -> None:
-            for request in edits:
-                self._make_dir(cache_host_dir(self.hook_path, ref.uid, request))
-            self._make_dir(self.lock_dir)
-            self.specs.write(ref.uid, edits)
+            # A claim with nothing to limit (admin access only) has no device of ours: no spec, as a
+            # CDI spec must define at least one device.
+            if edits:
+                for request in edits:
+                    self._make_dir(cache_host_dir(self.hook_path, ref.uid, request))
+                self._make_dir(self.lock_dir)
+                self.specs.write(ref.uid, edits)
             self.fault("spec-written", ref.uid)
 
         outcomes = await asyncio.gather(
@@ -224,7 +227,7 @@ class Preparer:
                 )
             ids = [self.gpu_devices.device_id(card.uuid, card.index)]
             # kube-vgpu's device carries the limits of every GPU of the request: given once per request.
-            if share.request not in first:
+            if not share.admin and share.request not in first:
                 first.add(share.request)
                 ids.append(qualified(self.specs.kind, device_name(ref.uid, share.request)))
             out.append(PreparedDevice(share.request, self.pool, share.device, tuple(ids), share.share_id))
