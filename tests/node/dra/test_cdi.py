@@ -160,6 +160,9 @@ def test_the_gpu_kind_is_configurable_and_changes_are_read(tmp_path: Path) -> No
         gpus.device_id("GPU-aaaa", 0)
     (tmp_path / "example.json").write_text(json.dumps(nvidia_spec(["GPU-aaaa"], kind="example.com/gpu")))
     assert gpus.device_id("GPU-aaaa", 0) == "example.com/gpu=GPU-aaaa"
+    (tmp_path / "example.json").unlink()
+    with pytest.raises(CdiError, match="devices found: none"):
+        gpus.device_id("GPU-aaaa", 0)
 
 
 def test_an_oversized_spec_is_refused(tmp_path: Path) -> None:

@@ -303,7 +303,10 @@ class GpuDevices:
     def _names(self) -> tuple[set[str], list[str]]:
         names: set[str] = set()
         problems: list[str] = []
-        for path in spec_files(self.folders):
+        files = spec_files(self.folders)
+        for gone in set(self._cache) - set(files):
+            del self._cache[gone]
+        for path in files:
             try:
                 st = path.stat()
             except OSError:
