@@ -100,6 +100,16 @@ async def test_falls_back_to_whole_gpus_where_the_server_drops_consumable_capaci
     (line,) = [r.getMessage() for r in caplog.records if "event=dra_feature_dropped" in r.getMessage()]
     assert "dropped='consumable capacity'" in line
     assert f"node={NODE}" in line
+    assert state.report() == {
+        "driver": DRIVER,
+        "published": True,
+        "generation": 1,
+        "devices": 2,
+        "sharing": "whole GPUs",
+        "unhealthyGpus": "tainted NoSchedule",
+        "note": "the API server dropped consumable capacity (feature gate DRAConsumableCapacity off): "
+        "publishing whole GPUs",
+    }
     registry = CollectorRegistry()
     registry.register(pub.collector())
     text = generate_latest(registry).decode()
@@ -222,3 +232,77 @@ async def test_a_failed_publish_is_retried(api: ApiServerStandin, kube: Kube) ->
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_the_plugin_builds_its_publisher_from_nvml(api: ApiServerStandin, kube: Kube) -> None:
+    from kube_vgpu.node.dra.publisher import publisher_for
+    from kube_vgpu.node.nvml.gpus import discover
+    from kube_vgpu.node.simnvml.api import load_simulation
+
+    api.feature_gates = FeatureGates.of_release(36)
+    nvml = load_simulation(
+        {"gpus": [{"model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, "count": 2}]}, NODE
+    )
+    nvml.nvmlInit()
+    try:
+        gpus = discover(nvml)
+        pub = publisher_for(kube, NODE, nvml, gpus, Inventory(gpus, 10, NODE))
+    finally:
+        nvml.nvmlShutdown()
+    state = await pub.publish()
+    assert state.report()["sharing"] == "consumable capacity"
+    gpu0 = devices(api)["gpu-0"]
+    assert gpu0["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert gpu0["attributes"]["architecture"] == {"string": "hopper"}
+    assert gpu0["capacity"]["memory"]["value"] == "81559Mi"
+
+
+async def test_a_restarted_plugin_keeps_the_time_a_gpu_turned_unhealthy(
+    api: ApiServerStandin, kube: Kube
+) -> None:
+    api.feature_gates = FeatureGates.of_release(36)
+    inventory = Inventory(GPUS, 10, NODE)
+    inventory.set_health(GPUS[0].uuid, False, "XID 79")
+    await publisher(kube, inventory).publish()
+    later = datetime(2026, 1, 3, tzinfo=UTC)
+    restarted_inventory = Inventory(GPUS, 10, NODE)
+    restarted_inventory.set_health(GPUS[0].uuid, False, "XID 79")
+    api.clear_requests()
+    state = await publisher(kube, restarted_inventory, clock=lambda: later).publish()
+    assert devices(api)["gpu-0"]["taints"][0]["timeAdded"] == "2026-01-02T03:04:05Z"
+    assert state.generation == 1
+    assert [r for r in api.requests() if r.method in ("POST", "PUT", "DELETE")] == []
+
+
+async def test_a_deleted_or_edited_pool_is_published_again(api: ApiServerStandin, kube: Kube) -> None:
+    api.feature_gates = FeatureGates.of_release(36)
+    pub = SlicePublisher(
+        kube, NODE, FACTS, Inventory(GPUS, 10, NODE), retry_seconds=0.05, watch_timeout_seconds=5
+    )
+    task = asyncio.create_task(pub.run())
+    watcher = asyncio.create_task(asyncio.to_thread(pub.watch_forever))
+    try:
+        await eventually(lambda: len(devices(api)) == 2)
+        (name,) = [s["metadata"]["name"] for s in slices(api)]
+        # The kubelet deletes a driver's slices once its plugin has been gone a while.
+        api.delete("ResourceSlice", name)
+        await eventually(lambda: len(devices(api)) == 2)
+        # Someone edits the pool: the device list comes back as published.
+        api.patch("ResourceSlice", name, {"spec": {"devices": []}}, patch_type="merge")
+        await eventually(lambda: len(devices(api)) == 2)
+        assert slices(api)[0]["spec"]["pool"]["generation"] >= 2
+    finally:
+        pub.stop_watch()
+        await watcher
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_run_ends_when_the_inventory_closes(api: ApiServerStandin, kube: Kube) -> None:
+    inventory = Inventory(GPUS, 10, NODE)
+    task = asyncio.create_task(publisher(kube, inventory).run())
+    await eventually(lambda: len(devices(api)) == 2)
+    inventory.close()
+    async with asyncio.timeout(20):
+        await task

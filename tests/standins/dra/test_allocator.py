@@ -280,6 +280,20 @@ def test_whole_gpus_go_to_one_claim_each(api: ApiServerStandin, scheduler: DraSc
         scheduler.allocate("default", "c2", NODE)
 
 
+def test_shares_left_from_a_shared_pool_keep_a_whole_gpu_busy(
+    api: ApiServerStandin, scheduler: DraScheduler
+) -> None:
+    publish(api, GPUS[:1])
+    claim(api, "shared", exactly(capacity=memory("1Gi")))
+    scheduler.allocate("default", "shared", NODE)
+    publish(api, GPUS[:1], 2, options=SliceOptions(consumable_capacity=False, device_taints=False))
+    claim(api, "whole", exactly())
+    with pytest.raises(Unschedulable):
+        scheduler.allocate("default", "whole", NODE)
+    scheduler.deallocate("default", "shared")
+    assert results(scheduler.allocate("default", "whole", NODE))[0]["device"] == "gpu-0"
+
+
 def test_all_mode_takes_every_matching_device(api: ApiServerStandin, scheduler: DraScheduler) -> None:
     publish(api, GPUS)
     claim(api, "c1", exactly(allocationMode="All", capacity=memory("1Gi")))
@@ -289,8 +303,6 @@ def test_all_mode_takes_every_matching_device(api: ApiServerStandin, scheduler: 
 @pytest.mark.parametrize(
     ("capacity", "reason"),
     [
-        (memory("-1Gi"), r"capacity request memory=-1073741824 must be greater than zero"),
-        (memory("0"), "must be greater than zero"),
         (memory("1e30"), "no matching device has the capacity asked"),
         ({"requests": {"bandwidth": "1"}}, "no matching device has the capacity asked"),
     ],
@@ -302,6 +314,18 @@ def test_hostile_capacity_requests_are_refused_clearly(
     claim(api, "c1", exactly(capacity=capacity))
     with pytest.raises(Unschedulable, match=reason):
         scheduler.allocate("default", "c1", NODE)
+
+
+@pytest.mark.parametrize("amount", ["-1Gi", "0", "-0.5"])
+def test_zero_and_negative_requests_consume_the_minimum(
+    api: ApiServerStandin, scheduler: DraScheduler, amount: str
+) -> None:
+    # Neither the API server nor the allocator refuses them: roundUpRange lifts any amount below the
+    # range's min to the min (consumablecapacity.go), so a claim can never consume less than 256Mi.
+    publish(api, GPUS[:1])
+    claim(api, "c1", exactly(capacity=memory(amount, cores=amount)))
+    (result,) = results(scheduler.allocate("default", "c1", NODE))
+    assert result["consumedCapacity"] == {"memory": "256Mi", "cores": "1"}
 
 
 def test_an_unknown_class_is_named(api: ApiServerStandin, scheduler: DraScheduler) -> None:

@@ -2,16 +2,19 @@
 
 Publishes on start and after every health change of the inventory, each change as a new pool
 generation (consumers use only the highest one); writes nothing while the stored pool already says
-it. After each write it reads what the API server stored: a server whose DRAConsumableCapacity gate
-is off drops `allowMultipleAllocations` and the request policies (its `dropDisabledFields`), which
-would leave devices that look whole but are meant to be shared, so the publisher then republishes
-whole GPUs, and says so in a log line, a metric and `state` (for `node check`); likewise for device
-taints, after which unhealthy GPUs leave the pool instead. `remove()` deletes the node's slices.
+it. After each write it reads what the API server stored, as the resourceslice controller of
+k8s.io/dynamic-resource-allocation does (its DroppedFieldsError): a server whose
+DRAConsumableCapacity gate is off drops `allowMultipleAllocations` and the request policies (its
+`dropDisabledFields`), which would leave devices that look whole but are meant to be shared, so the
+publisher then publishes whole GPUs, and says so in a log line, a metric and `state` (for
+`node check`); likewise for device taints, after which unhealthy GPUs leave the pool instead. The
+choice holds until the plugin restarts. `remove()` deletes the node's slices.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -22,7 +25,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kube_vgpu.kubeapi.client import ApiError, Kube, KubeError
-from kube_vgpu.node.dra.attributes import GpuFacts
+from kube_vgpu.kubeapi.listwatch import Backoff, Handlers, KubeSource, Reflector
+from kube_vgpu.node.dra.attributes import GpuFacts, read_facts
 from kube_vgpu.node.dra.slices import (
     DRIVER,
     PoolSpec,
@@ -32,6 +36,7 @@ from kube_vgpu.node.dra.slices import (
     build_slices,
     dropped_features,
 )
+from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml
 from kube_vgpu.node.nvml.inventory import Inventory
 
 log = logging.getLogger("kube_vgpu.node.dra.publisher")
@@ -56,6 +61,18 @@ class PublishState:
     note: str = ""
     published: bool = False
 
+    def report(self) -> dict[str, Any]:
+        """The pool as `node check` prints it (JSON-ready)."""
+        return {
+            "driver": DRIVER,
+            "published": self.published,
+            "generation": self.generation,
+            "devices": self.devices,
+            "sharing": "consumable capacity" if self.consumable_capacity else "whole GPUs",
+            "unhealthyGpus": "tainted NoSchedule" if self.device_taints else "left out of the pool",
+            "note": self.note,
+        }
+
 
 def _now() -> datetime:
     return datetime.now(UTC)
@@ -74,6 +91,7 @@ class SlicePublisher:
         options: SliceOptions = _ALL_ON,
         clock: Callable[[], datetime] = _now,
         retry_seconds: float = _RETRY_SECONDS,
+        watch_timeout_seconds: int = 300,
     ) -> None:
         self._kube = kube
         self._node = node_name
@@ -88,6 +106,19 @@ class SlicePublisher:
             consumable_capacity=options.consumable_capacity, device_taints=options.device_taints
         )
         self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reflector: Reflector[dict[str, Any]] = Reflector(
+            KubeSource(
+                kube, "resourceslice", field_selector=f"spec.nodeName={node_name},spec.driver={DRIVER}"
+            ),
+            Handlers(listed=self._poke, event=self._poke),
+            transform=lambda obj: obj,
+            name=f"resourceslices/{node_name}",
+            watch_timeout_seconds=watch_timeout_seconds,
+            backoff=Backoff(initial=retry_seconds, maximum=30.0),
+        )
 
     @property
     def node_name(self) -> str:
@@ -102,20 +133,48 @@ class SlicePublisher:
     # -- the loop ----------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Publish now and after every inventory change until cancelled or the inventory closes; a
-        failed publish is retried after `retry_seconds` (the pool then says the latest health)."""
+        """Publish now, after every inventory change and whenever the watch (`watch_forever`) shows
+        the stored pool touched by someone else, until cancelled or the inventory closes; a failed
+        publish is retried after `retry_seconds` (the pool then says the latest health)."""
+        self._loop = asyncio.get_running_loop()
+        follower = asyncio.create_task(self._follow_inventory())
+        try:
+            while not self._closed:
+                self._wake.clear()
+                try:
+                    await self.publish()
+                except KubeError as exc:
+                    log.warning("event=dra_slices_failed node=%s error=%r", self._node, str(exc))
+                    await asyncio.sleep(self._retry)
+                    continue
+                await self._wake.wait()
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+    async def _follow_inventory(self) -> None:
         seen = self._inventory.version
-        while True:
-            try:
-                await self.publish()
-            except KubeError as exc:
-                log.warning("event=dra_slices_failed node=%s error=%r", self._node, str(exc))
-                await asyncio.sleep(self._retry)
-                continue
-            newer = await self._inventory.wait_newer(seen)
-            if newer is None:
-                return
+        while (newer := await self._inventory.wait_newer(seen)) is not None:
             seen = newer
+            self._wake.set()
+        self._closed = True
+        self._wake.set()
+
+    def watch_forever(self) -> None:
+        """Watch this node's slices of this driver (on a thread of its own, while `run` runs) and
+        publish again when they change: the kubelet deletes a driver's slices once its plugin has
+        been gone a while, and anyone may edit or delete them. Returns once `stop_watch` is called."""
+        self._reflector.run()
+
+    def stop_watch(self) -> None:
+        """End `watch_forever` (from any thread)."""
+        self._reflector.stop()
+
+    def _poke(self, *_: object) -> None:
+        # On the reflector's thread: a publish that finds the pool as wanted writes nothing.
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     async def publish(self) -> PublishState:
         """Bring the pool in line with the inventory now; returns what it says."""
@@ -198,7 +257,7 @@ class SlicePublisher:
         options: SliceOptions,
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Write the pool if it differs from `existing`; returns (what was meant, what is stored)."""
-        devices = build_devices(self._gpus, unhealthy, options)
+        devices = _keep_taint_times(build_devices(self._gpus, unhealthy, options), existing)
         current = max((_generation(s) for s in existing), default=0)
         same = build_slices(PoolSpec(self._node, uid, current, devices))
         if current and _specs(same) == _specs(existing):
@@ -215,8 +274,11 @@ class SlicePublisher:
             else:
                 body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
                 stored.append(self._kube.replace("resourceslice", body["metadata"]["name"], body))
-        for leftover in by_name:
-            self._kube.delete("resourceslice", leftover)
+        for leftover, stale in by_name.items():
+            # Only the version read: a slice written since is someone else's news (a 409, retried).
+            self._kube.delete(
+                "resourceslice", leftover, resource_version=stale["metadata"]["resourceVersion"]
+            )
         self._state = replace(self._state, generation=generation, devices=len(devices), published=True)
         log.info(
             "event=dra_slices_published node=%s generation=%d slices=%d devices=%d unhealthy=%d "
@@ -266,6 +328,21 @@ class SlicePublisher:
         return _PoolCollector(self)
 
 
+def publisher_for(
+    kube: Kube,
+    node_name: str,
+    nvml: Nvml,
+    gpus: Sequence[GpuInfo],
+    inventory: Inventory,
+    *,
+    options: SliceOptions = _ALL_ON,
+) -> SlicePublisher:
+    """The node plugin's publisher for its discovered GPUs (NVML initialised): reads each GPU's
+    facts once, then publishes from the inventory. The caller runs `run()` as a task, and on
+    uninstall awaits `remove()`."""
+    return SlicePublisher(kube, node_name, read_facts(nvml, gpus), inventory, options=options)
+
+
 class _PoolCollector(Collector):
     def __init__(self, publisher: SlicePublisher) -> None:
         self._publisher = publisher
@@ -293,6 +370,24 @@ class _PoolCollector(Collector):
             family = GaugeMetricFamily(name, help_text, labels=["node"])
             family.add_metric([node], value)
             yield family
+
+
+def _keep_taint_times(devices: list[dict[str, Any]], stored: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Give each taint the timeAdded its stored twin (same device, key, value, effect) already has, so
+    a restarted plugin does not move the time a GPU turned unhealthy (copyTaintTimeAdded in
+    k8s.io/dynamic-resource-allocation/resourceslice/resourceslicecontroller.go)."""
+    taints = {
+        (d.get("name"), t.get("key"), t.get("value"), t.get("effect")): t.get("timeAdded")
+        for s in stored
+        for d in (s.get("spec") or {}).get("devices") or []
+        for t in d.get("taints") or []
+    }
+    for device in devices:
+        for taint in device.get("taints") or []:
+            kept = taints.get((device.get("name"), taint.get("key"), taint.get("value"), taint.get("effect")))
+            if kept:
+                taint["timeAdded"] = kept
+    return devices
 
 
 def _generation(slice_: dict[str, Any]) -> int:

@@ -8,7 +8,8 @@ What it does as the real one does:
 * a device tainted `NoSchedule` or `NoExecute` is skipped unless the request tolerates the taint;
 * a device without `allowMultipleAllocations` goes to one request of one claim; one with it goes to
   as many as its capacities hold: each capacity consumes what the request names for it, rounded up
-  by the capacity's request policy (`validRange` min/step/max, `validValues`), or, when the request
+  by the capacity's request policy (`validRange` min/step/max, `validValues`; an amount below the
+  range's min, zero or negative included, consumes the min, as `roundUpRange` does), or, when the request
   names nothing, the policy's default, or the whole capacity when there is no policy; each such
   result carries a `shareID` and its `consumedCapacity`; a capacity a request names and the device
   lacks makes the device unsuitable, as does one over the device's value (for exclusive devices the
@@ -290,9 +291,6 @@ class Allocator:
             n: _amount(a, f"request {label}: capacity request {n}")
             for n, a in ((exact.get("capacity") or {}).get("requests") or {}).items()
         }
-        for n, a in wanted.items():
-            if a <= 0:
-                raise Unschedulable(f"request {label}: capacity request {n}={a} must be greater than zero")
         tolerations = exact.get("tolerations") or []
         matching: list[tuple[Candidate, dict[str, Decimal] | None]] = []
         why = "no device matches its class and selectors"
@@ -333,7 +331,8 @@ class Allocator:
             return False
         if not candidate.shared:
             ok = all(a <= _amount(capacity[n]["value"], n) for n, a in wanted.items())
-            return ok and candidate.id not in self._exclusive
+            # Taken whole, or holding shares from when the device was published as shared.
+            return ok and candidate.id not in self._exclusive and candidate.id not in self._consumed
         use: dict[str, Decimal] = {}
         for n, entry in capacity.items():
             amount = consumed(wanted.get(n), entry, n)
