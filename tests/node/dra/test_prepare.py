@@ -385,6 +385,19 @@ async def test_admin_access_reaches_a_full_gpu_without_limits(
         assert monitor.uid not in node.checkpoint()
 
 
+@pytest.mark.parametrize("uid", ["../../x", "a/b", "", "x" * 64, "uid with space"])
+async def test_a_uid_that_is_no_kubernetes_uid_is_refused_and_touches_no_file(
+    apiserver: ApiServerStandin, root: Path, uid: str
+) -> None:
+    async with dra_node(apiserver, root) as node:
+        hostile = ClaimId("default", "c", uid)
+        with pytest.raises(DraError, match="is not a Kubernetes UID"):
+            await node.prepare(hostile)
+        with pytest.raises(DraError, match="is not a Kubernetes UID"):
+            await node.unprepare(hostile)
+        assert node.spec_files() == [] and node.checkpoint() == {}
+
+
 async def test_other_drivers_results_are_ignored(apiserver: ApiServerStandin, root: Path) -> None:
     async with dra_node(apiserver, root) as node:
         mixed = node.claim(

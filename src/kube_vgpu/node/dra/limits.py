@@ -41,6 +41,10 @@ _BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL: Final = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
+# A Kubernetes UID is a UUID; the uid names files (the claim's CDI spec), so nothing else is accepted.
+_UID = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{0,62}")
+
+
 class ClaimRefused(Exception):
     """A claim (or one of its results) that this node must not prepare; the message says why."""
 
@@ -82,6 +86,12 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+
+def check_uid(ref: ClaimRef) -> None:
+    """Refuse a claim whose uid is no Kubernetes UID (it would name a file)."""
+    if not _UID.fullmatch(ref.uid):
+        raise ClaimRefused(f"claim {ref.namespace}/{ref.name}: uid {ref.uid[:80]!r} is not a Kubernetes UID")
 
 
 def quantity_value(raw: object) -> Decimal:

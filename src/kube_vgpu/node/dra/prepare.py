@@ -36,6 +36,7 @@ from kube_vgpu.node.dra.limits import (
     by_request,
     cache_host_dir,
     check_fit,
+    check_uid,
     own_results,
     request_edits,
     shares,
@@ -137,6 +138,7 @@ class Preparer:
         return out
 
     async def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        check_uid(ref)
         results: list[Mapping[str, Any]] | None = None
         if ref.uid not in self._checkpoint.claims:
             claim = await self.read_claim(ref.namespace, ref.name)
@@ -268,6 +270,11 @@ class Preparer:
         """Undo what prepare made for each claim (nothing to undo is success); uid -> error or ""."""
         out: dict[str, str] = {}
         for ref in refs:
+            try:
+                check_uid(ref)
+            except ClaimRefused as exc:
+                out[ref.uid] = str(exc)
+                continue
             async with self._lock:
                 known = self._checkpoint.claims.get(ref.uid)
                 try:
