@@ -283,7 +283,6 @@ class WebhookServer:
         edge = EdgeServer(
             self.app.handle,
             idle_timeout_seconds=self.options.limits.idle_timeout_seconds,
-            max_body_bytes=MAX_BODY_BYTES,
             refused=lambda outcome: self.metrics.reviews.labels(outcome).inc(),
         )
         self.listener = Listener(
