@@ -112,7 +112,7 @@ def test_the_network_policy_admits_only_the_listed_sources_to_the_webhook_port()
     port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
     assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
     assert _args(rendered).network_policy == "on"
-    alone = _render({"webhook": {"networkPolicy": {"from": sources, "konnectivityAgentLabels": {}}}})
+    alone = _render({"webhook": {"networkPolicy": {"from": sources, "konnectivityAgents": ""}}})
     assert alone.one("NetworkPolicy")["spec"]["ingress"][0]["from"] == sources
 
 
@@ -131,10 +131,9 @@ def test_control_plane_cidrs_render_the_policy_under_helm_template() -> None:
     for source in sources:  # no source admits a whole namespace
         assert "namespaceSelector" not in source or source.get("podSelector", {}).get("matchLabels")
     assert _args(rendered).network_policy == "on"
-    labels = {"app": "konnectivity", "tier": "control"}
-    policy = {"controlPlaneCIDRs": ["10.0.0.5/32"], "konnectivityAgentLabels": labels}
+    policy = {"controlPlaneCIDRs": ["10.0.0.5/32"], "konnectivityAgents": "app=konnectivity,tier=control"}
     agents = _policy_sources(_render({"webhook": {"networkPolicy": policy}}))[-1]
-    assert agents["podSelector"] == {"matchLabels": labels}
+    assert agents["podSelector"] == {"matchLabels": {"app": "konnectivity", "tier": "control"}}
     # Without a source there is no policy, and no konnectivity rule alone.
     assert not _render({"webhook": {"networkPolicy": {"controlPlaneCIDRs": []}}}).of_kind("NetworkPolicy")
 
@@ -157,7 +156,7 @@ def test_scripts_chart_template_renders_the_policy_given_its_sources() -> None:
 def test_the_network_policy_opens_the_metrics_port_only_to_the_listed_scrapers() -> None:
     sources = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
     scrapers = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
-    policy = {"enabled": True, "from": sources, "metricsFrom": scrapers, "konnectivityAgentLabels": {}}
+    policy = {"enabled": True, "from": sources, "metricsFrom": scrapers, "konnectivityAgents": ""}
     rendered = _render({"webhook": {"networkPolicy": policy}})
     (rendered_policy,) = rendered.of_kind("NetworkPolicy")
     ports = {p["name"]: p["containerPort"] for p in _webhook_pod(rendered)["spec"]["containers"][0]["ports"]}
@@ -209,7 +208,8 @@ def test_the_notes_say_which_protection_of_the_port_is_on_and_what_an_open_one_a
         {"networkPolicy": {"enabled": "yes"}},
         {"networkPolicy": {"allowKubeSystem": True}},
         {"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0"]}},
-        {"networkPolicy": {"konnectivityAgentLabels": {"k8s-app": 1}}},
+        {"networkPolicy": {"konnectivityAgents": "k8s-app"}},
+        {"networkPolicy": {"konnectivityAgents": {"k8s-app": "konnectivity-agent"}}},
     ],
 )
 def test_bad_server_values_are_refused_by_the_schema(values: dict[str, Any]) -> None:

@@ -191,7 +191,7 @@ The API server's own addresses, looked up at install from the default/kubernetes
 The sources the webhook's NetworkPolicy admits to the webhook port, as a JSON list; empty: no
 policy is rendered. `enabled: false` never renders one; `auto` and `true` take `controlPlaneCIDRs`
 and `from`, or else the API server's addresses looked up at install; where there are any, the
-konnectivity agents (pods of kube-system with `konnectivityAgentLabels`, never all of kube-system),
+konnectivity agents (pods of kube-system matching `konnectivityAgents`, never all of kube-system),
 through which many control planes reach webhooks. `true` fails without any.
 */}}
 {{- define "kube-vgpu.webhookPolicySources" -}}
@@ -205,8 +205,13 @@ through which many control planes reach webhooks. `true` fails without any.
 {{- if not $sources -}}
 {{- $sources = include "kube-vgpu.apiserverPeers" . | fromJsonArray -}}
 {{- end -}}
-{{- if and $sources $policy.konnectivityAgentLabels -}}
-{{- $sources = append $sources (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" "kube-system")) "podSelector" (dict "matchLabels" $policy.konnectivityAgentLabels)) -}}
+{{- if and $sources $policy.konnectivityAgents -}}
+{{- $labels := dict -}}
+{{- range $pair := splitList "," $policy.konnectivityAgents -}}
+{{- $kv := splitList "=" (trim $pair) -}}
+{{- $_ := set $labels (first $kv) (last $kv) -}}
+{{- end -}}
+{{- $sources = append $sources (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" "kube-system")) "podSelector" (dict "matchLabels" $labels)) -}}
 {{- end -}}
 {{- end -}}
 {{- toJson $sources -}}
