@@ -482,11 +482,13 @@ def open_connections(port: int, context: ssl.SSLContext, count: int, write: byte
 
 
 def unfinished_head() -> bytes:
-    """The largest head aiohttp holds unfinished within the webhook's bounds: MAX_HEADERS - 2 headers
-    with values of MAX_FIELD_BYTES (its request line and Host count too), no final empty line."""
+    """The largest head aiohttp holds unfinished within the webhook's bounds: Host and MAX_HEADERS - 1
+    headers whose names and values are MAX_FIELD_BYTES each, without the final empty line."""
     value = b"a" * MAX_FIELD_BYTES
-    lines = [f"X-Pad-{i}: ".encode() + value + b"\r\n" for i in range(MAX_HEADERS - 2)]
-    return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + b"".join(lines)
+    names = [f"X-{i:04d}-".encode().ljust(MAX_FIELD_BYTES, b"n") for i in range(MAX_HEADERS - 1)]
+    return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + b"".join(
+        n + b": " + value + b"\r\n" for n in names
+    )
 
 
 def open_holding(port: int, context: ssl.SSLContext, count: int, write: bytes) -> list[ssl.SSLSocket]:

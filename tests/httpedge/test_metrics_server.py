@@ -1,6 +1,6 @@
 """The metrics port (the webhook's and the node plugin's) is bounded like the admission port: any pod
 can reach it when no NetworkPolicy is rendered, so its connections are capped and a request must
-arrive within its deadline; otherwise connections holding part of a head pile up (about 13 kB each,
+arrive within its deadline; otherwise connections holding part of a head pile up (a few kB each,
 closed only by aiohttp's 75 s keep-alive timeout) until the process runs out of memory or file
 descriptors."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kube_vgpu.httpedge.edge import MAX_KEEP_ALIVE_READ_BYTES
+from kube_vgpu.httpedge.edge import MAX_FIELD_BYTES, MAX_KEEP_ALIVE_READ_BYTES
 from kube_vgpu.httpedge.listener import ConnectionLimits
 from kube_vgpu.httpedge.metrics_server import METRICS_LIMITS, MetricsServer, Render
 
@@ -23,7 +23,7 @@ def exposition() -> Render:
     return render
 
 
-_PARTIAL_HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 8000
+_PARTIAL_HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (MAX_FIELD_BYTES - 96)
 
 
 async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

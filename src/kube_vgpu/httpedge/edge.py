@@ -21,11 +21,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 log = logging.getLogger("kube_vgpu.webhook.http")
 
 JSON = "application/json"
-# A request line, and one header's name or value: aiohttp's (and Go's order of) defaults. The API
-# server's heads are under 2 kB, a bearer token included.
-MAX_LINE_BYTES = 8190
-MAX_FIELD_BYTES = 8190
-MAX_HEADERS = 100
+# A request line, one header's name or value, and the header count. The API server's heads are a few
+# hundred bytes in under ten headers (a bearer token, where its kubeconfig sends one, 1-2 kB).
+# aiohttp holds an unfinished head until the request deadline, and the connection's TLS buffers grow
+# to its reads: at aiohttp's defaults (8,190 bytes, 100 headers) 1,000 connections each holding
+# one put the webhook over 1 GiB (`bench/hostile.py --held-heads`).
+MAX_LINE_BYTES = 4096
+MAX_FIELD_BYTES = 4096
+MAX_HEADERS = 16
 # A connection that received more than this since its last answer is closed after its next answer:
 # its TLS layer keeps buffers as large as its largest read for as long as it is open (uvloop's
 # 256 KiB read buffer and OpenSSL's incoming buffer), and the API server's reviews of ordinary
