@@ -3,8 +3,8 @@
 aiohttp reads and drops the body of a request answered before it (lingering), and keeps the
 connection alive if the body ends soon enough. Those bytes came after the answer, so no answer counts
 them: 1,000 connections each sending a `GET /healthz` and then a 1 MiB body in one write held the
-webhook at 830 MiB until their request deadlines. An answer given while a body is still to come therefore says `Connection: close`, as the
-404 and 405 answers do.
+webhook at 830 MiB until their request deadlines. An answer given while a body is still to come
+therefore says `Connection: close`, as the 404 and 405 answers do.
 """
 
 from __future__ import annotations
