@@ -117,7 +117,7 @@ def build_quota(
     *,
     clock: Callable[[], float] = time.monotonic,
 ) -> QuotaGate:
-    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events, decided
+    """The quota step: namespace quotas fed by the cache's pod events, decided
     against the reservations every replica shares (`shared`, given the ledger it reads the cache
     through; None: this process's ledger alone, as tests of the pure path use).
 

@@ -1,4 +1,4 @@
-"""A GET answered before its body arrived closes its connection, over real TLS (SPEC §2.3).
+"""A GET answered before its body arrived closes its connection, over real TLS.
 
 aiohttp reads and drops the body of a request answered before it (lingering), and keeps the
 connection alive if the body ends soon enough. Those bytes came after the answer, so no answer counts

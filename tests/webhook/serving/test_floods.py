@@ -1,4 +1,4 @@
-"""Floods and framing slips over real TLS (SPEC §2.3): pipelined requests that are never read, idle and
+"""Floods and framing slips over real TLS: pipelined requests that are never read, idle and
 never-handshaking connections past the cap, and the HTTP/1.1 framing cases a hand-written server got
 wrong. Throughout, a well-formed review from another client is answered (each wait has a ceiling only a
 hang reaches: these tests assert what happens, never how fast).

@@ -1,4 +1,4 @@
-"""The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz` (SPEC §2).
+"""The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz`.
 
 The handler aiohttp calls reads the body (within the process-wide body budget), asks the pure
 pipeline of the path's phase (`webhook.admission` for /mutate, `webhook.validation` for /validate),
