@@ -95,9 +95,9 @@ def filled_phases(nodes: int, pods: int, *, shared_book: bool = True) -> Phases:
 
     def listed(kind: CachedKind, objects: list[dict[str, Any]]) -> None:
         """Hand the cache a complete list as its reflector would: each object reduced as it arrives."""
-        reduce = cache._reducers[kind]
+        reduce = cache._reducers[kind]  # noqa: SLF001 (our own cache, driven as its watch would)
         kept = [(object_key(o), r) for o in objects if (r := reduce(o)) is not None]
-        cache._on_list(kind, Listed(kept, "1", 1, len(objects), time.monotonic()))
+        cache._on_list(kind, Listed(kept, "1", 1, len(objects), time.monotonic()))  # noqa: SLF001 (our own cache, driven as its watch would)
 
     listed("namespace", [{"apiVersion": "v1", "kind": "Namespace", "metadata": m} for m in metadata])
     listed("node", [bench_webhook.node(i) for i in range(nodes)])

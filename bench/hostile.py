@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kube_vgpu.certs.issue import issue_ca, issue_serving  # noqa: E402
-from kube_vgpu.httpedge.edge import MAX_HEAD_BYTES, SLICE_BYTES  # noqa: E402
+from kube_vgpu.httpedge.edge import MAX_FIELD_BYTES, MAX_HEADERS  # noqa: E402
 from kube_vgpu.standins.apiserver.server import ApiServerStandin  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_webhook", REPO / "bench" / "webhook.py")
@@ -449,6 +449,20 @@ def still_open(socks: list[ssl.SSLSocket]) -> int:
     return count
 
 
+def held_silent(socks: list[ssl.SSLSocket]) -> tuple[int, int]:
+    """Of `socks`, those the server holds open without a word, and those it answered (an error)."""
+    silent = answered = 0
+    for sock in socks:
+        sock.setblocking(False)
+        try:
+            answered += sock.recv(16).startswith(b"HTTP/1.")
+        except (BlockingIOError, ssl.SSLWantReadError):
+            silent += 1
+        except OSError:
+            pass
+    return silent, answered
+
+
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"
 
 
@@ -482,11 +496,27 @@ def open_connections(port: int, context: ssl.SSLContext, count: int, write: byte
 
 
 def unfinished_head() -> bytes:
-    """The largest part of a next head the webhook holds (not closing the connection) when it comes in
-    the same write as a whole request: a slice's worth goes uncounted, then the head bound."""
-    size = SLICE_BYTES + MAX_HEAD_BYTES - 2048
-    lines = [f"X-Pad-{i}: ".encode() + b"a" * 7990 + b"\r\n" for i in range(size // 8000)]
-    return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + b"".join(lines)
+    """The largest head aiohttp holds unfinished within the webhook's bounds: Host and MAX_HEADERS - 1
+    headers of a MAX_FIELD_BYTES value and a name half as long (a longer name is refused with the
+    value), without the final empty line."""
+    value = b"a" * MAX_FIELD_BYTES
+    names = [f"X-{i:04d}-".encode().ljust(MAX_FIELD_BYTES // 2, b"n") for i in range(MAX_HEADERS - 1)]
+    headers = b"".join(name + b": " + value + b"\r\n" for name in names)
+    return b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n" + headers
+
+
+def open_holding(port: int, context: ssl.SSLContext, count: int, write: bytes) -> list[ssl.SSLSocket]:
+    """Open `count` TLS connections, each sending `write` as its first bytes and reading nothing."""
+    held: list[ssl.SSLSocket] = []
+    for _ in range(count):
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            sock = context.wrap_socket(raw, server_hostname="localhost")
+            sock.sendall(write)
+            held.append(sock)
+        except (OSError, ssl.SSLError):
+            raw.close()
+    return held
 
 
 def inflating_review(size: int, *, compressed: bool = True) -> bytes:
@@ -601,13 +631,13 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
             valid = json.dumps(valid_review(random.Random(args.seed), 0)).encode()
             after_s, after_status, _ = asyncio.run(time_review(url, context, valid, 1))
             open_now = still_open(idle.held)
-            heads = open_connections(port, context, args.held_heads, HEALTHZ + unfinished_head())
-            held += heads.held
+            heads = open_holding(port, context, args.held_heads, unfinished_head())
+            held += heads
             time.sleep(1)
             rss_heads, _ = bench_webhook.rss_mib(proc.pid)
-            heads_open = still_open(heads.held)
+            heads_open, heads_answered = held_silent(heads)
             heads_after_s, heads_after_status, _ = asyncio.run(time_review(url, context, valid, 1))
-            for sock in heads.held:
+            for sock in heads:
                 sock.close()
             large_write = inflating_review(args.inflated_kib * 1024, compressed=not args.plain_large)
             large = open_connections(port, context, args.idle_after_large, large_write)
@@ -639,8 +669,9 @@ def main() -> int:  # noqa: PLR0915 - one straight script: set up, measure, prin
     )
     print(f"a review on a new connection after them: HTTP {after_status} in {after_s * 1000:.1f} ms")
     print(
-        f"{args.held_heads} TLS connections each holding a never-finished head of {len(unfinished_head())} "
-        f"bytes sent after a request: {len(heads.held)} answered, {heads_open} still open; "
+        f"{args.held_heads} TLS connections each holding a never-finished first head of "
+        f"{len(unfinished_head())} bytes: {len(heads)} opened, {heads_open} held open unanswered, "
+        f"{heads_answered} answered (an error); "
         f"webhook RSS {rss_heads:.0f} MiB; a review on a new connection after them: "
         f"HTTP {heads_after_status} in {heads_after_s * 1000:.1f} ms"
     )

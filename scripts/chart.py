@@ -71,7 +71,7 @@ def template(values: dict[str, Any], args: argparse.Namespace) -> int:
         # Chart.render does not pass the Kubernetes version on; the call beneath it does (like
         # `helm template --kube-version`), and the templates depend on it (matchConditions).
         chart = helm_python.Chart.load(CHART)
-        payload = _native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(options))
+        payload = _native.call_string("helm_render", chart._raw(), json.dumps(values), json.dumps(options))  # noqa: SLF001 (helm-python-sdk has no public call for the loaded chart)
     except helm_python.HelmError as exc:
         print(f"chart: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1

@@ -13,8 +13,8 @@ from kube_vgpu.cli.main import SUBCOMMANDS, build_parser
 
 def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
     yield parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
+    for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 (argparse has no public list of a parser's actions)
             for sub in action.choices.values():
                 yield from parsers(sub)
 
@@ -27,7 +27,7 @@ def test_every_default_is_in_the_help(command: str) -> None:
         if command not in sub.prog.split():
             continue
         text = " ".join(sub.format_help().split())
-        for action in sub._actions:
+        for action in sub._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
             default = action.default
             if not action.option_strings or default in (None, False, argparse.SUPPRESS) or default == []:
                 continue

@@ -21,8 +21,8 @@ PAGES = [(DOCS / "configuration.md").read_text()] + [
 def commands() -> Iterator[tuple[str, list[str]]]:
     def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
         yield parser
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
+        for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 (argparse has no public list of a parser's actions)
                 for sub in action.choices.values():
                     yield from walk(sub)
 
@@ -30,7 +30,7 @@ def commands() -> Iterator[tuple[str, list[str]]]:
         for sub in walk(build_parser(name)):
             flags = [
                 next(o for o in a.option_strings if o.startswith("--"))
-                for a in sub._actions
+                for a in sub._actions  # noqa: SLF001 (argparse has no public list of a parser's actions)
                 if a.option_strings and a.dest != "help"
             ]
             if name in sub.prog.split() and flags:

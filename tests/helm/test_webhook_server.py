@@ -6,7 +6,10 @@ rendered by the real Helm engine and validated against Kubernetes' schemas.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import helm_python
@@ -18,7 +21,10 @@ from kube_vgpu.httpedge.listener import ConnectionLimits
 from tests.support.helm_render import Obj, Rendered, lint, render
 
 KUBE = "v1.31.0"
-KUBE_SYSTEM = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+KONNECTIVITY = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}},
+}
 
 
 def _render(values: Mapping[str, Any]) -> Rendered:
@@ -101,19 +107,56 @@ def test_the_network_policy_admits_only_the_listed_sources_to_the_webhook_port()
             assert not selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
-    # The listed sources, and kube-system's pods (konnectivity agents) unless left out.
-    assert rule["from"] == [*sources, KUBE_SYSTEM]
+    # The listed sources, and the konnectivity agents of kube-system (by label) unless left out.
+    assert rule["from"] == [*sources, KONNECTIVITY]
     port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
     assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
     assert _args(rendered).network_policy == "on"
-    alone = _render({"webhook": {"networkPolicy": {"from": sources, "allowKubeSystem": False}}})
+    alone = _render({"webhook": {"networkPolicy": {"from": sources, "konnectivityAgents": ""}}})
     assert alone.one("NetworkPolicy")["spec"]["ingress"][0]["from"] == sources
+
+
+def _policy_sources(rendered: Rendered) -> list[Obj]:
+    sources: list[Obj] = rendered.one("NetworkPolicy")["spec"]["ingress"][0]["from"]
+    return sources
+
+
+def test_control_plane_cidrs_render_the_policy_under_helm_template() -> None:
+    # `helm template` cannot look the API server up: given the control plane's CIDRs, what is
+    # reviewed is what is installed, and nothing of kube-system but its konnectivity agents is let in.
+    values = {"webhook": {"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0/24", "fd00::/64"]}}}
+    rendered = _render(values)
+    sources = _policy_sources(rendered)
+    assert sources == [{"ipBlock": {"cidr": "10.0.0.0/24"}}, {"ipBlock": {"cidr": "fd00::/64"}}, KONNECTIVITY]
+    for source in sources:  # no source admits a whole namespace
+        assert "namespaceSelector" not in source or source.get("podSelector", {}).get("matchLabels")
+    assert _args(rendered).network_policy == "on"
+    policy = {"controlPlaneCIDRs": ["10.0.0.5/32"], "konnectivityAgents": "app=konnectivity,tier=control"}
+    agents = _policy_sources(_render({"webhook": {"networkPolicy": policy}}))[-1]
+    assert agents["podSelector"] == {"matchLabels": {"app": "konnectivity", "tier": "control"}}
+    # Without a source there is no policy, and no konnectivity rule alone.
+    assert not _render({"webhook": {"networkPolicy": {"controlPlaneCIDRs": []}}}).of_kind("NetworkPolicy")
+
+
+def test_scripts_chart_template_renders_the_policy_given_its_sources() -> None:
+    root = Path(__file__).resolve().parents[2]
+    argv = ["template", "--set", "webhook.networkPolicy.controlPlaneCIDRs={10.0.0.5/32}"]
+    done = subprocess.run(
+        [sys.executable, str(root / "scripts" / "chart.py"), *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "kind: NetworkPolicy" in done.stdout and "cidr: 10.0.0.5/32" in done.stdout
+    assert "kubernetes.io/metadata.name: kube-system" in done.stdout  # only beside the agents' labels
+    assert "k8s-app: konnectivity-agent" in done.stdout
 
 
 def test_the_network_policy_opens_the_metrics_port_only_to_the_listed_scrapers() -> None:
     sources = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
     scrapers = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
-    policy = {"enabled": True, "from": sources, "metricsFrom": scrapers, "allowKubeSystem": False}
+    policy = {"enabled": True, "from": sources, "metricsFrom": scrapers, "konnectivityAgents": ""}
     rendered = _render({"webhook": {"networkPolicy": policy}})
     (rendered_policy,) = rendered.of_kind("NetworkPolicy")
     ports = {p["name"]: p["containerPort"] for p in _webhook_pod(rendered)["spec"]["containers"][0]["ports"]}
@@ -136,16 +179,19 @@ def test_the_notes_say_which_protection_of_the_port_is_on_and_what_an_open_one_a
     # Defaults under `helm template`: nothing closes the port; the notes say so and what to set.
     notes = _render({}).notes
     assert "NetworkPolicy:       off" in notes and "client certificates: off" in notes
-    assert "WARNING: the webhook port is open to every pod" in notes and "forged reviews" in notes
-    assert "could not be looked up" in notes and "webhook.networkPolicy.from" in notes
+    assert "reachable from the API server only" in notes
+    assert "WARNING: neither a NetworkPolicy nor client certificates" in notes and "forged reviews" in notes
+    assert "could not be looked up" in notes and "webhook.networkPolicy.controlPlaneCIDRs" in notes
     assert "kubectl get endpointslice -n default kubernetes" in notes
     # Switched off by hand: the notes say how to switch it on.
     notes = _render({"webhook": {"networkPolicy": {"enabled": False}}}).notes
     assert "WARNING" in notes and "webhook.networkPolicy.enabled=auto" in notes
     # A NetworkPolicy from the listed sources.
     notes = _render({"webhook": {"networkPolicy": {"from": [{"ipBlock": {"cidr": "10.0.0.5/32"}}]}}}).notes
-    assert "NetworkPolicy:       on: port 8443 admits only 10.0.0.5/32, pods of" in notes
-    assert "kube-system" in notes and "WARNING" not in notes
+    assert "NetworkPolicy:       on: port 8443 admits only 10.0.0.5/32, pods of kube-system labelled" in notes
+    assert "konnectivity-agent" in notes and "WARNING" not in notes
+    notes = _render({"webhook": {"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0/24"]}}}).notes
+    assert "admits only 10.0.0.0/24, pods of kube-system labelled" in notes and "WARNING" not in notes
     # Client certificates alone close it too.
     values = {"webhook": {"clientAuth": {"enabled": True, "caConfigMap": "apiserver-client-ca"}}}
     notes = _render(values).notes
@@ -160,7 +206,10 @@ def test_the_notes_say_which_protection_of_the_port_is_on_and_what_an_open_one_a
         {"server": {"unknown": 1}},
         {"networkPolicy": {"from": "10.0.0.0/8"}},
         {"networkPolicy": {"enabled": "yes"}},
-        {"networkPolicy": {"allowKubeSystem": "true"}},
+        {"networkPolicy": {"allowKubeSystem": True}},
+        {"networkPolicy": {"controlPlaneCIDRs": ["10.0.0.0"]}},
+        {"networkPolicy": {"konnectivityAgents": "k8s-app"}},
+        {"networkPolicy": {"konnectivityAgents": {"k8s-app": "konnectivity-agent"}}},
     ],
 )
 def test_bad_server_values_are_refused_by_the_schema(values: dict[str, Any]) -> None:

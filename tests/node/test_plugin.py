@@ -298,7 +298,7 @@ async def test_stop_names_a_loop_that_does_not_end_and_finishes_anyway(
         await asyncio.sleep(3600)
 
     async with running_plugin(api, kdir, tmp_path) as h:
-        h.plugin._spawn(stubborn(), "stubborn")
+        h.plugin._spawn(stubborn(), "stubborn")  # noqa: SLF001 (our own plugin's task spawner)
         await asyncio.sleep(0)
         async with asyncio.timeout(30):
             await h.plugin.stop()

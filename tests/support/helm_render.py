@@ -77,7 +77,7 @@ def render_raw(
         options["api_versions"] = list(api_versions)
     payload = _native.call_string(
         "helm_render",
-        _chart()._raw(),
+        _chart()._raw(),  # noqa: SLF001 (helm-python-sdk has no public call for the loaded chart)
         None if values is None else json.dumps(values),
         json.dumps(options),
     )

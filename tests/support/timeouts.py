@@ -33,7 +33,7 @@ def _thread_stacks() -> str:
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     me = threading.get_ident()
     out = io.StringIO()
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in sys._current_frames().items():  # noqa: SLF001 (documented in the sys module)
         if ident == me:
             continue
         out.write(f"--- thread {names.get(ident, '?')} ({ident})\n")

@@ -189,17 +189,29 @@ The API server's own addresses, looked up at install from the default/kubernetes
 
 {{/*
 The sources the webhook's NetworkPolicy admits to the webhook port, as a JSON list; empty: no
-policy is rendered. `enabled: false` never renders one; `auto` and `true` take `from`, or else the
-API server's addresses looked up at install, plus kube-system's pods (`allowKubeSystem`: the
-konnectivity agents through which many control planes reach webhooks). `true` fails without any.
+policy is rendered. `enabled: false` never renders one; `auto` and `true` take `controlPlaneCIDRs`
+and `from`, or else the API server's addresses looked up at install; where there are any, the
+konnectivity agents (pods of kube-system matching `konnectivityAgents`, never all of kube-system),
+through which many control planes reach webhooks. `true` fails without any.
 */}}
 {{- define "kube-vgpu.webhookPolicySources" -}}
 {{- $policy := .Values.webhook.networkPolicy -}}
 {{- $sources := list -}}
 {{- if ne (toString $policy.enabled) "false" -}}
-{{- $sources = $policy.from | default (include "kube-vgpu.apiserverPeers" . | fromJsonArray) -}}
-{{- if and $sources $policy.allowKubeSystem -}}
-{{- $sources = append $sources (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" "kube-system"))) -}}
+{{- range $cidr := ($policy.controlPlaneCIDRs | default list) -}}
+{{- $sources = append $sources (dict "ipBlock" (dict "cidr" $cidr)) -}}
+{{- end -}}
+{{- $sources = concat $sources ($policy.from | default list) -}}
+{{- if not $sources -}}
+{{- $sources = include "kube-vgpu.apiserverPeers" . | fromJsonArray -}}
+{{- end -}}
+{{- if and $sources $policy.konnectivityAgents -}}
+{{- $labels := dict -}}
+{{- range $pair := splitList "," $policy.konnectivityAgents -}}
+{{- $kv := splitList "=" (trim $pair) -}}
+{{- $_ := set $labels (first $kv) (last $kv) -}}
+{{- end -}}
+{{- $sources = append $sources (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" "kube-system")) "podSelector" (dict "matchLabels" $labels)) -}}
 {{- end -}}
 {{- end -}}
 {{- toJson $sources -}}

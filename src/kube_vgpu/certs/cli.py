@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_validity(create)
     add_cluster_arguments(create)
-    create.set_defaults(_certs=_run_create)
+    create.set_defaults(certs_run=_run_create)
 
     patch = actions.add_parser(
         "patch",
@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     patch.add_argument("--namespace", required=True, help="namespace of the Secret")
     patch.add_argument("--secret-name", required=True, help="Secret holding ca.crt")
     add_cluster_arguments(patch)
-    patch.set_defaults(_certs=_run_patch)
+    patch.set_defaults(certs_run=_run_patch)
 
     write = actions.add_parser(
         "write",
@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     write.add_argument(
         "--force", action="store_true", help="re-issue the serving certificate even when it is valid"
     )
-    write.set_defaults(_certs=_run_write)
+    write.set_defaults(certs_run=_run_write)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen action; errors are printed as one line on stderr and become the exit code."""
     configure_logging(logging.INFO)
     try:
-        summary: str = args._certs(args)
+        summary: str = args.certs_run(args)
     except CertsError as exc:
         print(f"kube-vgpu certs {args.certs_command}: error: {exc}", file=sys.stderr)
         return exc.exit_code

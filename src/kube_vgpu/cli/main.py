@@ -50,8 +50,8 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 def _use_defaults_formatter(parser: argparse.ArgumentParser) -> None:
     # Subparsers do not inherit the formatter: set it on every level.
     parser.formatter_class = DefaultsHelpFormatter
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
+    for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
+        if action.nargs == argparse.PARSER and isinstance(action.choices, dict):
             for sub in action.choices.values():
                 _use_defaults_formatter(sub)
 
@@ -89,7 +89,7 @@ def _env_reader(action: argparse.Action) -> Callable[[str], object]:
     choices (argparse checks them for given values only) and naming the variable when it refuses."""
     original: Callable[[str], object] | None = action.type if callable(action.type) else None
     flag = action.option_strings[-1]
-    boolean = isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction)
+    boolean = action.nargs == 0 and isinstance(action.const, bool)  # store_true/store_false
 
     def refuse(text: FromEnv, expected: str) -> argparse.ArgumentTypeError:
         hint = ""
@@ -117,7 +117,7 @@ def _env_reader(action: argparse.Action) -> Callable[[str], object]:
             word = value.strip().lower()
             if word not in _TRUE + _FALSE:
                 raise refuse(value, "true or false (or 1/0, yes/no, on/off)")
-            return (word in _TRUE) == isinstance(action, argparse._StoreTrueAction)
+            return (word in _TRUE) == action.const
         if action.nargs in ("+", "*"):
             items = [one(value, item) for item in value.split(",") if item]
             if action.nargs == "+" and not items:
@@ -133,8 +133,8 @@ def _env_reader(action: argparse.Action) -> Callable[[str], object]:
 def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str] | dict[str, str]) -> None:
     """Make every optional flag of `parser` (and its subparsers) default to its environment variable,
     read (and checked) only when the flag is not given."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
+    for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
+        if action.nargs == argparse.PARSER and isinstance(action.choices, dict):
             for sub in action.choices.values():
                 apply_env_defaults(sub, environ)
             continue
@@ -173,7 +173,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             continue
         module: Subcommand = importlib.import_module(module_name)
         module.add_arguments(sub)
-        sub.set_defaults(_run=module.run)
+        sub.set_defaults(run_command=module.run)
     _use_defaults_formatter(parser)
     return parser
 
@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     apply_env_defaults(parser, os.environ)
     args = parser.parse_args(arguments)
     try:
-        code: int = args._run(args)
+        code: int = args.run_command(args)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

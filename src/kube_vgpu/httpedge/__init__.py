@@ -1,6 +1,6 @@
-"""HTTP serving that a flood cannot take down, shared by the webhook and the node plugin.
+"""HTTP serving for the webhook and the node plugin's metrics, on aiohttp's and asyncio's public API.
 
-aiohttp's low-level server with its own bounds (`edge`), behind our accept loop with the connection
-cap, eviction and request deadline (`listener`), and a `/metrics` endpoint on a port of its own
-built from both (`metrics_server`).
+aiohttp's low-level server frames requests (`edge`); our accept loop counts connections from their
+accept, holds them to a cap and a request deadline (`listener`); `metrics_server` serves `/metrics`
+on a port of its own.
 """

@@ -1,12 +1,9 @@
 """`GET /metrics` on a port of its own, for the webhook and the node plugin.
 
-Plain HTTP on aiohttp's low-level server behind a `Listener` of its own. The webhook's scrapes never
-share a connection cap, deadline or TLS handshake budget with the API server's reviews, and a
-NetworkPolicy can open this port to Prometheus without opening the admission port to it. The port
-has its own (smaller) cap and the request deadline, since without a NetworkPolicy any pod can reach
-it: a flood of idle or half-sent requests holds at most the cap's connections (the one longest
-without progress closes for each newcomer), so it neither exhausts the process's file descriptors
-(the node plugin's kubelet socket needs them) nor keeps Prometheus out.
+Plain HTTP on aiohttp's low-level server behind a `Listener` of its own, with its own (smaller) cap
+and the request deadline: scrapes never share a connection cap with the API server's reviews, a
+NetworkPolicy can open this port to Prometheus alone, and a flood of idle or half-sent requests
+holds at most the cap's connections (the node plugin's kubelet socket needs file descriptors too).
 """
 
 from __future__ import annotations
@@ -16,14 +13,13 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from kube_vgpu.httpedge.edge import AdmissionProtocol, EdgeServer, error_response
+from kube_vgpu.httpedge.edge import EdgeProtocol, EdgeServer, error_response
 from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
 
 log = logging.getLogger("kube_vgpu.httpedge.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Prometheus keeps one or two connections per target; at the cap the one longest without progress
-# closes, so a flood of partial heads holds at most this many (about 13 kB each) and no more.
+# Prometheus keeps one or two connections per target.
 METRICS_LIMITS = ConnectionLimits(max_connections=100)
 # How long the connections left open at stop get to finish.
 _STOP_SECONDS = 1.0
@@ -55,7 +51,7 @@ class MetricsServer:
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         protocol = request.protocol
-        slot = protocol.slot if isinstance(protocol, AdmissionProtocol) else None
+        slot = protocol.slot if isinstance(protocol, EdgeProtocol) else None
         if slot is not None:
             slot.began()
             slot.request_complete()  # its body, if any, is never read: the answer closes then
@@ -75,9 +71,7 @@ class MetricsServer:
 
     async def start(self) -> None:
         """Listen."""
-        edge = EdgeServer(
-            self._handle, idle_timeout_seconds=self.limits.idle_timeout_seconds, max_body_bytes=0
-        )
+        edge = EdgeServer(self._handle, idle_timeout_seconds=self.limits.idle_timeout_seconds)
         listener = Listener(edge, None, self.limits, host=self.host, port=self.port)
         await listener.start()
         self.listener = listener

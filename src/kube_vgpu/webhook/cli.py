@@ -12,7 +12,6 @@ from typing import Any
 
 from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
-from kube_vgpu.httpedge.heap import THRESHOLD_BYTES, pin_malloc_thresholds
 from kube_vgpu.httpedge.listener import ConnectionLimits
 from kube_vgpu.kubeapi.client import KubeConfigError
 from kube_vgpu.kubeapi.flags import add_cluster_arguments
@@ -130,7 +129,6 @@ def run(args: argparse.Namespace) -> int:
             release_namespace=args.release_namespace,
             network_policy=args.network_policy == "on",
         )
-        log.info("event=malloc_thresholds bytes=%d outcome=%r", THRESHOLD_BYTES, pin_malloc_thresholds())
         return _run(serve(options, config))
     except (ConfigError, KubeConfigError, TlsFilesError, OSError, ValueError) as exc:
         log.error("event=webhook_failed error=%r", str(exc))

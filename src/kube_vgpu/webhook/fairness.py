@@ -1,4 +1,4 @@
-"""Fair turns between namespaces for the reviews that cost the most (SPEC §2.3): one namespace's
+"""Fair turns between namespaces for the reviews that cost the most: one namespace's
 flood of large reviews cannot hold another namespace's reviews past the webhook's timeout.
 
 The bounds of `webhook.admission.bounds` keep what a review walks small, but decoding the body is

@@ -117,7 +117,7 @@ def build_quota(
     *,
     clock: Callable[[], float] = time.monotonic,
 ) -> QuotaGate:
-    """The quota step (SPEC §2.2 step 1): namespace quotas fed by the cache's pod events, decided
+    """The quota step: namespace quotas fed by the cache's pod events, decided
     against the reservations every replica shares (`shared`, given the ledger it reads the cache
     through; None: this process's ledger alone, as tests of the pure path use).
 
@@ -283,7 +283,6 @@ class WebhookServer:
         edge = EdgeServer(
             self.app.handle,
             idle_timeout_seconds=self.options.limits.idle_timeout_seconds,
-            max_body_bytes=MAX_BODY_BYTES,
             refused=lambda outcome: self.metrics.reviews.labels(outcome).inc(),
         )
         self.listener = Listener(

@@ -144,10 +144,10 @@ def test_pagination_is_consistent_across_pages(apiserver: ApiServerStandin, core
     # Changes after the first page do not show in later pages: they read the first page's revision.
     apiserver.put(pod("p15"))
     apiserver.delete("pods", "p3")
-    second = core.list_namespaced_pod("default", limit=2, _continue=first.metadata._continue)
-    third = core.list_namespaced_pod("default", limit=2, _continue=second.metadata._continue)
+    second = core.list_namespaced_pod("default", limit=2, _continue=first.metadata._continue)  # noqa: SLF001 (the kubernetes client names the continue token so)
+    third = core.list_namespaced_pod("default", limit=2, _continue=second.metadata._continue)  # noqa: SLF001 (the kubernetes client names the continue token so)
     assert names(second.items) == ["p2", "p3"] and names(third.items) == ["p4"]
-    assert third.metadata._continue is None
+    assert third.metadata._continue is None  # noqa: SLF001 (the kubernetes client names the continue token so)
     assert second.metadata.resource_version == first.metadata.resource_version
 
 
@@ -164,7 +164,7 @@ def test_continue_token_older_than_the_history_is_410(
     apiserver.put(pod("p9"))
     apiserver.expire_history()
     with pytest.raises(client.ApiException) as caught:
-        core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue)
+        core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue)  # noqa: SLF001 (the kubernetes client names the continue token so)
     status = json.loads(caught.value.body)
     assert caught.value.status == 410 and status["reason"] == "Expired" and status["code"] == 410
     assert status["message"] == (
@@ -175,7 +175,7 @@ def test_continue_token_older_than_the_history_is_410(
         "chunk was returned and now may show up in the list."
     )
     rest = core.list_namespaced_pod("default", limit=10, _continue=status["metadata"]["continue"])
-    assert names(rest.items) == ["p1", "p2", "p9"] and rest.metadata._continue is None
+    assert names(rest.items) == ["p1", "p2", "p9"] and rest.metadata._continue is None  # noqa: SLF001 (the kubernetes client names the continue token so)
     assert rest.metadata.resource_version == str(apiserver.store.rv)
 
 
@@ -183,10 +183,10 @@ def test_a_page_at_the_limit_and_one_past_it(apiserver: ApiServerStandin, core: 
     for index in range(3):
         apiserver.put(pod(f"p{index}"))
     whole = core.list_namespaced_pod("default", limit=3)
-    assert names(whole.items) == ["p0", "p1", "p2"] and whole.metadata._continue is None
+    assert names(whole.items) == ["p0", "p1", "p2"] and whole.metadata._continue is None  # noqa: SLF001 (the kubernetes client names the continue token so)
     assert whole.metadata.remaining_item_count is None
     short = core.list_namespaced_pod("default", limit=2)
-    assert names(short.items) == ["p0", "p1"] and short.metadata._continue
+    assert names(short.items) == ["p0", "p1"] and short.metadata._continue  # noqa: SLF001 (the kubernetes client names the continue token so)
     assert short.metadata.remaining_item_count == 1
 
 
@@ -198,7 +198,7 @@ def test_a_filtered_page_has_no_remaining_item_count(
     for index in range(4):
         apiserver.put(pod(f"p{index}", node="n1" if index % 2 else "n2"))
     mine = core.list_namespaced_pod("default", limit=1, field_selector="spec.nodeName=n1")
-    assert names(mine.items) == ["p1"] and mine.metadata._continue
+    assert names(mine.items) == ["p1"] and mine.metadata._continue  # noqa: SLF001 (the kubernetes client names the continue token so)
     assert mine.metadata.remaining_item_count is None
     unfiltered = core.list_namespaced_pod("default", limit=1)
     assert unfiltered.metadata.remaining_item_count == 3

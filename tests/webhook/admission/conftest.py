@@ -14,5 +14,5 @@ def fresh_isolation_guards() -> Iterator[None]:
     """Each test prepares the protected paths itself: `isolation._guards` caches them per hook path,
     and a cache filled by an earlier test would hide a change to how they are prepared (mutation
     testing runs many tests in one process)."""
-    isolation._guards.cache_clear()
+    isolation._guards.cache_clear()  # noqa: SLF001 (our own memo, cleared between tests)
     yield

@@ -38,7 +38,7 @@ def _inventory(*nodes: dict[str, object]) -> Inventory:
 
 def _uncached(sel: Selectors, request: PodRequest, inv: Inventory) -> Placement:
     memory = max((c.memory_mib or 0 for c in request.containers), default=0)
-    return placement_module._resolve(sel, memory, "hami-core", inv)
+    return placement_module._resolve(sel, memory, "hami-core", inv)  # noqa: SLF001 (our own memo, inspected on purpose)
 
 
 def test_a_node_joining_changes_the_next_placement() -> None:
@@ -102,10 +102,10 @@ def test_the_memory_ask_and_the_default_mode_are_part_of_the_key() -> None:
 def test_long_selectors_are_resolved_each_time_and_not_kept() -> None:
     inv = _inventory(A100_NODE)
     long_selectors = parse_selectors({USE_GPUTYPE: ",".join(["A100"] + [f"model-{i}" for i in range(200)])})
-    assert placement_module._written_chars(long_selectors) > placement_module._MEMO_MAX_CHARS
-    kept_before = placement_module._resolve_memoised.cache_info().currsize
+    assert placement_module._written_chars(long_selectors) > placement_module._MEMO_MAX_CHARS  # noqa: SLF001 (our own memo, inspected on purpose)
+    kept_before = placement_module._resolve_memoised.cache_info().currsize  # noqa: SLF001 (our own memo, inspected on purpose)
     first = resolve_placement(long_selectors, SMALL, inv, "hami-core")
-    assert placement_module._resolve_memoised.cache_info().currsize == kept_before
+    assert placement_module._resolve_memoised.cache_info().currsize == kept_before  # noqa: SLF001 (our own memo, inspected on purpose)
     assert first == resolve_placement(long_selectors, SMALL, inv, "hami-core")
     assert first is not resolve_placement(long_selectors, SMALL, inv, "hami-core")
     assert not first.matches_nothing

@@ -1,11 +1,10 @@
-"""A GET answered before its body arrived closes its connection, over real TLS (SPEC §2.3).
+"""A GET answered before its body arrived closes its connection, over real TLS.
 
 aiohttp reads and drops the body of a request answered before it (lingering), and keeps the
 connection alive if the body ends soon enough. Those bytes came after the answer, so no answer counts
-them, and they reached HTTP, so the non-HTTP check does not either: 1,000 connections each sending a
-`GET /healthz` and then a 1 MiB body in one write held the webhook at 830 MiB until their request
-deadlines. An answer given while a body is still to come therefore says `Connection: close`, as the
-404 and 405 answers do.
+them: 1,000 connections each sending a `GET /healthz` and then a 1 MiB body in one write held the
+webhook at 830 MiB until their request deadlines. An answer given while a body is still to come
+therefore says `Connection: close`, as the 404 and 405 answers do.
 """
 
 from __future__ import annotations

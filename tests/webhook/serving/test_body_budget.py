@@ -1,4 +1,4 @@
-"""The webhook bounds the request bodies it holds at once (SPEC §2.3: memory stays within the chart's
+"""The webhook bounds the request bodies it holds at once (memory stays within the chart's
 limit under a flood): stalled compressed bodies cannot each hold the whole body limit."""
 
 from __future__ import annotations

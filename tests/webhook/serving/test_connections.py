@@ -1,4 +1,4 @@
-"""Connections over real TLS (SPEC §2.3): a request that does not arrive within its deadline is closed,
+"""Connections over real TLS: a request that does not arrive within its deadline is closed,
 idle keep-alive connections live until the idle timeout, open connections are capped (at the cap the
 connection longest without progress is closed, never the newcomer), and with `--client-ca-file` only
 callers holding a client certificate from that CA are served.

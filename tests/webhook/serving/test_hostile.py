@@ -1,6 +1,6 @@
 """Hostile and broken bodies over real HTTPS: every one gets a 4xx with a JSON reason or a denial naming
 the field, never a 5xx, an "internal error" or a traceback; `/metrics` renders after odd names;
-per-namespace state goes with its namespace (SPEC §2.3).
+per-namespace state goes with its namespace.
 """
 
 from __future__ import annotations

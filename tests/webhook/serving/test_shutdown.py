@@ -1,4 +1,4 @@
-"""Shutdown within its timeout, checked by the order of events (SPEC §2.3): once `stop` begins, new
+"""Shutdown within its timeout, checked by the order of events: once `stop` begins, new
 connections are refused and idle keep-alive connections closed; a review whose body is still
 arriving is answered (and its connection closed); a body that never completes cannot hold the
 process past the shutdown timeout: its connection is aborted and `stop` returns.

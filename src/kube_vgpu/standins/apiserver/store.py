@@ -40,19 +40,21 @@ class Stored:
 
     __slots__ = ("_obj", "_raw", "key", "rv")
 
-    def __init__(self, obj: dict[str, Any], rv: int) -> None:
-        self._obj: dict[str, Any] | None = obj
+    def __init__(self, obj: dict[str, Any], rv: int, *, raw: tuple[bytes, ObjectKey] | None = None) -> None:
         self.rv = rv
+        if raw is not None:  # compact: the JSON and the key alone
+            self._obj: dict[str, Any] | None = None
+            self._raw: bytes | None = raw[0]
+            self.key: ObjectKey = raw[1]
+            return
+        self._obj, self._raw = obj, None
         metadata = obj.get("metadata") or {}
-        self.key: ObjectKey = (metadata.get("namespace") or "", metadata.get("name") or "")
-        self._raw: bytes | None = None
+        self.key = (metadata.get("namespace") or "", metadata.get("name") or "")
 
     @classmethod
     def from_raw(cls, raw: bytes, key: ObjectKey, rv: int) -> Stored:
         """A compact stored object: its JSON (with `resourceVersion` already in it) and nothing else."""
-        stored = cls.__new__(cls)
-        stored._obj, stored._raw, stored.key, stored.rv = None, raw, key, rv
-        return stored
+        return cls({}, rv, raw=(raw, key))
 
     @property
     def obj(self) -> dict[str, Any]:

@@ -73,7 +73,7 @@ class _Registration(pb_grpc.RegistrationServicer):
     async def Register(
         self, request: pb.RegisterRequest, context: aio.ServicerContext[pb.RegisterRequest, pb.Empty]
     ) -> pb.Empty:
-        problem = self._kubelet._accept(request)
+        problem = self._kubelet.accept(request)
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         return pb.Empty()
@@ -148,7 +148,7 @@ class KubeletStandin:
 
     # registration and streams ------------------------------------------------------------------
 
-    def _accept(self, request: pb.RegisterRequest) -> str | None:
+    def accept(self, request: pb.RegisterRequest) -> str | None:
         if request.version != API_VERSION:
             return f"Unsupported version {request.version!r}: expected {API_VERSION}"
         if "/" not in request.resource_name or os.sep in request.endpoint:

@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import pynvml
 
@@ -58,7 +58,7 @@ def nvml_call(method: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate
 def uint_target(ref: object) -> ctypes.c_uint:
     """The `c_uint` behind `byref(c)`, `pointer(c)` or `c` itself; InvalidArgument otherwise."""
     target = getattr(ref, "_obj", None) if type(ref).__name__ == "CArgObject" else ref
-    if isinstance(target, ctypes._Pointer):
+    if isinstance(target, ctypes.POINTER(ctypes.c_uint)):
         target = target.contents
     if not isinstance(target, ctypes.c_uint):
         raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -68,7 +68,7 @@ def uint_target(ref: object) -> ctypes.c_uint:
 def struct_target(ref: object, kind: type[_T]) -> _T:
     """The `kind` structure behind `byref(s)`, `pointer(s)` or `s`; InvalidArgument otherwise."""
     target = getattr(ref, "_obj", None) if type(ref).__name__ == "CArgObject" else ref
-    if isinstance(target, ctypes._Pointer):
+    if hasattr(target, "contents"):  # a ctypes pointer
         target = target.contents
     if not isinstance(target, kind):
         raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -137,9 +137,9 @@ class SimCore:
         return ctypes.cast(ctypes.c_void_p(address), pointer_type)
 
     def _lookup(self, handle: object, kind: type[_T]) -> _T:
-        if not isinstance(handle, ctypes._Pointer):
+        if not hasattr(handle, "contents"):  # not a ctypes pointer
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        address = ctypes.cast(handle, ctypes.c_void_p).value
+        address = ctypes.cast(cast(Any, handle), ctypes.c_void_p).value
         obj = self._registry.get(address or 0)
         if obj is None or not isinstance(obj, kind):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)

@@ -1,4 +1,4 @@
-"""A process-wide bound on the request bodies the webhook holds at once (SPEC §2.3).
+"""A process-wide bound on the request bodies the webhook holds at once.
 
 The connection cap bounds idle connections, but each connection may also hold a body of up to the
 body limit (3 MiB after decompression) until its request deadline: about 90 stalled gzip bodies of

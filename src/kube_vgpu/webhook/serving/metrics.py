@@ -61,11 +61,6 @@ class ConnectionState(Protocol):
         """Connections closed because a request did not arrive within its deadline."""
         ...
 
-    @property
-    def non_http_closed(self) -> int:
-        """Connections closed for TLS bytes past the keep-alive bound that never reached HTTP."""
-        ...
-
 
 class _ConnectionCollector(Collector):
     def __init__(self, state: Callable[[], ConnectionState | None]) -> None:
@@ -88,12 +83,6 @@ class _ConnectionCollector(Collector):
             "kube_vgpu_webhook_request_deadline_expired",
             "Connections closed because a request did not arrive and get its answer within the deadline.",
             value=state.expired,
-        )
-        yield CounterMetricFamily(
-            "kube_vgpu_webhook_non_http_bytes_closed",
-            "Connections closed because their TLS layer read more than 32 KiB since their last answer "
-            "that never reached HTTP (TLS messages that carry no HTTP, padded).",
-            value=state.non_http_closed,
         )
 
 

@@ -1,4 +1,4 @@
-"""The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz` (SPEC §2).
+"""The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz`.
 
 The handler aiohttp calls reads the body (within the process-wide body budget), asks the pure
 pipeline of the path's phase (`webhook.admission` for /mutate, `webhook.validation` for /validate),
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
 
-from kube_vgpu.httpedge.edge import JSON, AdmissionProtocol, SlotHooks, error_response
+from kube_vgpu.httpedge.edge import JSON, EdgeProtocol, SlotHooks, error_response
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import (
     AdmissionRequest,
@@ -109,7 +108,7 @@ class AdmissionApp:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request (aiohttp calls this once its head has arrived)."""
         protocol = request.protocol
-        edge = protocol if isinstance(protocol, AdmissionProtocol) else None
+        edge = protocol if isinstance(protocol, EdgeProtocol) else None
         slot = edge.slot if edge is not None else None
         self.in_flight += 1
         if slot is not None:
@@ -145,10 +144,7 @@ class AdmissionApp:
             if slot is not None:
                 slot.request_complete()
             health = get()
-            if request.body_exists:
-                # Answered before its body: aiohttp would read and drop the body after the answer and
-                # keep the connection, and bytes that come after an answer and reach HTTP are counted
-                # by no bound (1,000 such 1 MiB bodies held 830 MiB until their request deadlines).
+            if request.body_exists:  # answered unread: aiohttp would drop the body and keep the connection
                 health.force_close()
             return health
         if method != "POST":
@@ -203,7 +199,7 @@ class AdmissionApp:
             return body, size
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(request, 413, f"body is over the {limit}-byte limit (after decompression)")
-        except (HttpProcessingError, RequestPayloadError) as exc:
+        except (HttpProcessingError, web.RequestPayloadError) as exc:
             return self._refuse(request, 400, f"body cannot be read: {' '.join(str(exc).split())}")
         except ConnectionError:  # the caller went (or its deadline closed it): nobody reads an answer
             return error_response(400, "connection closed before the body arrived", close=True)
@@ -351,10 +347,10 @@ def _internal_error(request: AdmissionRequest, exc: Exception) -> Verdict:
 
 
 async def _read_whole(request: web.BaseRequest, limit: int) -> bytes:
-    """The whole body, decoded, as aiohttp's `read()` returns it, without keeping it on the request as
-    `read()` does: aiohttp's connection loop holds the last request until the next one arrives, so a
-    kept-alive connection held its last body while idle (a gzip body of 3 kB inflates to 3 MiB)."""
-    request.content.set_read_chunk_size(limit)  # as `read()`: inflate in large pieces
+    """The whole body, decoded, bounded by `limit` after decompression (aiohttp inflates in bounded
+    pieces), without keeping it on the request as `read()` does: aiohttp's connection loop holds the
+    last request until the next one arrives, so a kept-alive connection held its last body while
+    idle (a gzip body of 3 kB inflates to 3 MiB)."""
     body = bytearray()
     while chunk := await request.content.readany():
         body.extend(chunk)

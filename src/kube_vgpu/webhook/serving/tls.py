@@ -1,4 +1,4 @@
-"""The serving certificate, reloaded by content without a restart (SPEC §2).
+"""The serving certificate, reloaded by content without a restart.
 
 A mounted Secret is updated by swapping a `..data` symlink, which file events report unreliably, so
 the files are read and hashed on a timer. On a change the new pair is first checked in a scratch
