@@ -168,6 +168,14 @@ ESCAPE_ENV = [
     "NVIDIA_MIG_CONFIG_DEVICES",
     "NVIDIA_MIG_MONITOR_DEVICES",
     "LD_PRELOAD",
+    # The NVIDIA container toolkit's other device-granting variables, and the loader's audit hook.
+    "NVIDIA_IMEX_CHANNELS",
+    "NVIDIA_GDRCOPY",
+    "NVIDIA_NVSWITCH",
+    "NVIDIA_GDS",
+    "NVIDIA_MOFED",
+    "NVIDIA_ALLOW_ADDITIONAL_GIDS",
+    "LD_AUDIT",
 ]
 
 
@@ -192,8 +200,49 @@ def test_a_sidecar_or_init_container_setting_them_is_refused_too(cluster: Cluste
     assert refused(cluster.create(init), "initContainers[warm]", "LD_PRELOAD")
 
 
+@pytest.mark.parametrize("name", ESCAPE_ENV)
+def test_a_limit_variable_taken_from_a_config_map_is_refused(cluster: Cluster, name: str) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["containers"][0]["env"] = [
+        {"name": name, "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}
+    ]
+    assert refused(cluster.create(escaping), f"env {name}", "remove it from env")
+
+
 @pytest.mark.parametrize(
-    "name", ["CUDA_VISIBLE_DEVICES_NOT", "ld_preload", "MY_CUDA_DISABLE_CONTROL", "PYTHONPATH"]
+    "prefix", ["NVIDIA_", "NVIDIA_IMEX_", "LD_", "CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_"]
+)
+def test_an_env_from_prefix_that_can_produce_a_limit_variable_is_refused(
+    cluster: Cluster, prefix: str
+) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["containers"][0]["envFrom"] = [{"prefix": prefix, "configMapRef": {"name": "cm"}}]
+    assert refused(cluster.create(escaping), f"envFrom prefix {prefix!r}", "use a prefix")
+
+
+@pytest.mark.parametrize("prefix", ["APP_", "NVIDIA_IMEX_CHANNELS", "LD_AUDIT", "nvidia_", "CUDA_VISIBLE_"])
+def test_an_env_from_prefix_one_step_away_is_allowed(cluster: Cluster, prefix: str) -> None:
+    # The kubelet appends a non-empty key, so a whole name as the prefix produces only longer names.
+    harmless = gpu_pod()
+    harmless["spec"]["containers"][0]["envFrom"] = [{"prefix": prefix, "configMapRef": {"name": "cm"}}]
+    assert cluster.create(harmless)["allowed"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CUDA_VISIBLE_DEVICES_NOT",
+        "ld_preload",
+        "MY_CUDA_DISABLE_CONTROL",
+        "PYTHONPATH",
+        # The toolkit looks names up exactly, case included.
+        "NVIDIA_IMEX_CHANNELSX",
+        "nvidia_imex_channels",
+        "NVIDIA_GDRCOPY_",
+        "LD_AUDITX",
+        "NVIDIA_REQUIRE_CUDA",
+        "NVIDIA_DISABLE_REQUIRE",
+    ],
 )
 def test_harmless_variables_are_allowed(cluster: Cluster, name: str) -> None:
     harmless = gpu_pod()
@@ -238,9 +287,50 @@ def test_a_block_device_at_the_preload_path_is_refused(cluster: Cluster) -> None
     "path", ["/tmp", "/etc", "/etc/app", "/tmp/vgpufoo", "/usr/local", "/data", "/usr/local/vgpux"]
 )
 def test_harmless_mounts_are_allowed(cluster: Cluster, path: str) -> None:
+    # (An emptyDir is written in place; atomic-writer volumes are the next tests.)
     # A parent folder is fine: the plugin's own, deeper bind mounts land on top of it.
     harmless = gpu_pod()
     harmless["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    harmless["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
+    assert cluster.create(harmless)["allowed"]
+
+
+_SWAPPED_VOLUMES = [
+    {"configMap": {"name": "cm", "items": [{"key": "k", "path": "ld.so.preload"}]}},
+    {"secret": {"secretName": "s"}},
+    {"projected": {"sources": [{"configMap": {"name": "cm"}}]}},
+    {"downwardAPI": {"items": [{"path": "vgpu/libvgpu.so", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+]
+
+
+@pytest.mark.parametrize("volume", _SWAPPED_VOLUMES)
+@pytest.mark.parametrize(
+    ("path", "below"),
+    [
+        ("/etc", "/etc/ld.so.preload"),
+        ("/usr/local", "/usr/local/vgpu"),
+        ("/", "/usr/local/vgpu"),
+        ("/tmp/", "/tmp/vgpu"),
+    ],
+)
+def test_an_atomic_writer_volume_above_a_plugin_path_is_refused(
+    cluster: Cluster, volume: dict[str, Any], path: str, below: str
+) -> None:
+    # The kubelet swaps the volume's `..data` link on every update, replacing the file the plugin's
+    # bind mount landed on.
+    escaping = gpu_pod()
+    escaping["spec"]["volumes"] = [{"name": "v", **volume}]
+    escaping["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
+    assert refused(cluster.create(escaping), f"volumeMounts path {path!r} of 'v'", f"lies above {below}")
+
+
+@pytest.mark.parametrize("volume", _SWAPPED_VOLUMES)
+@pytest.mark.parametrize("path", ["/etc/app", "/usr/local/bin", "/usr/local/vgpux", "/tmp/vgpux", "/data"])
+def test_an_atomic_writer_volume_at_a_sibling_path_is_allowed(
+    cluster: Cluster, volume: dict[str, Any], path: str
+) -> None:
+    harmless = gpu_pod()
+    harmless["spec"]["volumes"] = [{"name": "v", **volume}]
     harmless["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
     assert cluster.create(harmless)["allowed"]
 
