@@ -20,12 +20,16 @@ import pytest
 from kube_vgpu.contract.config import Config, NodeConfig, WebhookConfig
 from kube_vgpu.contract.names import (
     BIND_PHASE,
+    CHARGED_GPU_MEMORY,
     DEVICES_TO_ALLOCATE,
     SCHEDULER_OWNED_ANNOTATIONS,
+    USE_GPUTYPE,
+    USE_GPUUUID,
     VGPU_IDS_NEW,
 )
 from kube_vgpu.standins.apiserver.admission_chain import admission_review, with_system_metadata
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.webhook import gpu_uuid
 from tests.support.webhook_bypass import (
     AUTHOR,
     BOOKING,
@@ -554,3 +558,75 @@ def test_a_dry_run_pod_too_large_to_review_cheaply_is_refused_by_both_phases(
             path, admission_review(with_system_metadata(heavy), username=AUTHOR, dry_run=True)
         )
         assert refused(answer, *words)
+
+
+# --- a share of a card is charged on a GPU it cannot outgrow -------------------------------------
+
+
+def _share(namespace: str, annotations: dict[str, str] | None = None, **amounts: Any) -> dict[str, Any]:
+    made = gpu_pod(namespace, "share", **amounts)
+    if annotations:
+        made["metadata"]["annotations"] = dict(annotations)
+    return made
+
+
+@pytest.mark.parametrize("amounts", [{"percent": 30}, {"number": 1}, {"percent": 30, "cores": 10}])
+def test_a_share_of_a_card_with_no_type_choice_is_refused_under_a_memory_quota(
+    cluster: Cluster, amounts: dict[str, Any]
+) -> None:
+    # Charged on today's largest GPU (40960 MiB), it could be booked on a larger one joining later.
+    answer = cluster.create(_share("mem-15000", **amounts))
+    assert answer["phase"] == "mutate"
+    assert refused(
+        answer,
+        "namespace mem-15000 has a GPU memory quota and container 'main' asks for a share",
+        "state the memory in MiB (volcano.sh/vgpu-memory)",
+        "nvidia.com/use-gputype",
+    )
+
+
+@pytest.mark.parametrize("namespace", ["free", "one-gpu"])
+def test_a_share_of_a_card_without_a_memory_quota_is_admitted_and_records_nothing(
+    cluster: Cluster, namespace: str
+) -> None:
+    forged = {CHARGED_GPU_MEMORY: "999999"}
+    answer = cluster.create(_share(namespace, forged, percent=30))
+    assert answer["allowed"]
+    assert CHARGED_GPU_MEMORY not in answer["pod"]["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {USE_GPUTYPE: "A100"},
+        {USE_GPUTYPE: "A100", CHARGED_GPU_MEMORY: "999999"},
+        {USE_GPUTYPE: "A100", CHARGED_GPU_MEMORY: "1"},
+        {USE_GPUUUID: gpu_uuid("a100", 0)},
+    ],
+)
+def test_a_share_of_a_card_with_a_type_choice_records_its_charge_whatever_the_author_wrote(
+    cluster: Cluster, annotations: dict[str, str]
+) -> None:
+    answer = cluster.create(_share("mem-15000", annotations, percent=30))
+    assert answer["allowed"], answer
+    assert answer["pod"]["metadata"]["annotations"][CHARGED_GPU_MEMORY] == "40960"
+
+
+def test_an_explicit_memory_records_nothing(cluster: Cluster) -> None:
+    answer = cluster.create(_share("mem-15000", {CHARGED_GPU_MEMORY: "999999"}, memory=10000))
+    assert answer["allowed"]
+    assert CHARGED_GPU_MEMORY not in answer["pod"]["metadata"]["annotations"]
+
+
+def test_the_recorded_charge_cannot_be_changed_or_removed_by_the_author(cluster: Cluster) -> None:
+    admitted = cluster.create(_share("mem-15000", {USE_GPUTYPE: "A100"}, percent=30))
+    assert admitted["allowed"]
+    old = admitted["pod"]
+    for value in ("81920", None):
+        new = copy.deepcopy(old)
+        if value is None:
+            del new["metadata"]["annotations"][CHARGED_GPU_MEMORY]
+        else:
+            new["metadata"]["annotations"][CHARGED_GPU_MEMORY] = value
+        assert refused(cluster.update(old, new, AUTHOR), CHARGED_GPU_MEMORY, "fixed when the pod is created")
+        assert cluster.update(old, new, NODE_PLUGIN)["allowed"]
