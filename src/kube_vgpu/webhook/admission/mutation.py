@@ -218,8 +218,11 @@ class Admission:
 
         Quota sizes a container asking a percentage of a GPU's memory, or none (the whole card), on
         the largest GPU it could get today. Only a `use-gputype` or UUID selector keeps it off a
-        larger GPU that joins later (the node affinity and Volcano's per-GPU choice both follow
-        them); without one, in a namespace with a memory quota, the pod is refused with how to ask.
+        larger GPU that joins later: the node affinity follows them, and so does Volcano's choice of
+        each GPU on a node (`checkType` and `checkGPUtype` in Volcano's
+        pkg/scheduler/api/devices/nvidia/vgpu/utils.go test every GPU's TYPE against
+        `nvidia.com/use-gputype`). Without one, in a namespace with a memory quota, the pod is
+        refused with how to ask; a `nouse-` selector only excludes, so it bounds nothing.
         The node plugin refuses a booking on a GPU larger than the recorded figure.
         """
         if placement.mode != HAMI_CORE or parse_limits(namespace_labels).memory_mib is None:
