@@ -467,6 +467,14 @@ def test_other_volumes_above_a_plugin_path_keep_the_in_place_rule(volume: dict[s
     assert find_escape(pod, Config()) is None
 
 
+def test_an_unnamed_atomic_writer_volume_matches_no_mount() -> None:
+    pod = _container_pod(
+        {"name": "c", "volumeMounts": [{"name": "None", "mountPath": "/etc"}]},
+        volumes=[{"name": None, "configMap": {}}, {"configMap": {}}],
+    )
+    assert find_escape(pod, Config()) is None
+
+
 def test_an_atomic_writer_volume_is_found_by_name_in_every_container_group() -> None:
     pod = {
         "spec": {

@@ -207,9 +207,11 @@ ATOMIC_WRITER_VOLUMES: Final = ("configMap", "secret", "projected", "downwardAPI
 def atomic_writer_volumes(pod: Mapping[str, Any]) -> frozenset[str]:
     """The names of the pod's volumes the kubelet writes through its atomic writer."""
     return frozenset(
-        str(volume.get("name"))
+        volume["name"]
         for volume in (pod.get("spec") or {}).get("volumes") or ()
-        if isinstance(volume, dict) and any(volume.get(kind) is not None for kind in ATOMIC_WRITER_VOLUMES)
+        if isinstance(volume, dict)
+        and isinstance(volume.get("name"), str)
+        and any(volume.get(kind) is not None for kind in ATOMIC_WRITER_VOLUMES)
     )
 
 
