@@ -2,8 +2,10 @@
 
 Pure: a pod dict and the configuration in, the first escape found (or None) out. The node plugin hands
 a vGPU container its limits through environment variables and bind mounts; a container that sets
-those variables itself, mounts over those paths, or reaches the plugin's host folders through a
-hostPath volume could replace the limits or switch HAMi-core off. Every container of a vGPU pod is
+those variables itself (or through an `envFrom` prefix), mounts over those paths (or, with a volume
+the kubelet rewrites by swapping symlinks, above them), or reaches the plugin's host folders through
+a hostPath volume could replace the limits or switch HAMi-core off. Which variables, and why each,
+is `contract.container_env`. Every container of a vGPU pod is
 checked, not just the ones that ask for a vGPU: with the NVIDIA runtime as the node's default, a
 sidecar that sets `NVIDIA_VISIBLE_DEVICES=all` is handed every GPU of the node with no limits at all.
 
