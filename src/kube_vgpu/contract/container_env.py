@@ -31,10 +31,8 @@ _HAMI_CORE: Final = Reserved(
 _RUNTIME_INSTEAD: Final = (
     "a vGPU pod gets its GPUs from its vgpu resources, never from the runtime's variables"
 )
-
-
-def _runtime(grants: str) -> Reserved:
-    return Reserved(f"makes the NVIDIA container runtime hand the container {grants}", _RUNTIME_INSTEAD)
+# Written out per entry, not built by a function: the table is made once at import.
+_HANDS: Final = "makes the NVIDIA container runtime hand the container "
 
 
 # Name -> why. HAMi-core's own variables first, then the NVIDIA runtime's.
@@ -56,26 +54,40 @@ RESERVED_ENV: Final[dict[str, Reserved]] = {
         "bake libraries into the image instead",
     ),
     # internal/config/image/envvars.go: the device list (`all` is every GPU of the node) ...
-    "NVIDIA_VISIBLE_DEVICES": _runtime("the GPUs it names (`all`: every GPU of the node)"),
+    "NVIDIA_VISIBLE_DEVICES": Reserved(
+        _HANDS + "the GPUs it names (`all`: every GPU of the node)", _RUNTIME_INSTEAD
+    ),
     # ... the driver libraries and device nodes injected with them (`all` adds display, video and
     # compat libraries the node plugin does not grant) ...
-    "NVIDIA_DRIVER_CAPABILITIES": _runtime("the driver capabilities it names"),
+    "NVIDIA_DRIVER_CAPABILITIES": Reserved(_HANDS + "the driver capabilities it names", _RUNTIME_INSTEAD),
     # ... MIG management: `/dev/nvidia-caps` config and monitor capabilities of the GPUs it names
     # (cmd/nvidia-container-runtime-hook/container_config.go, getMigConfigDevices) ...
-    "NVIDIA_MIG_CONFIG_DEVICES": _runtime("MIG configuration rights over the GPUs it names"),
-    "NVIDIA_MIG_MONITOR_DEVICES": _runtime("MIG monitoring rights over the GPUs it names"),
+    "NVIDIA_MIG_CONFIG_DEVICES": Reserved(
+        _HANDS + "MIG configuration rights over the GPUs it names", _RUNTIME_INSTEAD
+    ),
+    "NVIDIA_MIG_MONITOR_DEVICES": Reserved(
+        _HANDS + "MIG monitoring rights over the GPUs it names", _RUNTIME_INSTEAD
+    ),
     # ... IMEX channels (`/dev/nvidia-caps-imex-channels/channel<N>`): the boundary of who may share
     # GPU memory across an NVLink domain (CUDA.ImexChannelRequests) ...
-    "NVIDIA_IMEX_CHANNELS": _runtime("the IMEX channels it names, which share GPU memory across nodes"),
+    "NVIDIA_IMEX_CHANNELS": Reserved(
+        _HANDS + "the IMEX channels it names, which share GPU memory across nodes", _RUNTIME_INSTEAD
+    ),
     # ... and the feature-gated device sets, each injected when the variable is `enabled`
     # (internal/modifier/cdi.go, gatedDevices; internal/config/features.go).
-    "NVIDIA_GDS": _runtime("GPUDirect Storage devices (`/dev/nvidia-fs*`)"),
-    "NVIDIA_MOFED": _runtime("Mellanox OFED devices (`/dev/infiniband`)"),
-    "NVIDIA_NVSWITCH": _runtime("the node's NVSwitch devices (`/dev/nvidia-nvswitch*`)"),
-    "NVIDIA_GDRCOPY": _runtime("the GDRCopy device (`/dev/gdrdrv`), a direct map of GPU memory"),
+    "NVIDIA_GDS": Reserved(_HANDS + "GPUDirect Storage devices (`/dev/nvidia-fs*`)", _RUNTIME_INSTEAD),
+    "NVIDIA_MOFED": Reserved(_HANDS + "Mellanox OFED devices (`/dev/infiniband`)", _RUNTIME_INSTEAD),
+    "NVIDIA_NVSWITCH": Reserved(
+        _HANDS + "the node's NVSwitch devices (`/dev/nvidia-nvswitch*`)", _RUNTIME_INSTEAD
+    ),
+    "NVIDIA_GDRCOPY": Reserved(
+        _HANDS + "the GDRCopy device (`/dev/gdrdrv`), a direct map of GPU memory", _RUNTIME_INSTEAD
+    ),
     # Older releases (internal/config/features.go before 1.17) read this to add the device nodes'
     # groups to the container's process.
-    "NVIDIA_ALLOW_ADDITIONAL_GIDS": _runtime("the groups that own the injected device nodes"),
+    "NVIDIA_ALLOW_ADDITIONAL_GIDS": Reserved(
+        _HANDS + "the groups that own the injected device nodes", _RUNTIME_INSTEAD
+    ),
 }
 # Every name starting with one of these: `CUDA_DEVICE_MEMORY_LIMIT` and each per-device
 # `CUDA_DEVICE_MEMORY_LIMIT_<i>`; the SM limit likewise, in case a HAMi-core build reads a

@@ -8,9 +8,16 @@ from typing import Any
 import pytest
 
 from kube_vgpu.contract.config import Config, NodeConfig
+from kube_vgpu.contract.container_env import reachable_by_prefix, reserved
 from kube_vgpu.contract.devices import DeviceRecord
 from kube_vgpu.node.deviceplugin.hamicore import build_response
-from kube_vgpu.webhook.admission.isolation import covers, find_escape, host_overlaps, normalize
+from kube_vgpu.webhook.admission.isolation import (
+    covers,
+    find_escape,
+    grouped_containers,
+    host_overlaps,
+    normalize,
+)
 from tests.support.node import GPUS, UUID_A
 
 
@@ -486,3 +493,22 @@ def test_an_atomic_writer_volume_is_found_by_name_in_every_container_group() -> 
         }
     }
     assert _message(pod).startswith("ephemeralContainers[dbg]: volumeMounts path '/usr/local' of 'cm'")
+
+
+@pytest.mark.parametrize("name", ["PATH", "", "CUDA_DEVICE_MEMORY", "nvidia_visible_devices", "LD_AUDIT_"])
+def test_a_name_no_rule_reserves_has_no_reason(name: str) -> None:
+    assert reserved(name) is None
+
+
+def test_a_reserved_name_or_prefix_has_its_reason() -> None:
+    found = reserved("CUDA_DEVICE_MEMORY_LIMIT_7")
+    assert found is not None and "GPU memory and core limits" in found.why
+    assert reserved("NVIDIA_GDS") is not None and reserved("LD_AUDIT") is not None
+    assert reachable_by_prefix("") is None
+
+
+def test_the_container_list_given_is_the_one_checked() -> None:
+    # `check_containers` hands over the list it built; the pod's own is not listed again.
+    pod = _container_pod({"name": "c", "env": [{"name": "LD_AUDIT"}]})
+    assert find_escape(pod, Config(), []) is None
+    assert find_escape(pod, Config(), grouped_containers(pod)) is not None
