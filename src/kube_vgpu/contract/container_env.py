@@ -74,7 +74,8 @@ RESERVED_ENV: Final[dict[str, Reserved]] = {
         _HANDS + "the IMEX channels it names, which share GPU memory across nodes", _RUNTIME_INSTEAD
     ),
     # ... and the feature-gated device sets, each injected when the variable is `enabled`
-    # (internal/modifier/cdi.go, gatedDevices; internal/config/features.go).
+    # (internal/modifier/cdi.go gatedDevices, internal/modifier/gated.go): to any container that is
+    # handed GPUs at all, which every vGPU container is.
     "NVIDIA_GDS": Reserved(_HANDS + "GPUDirect Storage devices (`/dev/nvidia-fs*`)", _RUNTIME_INSTEAD),
     "NVIDIA_MOFED": Reserved(_HANDS + "Mellanox OFED devices (`/dev/infiniband`)", _RUNTIME_INSTEAD),
     "NVIDIA_NVSWITCH": Reserved(
