@@ -107,7 +107,7 @@ def _config(group: Group) -> str:
 
 
 def _module_of(mutant: str) -> str:
-    # "kube_vgpu.webhook.quota.charge.x_pod_charge__mutmut_3" -> "kube_vgpu.webhook.quota.charge"
+    # "<package>.<module>.x_<function>__mutmut_3" -> "<package>.<module>"
     head = mutant.split("__mutmut_", maxsplit=1)[0]
     return head.rsplit(".", 1)[0]
 

@@ -1,5 +1,5 @@
 """`kube-vgpu certs patch` writes the CA into the ValidatingWebhookConfiguration of the same name too:
-both admission phases are served by the one webhook Service (SPEC §2, §4)."""
+both admission phases are served by the one webhook Service."""
 
 from __future__ import annotations
 

@@ -74,7 +74,8 @@ def manager(
 
 
 def scheduler_slot(gpu: GpuInfo, used: dict[str, set[int]], request_mib: int) -> str:
-    """The device ID Volcano writes for `request_mib` on `gpu` given the slots in use (protocol §6.2)."""
+    """The device ID Volcano writes for `request_mib` on `gpu` given the slots in use
+    (pkg/scheduler/api/devices/nvidia/vgpu/mig.go)."""
     groups = geometry_for_type(default_device_config(), register_type(gpu.name))
     assert groups is not None
     chosen = choose_slot(groups, used, request_mib)

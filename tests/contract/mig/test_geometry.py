@@ -1,4 +1,5 @@
-"""Volcano's MIG geometry contract against the protocol facts' §6 document and worked example."""
+"""Volcano's MIG geometry contract against the ConfigMap Volcano ships and
+the slots its pkg/scheduler/api/devices/nvidia/vgpu/mig.go picks."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from kube_vgpu.contract.mig.geometry import (
 )
 from kube_vgpu.contract.mig.shipped import DEFAULT_DEVICE_CONFIG_YAML, default_device_config
 
-# The ConfigMap of protocol §6.1, as Volcano ships it.
+# The `volcano-vgpu-device-config` ConfigMap, as Volcano ships it.
 FACTS_CONFIG = """\
 nvidia:
   resourceCountName: volcano.sh/vgpu-number
@@ -90,7 +91,8 @@ def test_worked_example_8000_then_4000_on_an_empty_a100(a100_groups: list[MigGro
 
 
 def test_only_types_in_use_are_eligible_on_a_partitioned_gpu(a100_groups: list[MigGroup]) -> None:
-    # §8 item 13: with all three 2g.10gb taken, the free 1g.5gb (not yet used) is never offered.
+    # Once a group is in use, only its used types are offered: with all three 2g.10gb taken, the free 1g.5gb
+    # (not yet used) is never offered.
     assert choose_slot(a100_groups, {"group2": [0, 1, 2]}, 100) is None
     # Once the 1g.5gb is in use it is the smallest eligible type for a small request.
     assert choose_slot(a100_groups, {"group2": [3, 0]}, 100) == ("group2", 1)

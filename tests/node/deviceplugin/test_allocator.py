@@ -1,4 +1,4 @@
-"""Allocate through the kubelet stand-in (real gRPC) against the stand-in API server (protocol §5)."""
+"""Allocate through the kubelet stand-in (real gRPC) against the stand-in API server."""
 
 from __future__ import annotations
 

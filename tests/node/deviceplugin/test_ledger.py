@@ -1,4 +1,5 @@
-"""The node's own ledger: true per-GPU sums and over-commit (protocol Appendix C.4)."""
+"""The node's own ledger: true per-GPU sums and over-commit (Volcano counts only the
+first record per pod and GPU)."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ async def test_the_node_watch_lists_its_node_in_a_page_and_sees_a_drift_there(
         api, Inventory(list(GPUS), 10, NODE), mode="hami-core", names=ResourceNames(), interval=30
     )
     loop = asyncio.get_running_loop()
-    caplog.set_level(logging.INFO, logger="kube_vgpu.node.publisher")
+    caplog.set_level(logging.INFO, logger="kube_vgpu.node.publish.publisher")
     thread = loop.run_in_executor(None, publisher.watch_forever, loop)
     try:
         async with asyncio.timeout(10):

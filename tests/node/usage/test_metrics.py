@@ -1,4 +1,4 @@
-"""Usage metrics (SPEC §3): what NVML says the GPUs and each container's processes are doing, with
+"""Usage metrics: what NVML says the GPUs and each container's processes are doing, with
 every process mapped to its pod and container through its cgroup and the pod's container statuses."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.node.publish.advertise import Device, device_list
 
-log = logging.getLogger("kube_vgpu.node.inventory")
+log = logging.getLogger(__name__)
 
 
 class Inventory:

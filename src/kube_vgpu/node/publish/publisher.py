@@ -31,7 +31,7 @@ from kube_vgpu.node.publish.advertise import (
     register_value,
 )
 
-log = logging.getLogger("kube_vgpu.node.publisher")
+log = logging.getLogger(__name__)
 
 _RETRY_SECONDS = 2.0
 _MAX_WATCH_RETRY_SECONDS = 30.0

@@ -175,7 +175,7 @@ class Operations:
             if self.store.get(rt, namespace, name) is not None:
                 raise errors.already_exists(rt.plural, name, rt.group)
             # A test's direct write may carry the system metadata an admission chain already filled
-            # (facts apiserver-admission.md §2: validating webhooks see the uid that gets stored).
+            # (validating webhooks see the uid that gets stored).
             kept = {k: metadata[k] for k in ("uid", "creationTimestamp") if direct and metadata.get(k)}
             for owned in (*_SERVER_OWNED, "resourceVersion"):
                 metadata.pop(owned, None)

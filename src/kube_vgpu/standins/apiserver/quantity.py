@@ -1,10 +1,10 @@
 """LOCAL STAND-IN for Kubernetes' `resource.Quantity`: parse, canonical text, and `Value()`.
 
 The kube-apiserver parses every resource quantity it decodes and serialises it again in canonical form
-before any webhook, scheduler or device plugin sees it (facts `apiserver-admission.md` §1: `3000` is
+before any webhook, scheduler or device plugin sees it (`3000` is
 read back as `3k`). This restates `k8s.io/apimachinery/pkg/api/resource` (`parseQuantityString`,
 `ParseQuantity`, `CanonicalizeBytes`, `Value`) for the stand-in API server and the Volcano stand-in.
-It deliberately shares nothing with kube-vgpu's own parser (`contract.resources`), so an end-to-end
+It deliberately shares nothing with kube-vgpu's own parser (`contract.quantity`), so an end-to-end
 test that passes through both says something about a real cluster.
 """
 

@@ -354,7 +354,7 @@ class ApiServerStandin:
         return self.store.load_compact(lookup(kind), objects)
 
     def decode(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """A create body as mutating admission sees it (facts `apiserver-admission.md` §1-2): decoded,
+        """A create body as mutating admission sees it: decoded,
         quantities in canonical form, defaulted, nothing stored and no system metadata yet (a
         `generateName` pod has no name). Raises the 400 the real server answers for a bad quantity."""
         return decoded(obj)
