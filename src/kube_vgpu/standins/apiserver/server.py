@@ -349,8 +349,8 @@ class ApiServerStandin:
 
     def load_compact(self, kind: str, objects: Iterable[dict[str, Any]]) -> int:
         """Store many objects of one kind (bare: no apiVersion/kind) as compact JSON, with no watch
-        event or history (benchmark fill: 150,000 realistic pods held as dicts would cost several
-        GB). Each object carries its final metadata (uid, creationTimestamp); returns the count."""
+        event or history (benchmark fill: 150,000 realistic pods held as dicts would cost
+        gigabytes). Each object carries its final metadata (uid, creationTimestamp); returns the count."""
         return self.store.load_compact(lookup(kind), objects)
 
     def decode(self, obj: Mapping[str, Any]) -> dict[str, Any]:

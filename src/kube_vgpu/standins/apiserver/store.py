@@ -34,8 +34,9 @@ def encode(obj: Any) -> bytes:
 class Stored:
     """One version of one object (without kind/apiVersion), its JSON encoded once on first use.
 
-    A compact one (`from_raw`) holds its JSON alone and decodes `obj` on each use: a 6 KB pod held
-    as Python objects costs about 31 KB, so benchmarks of 150,000 pods store them this way.
+    A compact one (`from_raw`) holds its JSON alone and decodes `obj` on each use: a pod held as
+    Python objects costs about five times its JSON (docs/benchmarks.md), so benchmarks of 150,000
+    pods store them this way.
     """
 
     __slots__ = ("_obj", "_raw", "key", "rv")
