@@ -24,7 +24,7 @@ from kube_vgpu.contract.names import (
 )
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.nvml.gpus import GpuInfo
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.plugin import NodePlugin, PluginSettings
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -163,7 +163,7 @@ class Harness:
     hook: Path
 
     @property
-    def inventory(self) -> Inventory:
+    def inventory(self) -> LiveGpus:
         assert self.plugin.inventory is not None
         return self.plugin.inventory
 

@@ -25,7 +25,7 @@ from kube_vgpu.contract.names import (
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.allocator import Allocator
-from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node import (
     CORES,

@@ -33,6 +33,7 @@ from kube_vgpu.contract.names import (
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable
 from kube_vgpu.node.api import NodeApi, annotation_path, is_conflict
 from kube_vgpu.node.deviceplugin.bind_order import fallback_key
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.node.deviceplugin.cache_folders import make_folder
 from kube_vgpu.node.deviceplugin.hamicore import (
     DEFAULT_LOCK_DIR,
@@ -40,7 +41,6 @@ from kube_vgpu.node.deviceplugin.hamicore import (
     build_response,
     cache_dir,
 )
-from kube_vgpu.node.deviceplugin.ledger import Ledger
 from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
 from kube_vgpu.node.deviceplugin.selection import (
     Claim,
@@ -54,7 +54,7 @@ from kube_vgpu.node.deviceplugin.server import AllocateFailed
 from kube_vgpu.node.deviceplugin.verify import claim_problem
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.mig.manager import MigManager, MigRefused
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Allocator:
     def __init__(
         self,
         api: NodeApi,
-        inventory: Inventory,
+        inventory: LiveGpus,
         ledger: Ledger,
         metrics: Metrics,
         *,

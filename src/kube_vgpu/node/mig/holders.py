@@ -16,7 +16,7 @@ from typing import Any
 from kube_vgpu.contract.devices import ContainerDevices, DeviceListError, decode_pod_devices
 from kube_vgpu.contract.mig.geometry import MigGeometryError, is_mig_device_id, parse_mig_device_id
 from kube_vgpu.contract.names import DEVICES_TO_ALLOCATE, VGPU_IDS_NEW
-from kube_vgpu.node.deviceplugin.ledger import holds_devices
+from kube_vgpu.node.deviceplugin.bookings import holds_devices
 from kube_vgpu.node.deviceplugin.selection import PodRef, annotations_of, pod_ref
 from kube_vgpu.node.mig.layout import SlotHolder
 

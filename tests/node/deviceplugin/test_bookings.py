@@ -4,7 +4,7 @@ first record per pod and GPU)."""
 from __future__ import annotations
 
 from kube_vgpu.contract.config import ResourceNames
-from kube_vgpu.node.deviceplugin.ledger import GpuUse, Ledger, Overcommit
+from kube_vgpu.node.deviceplugin.bookings import GpuUse, Ledger, Overcommit
 from tests.support.node import (
     EXAMPLE_IDS,
     GPUS,
