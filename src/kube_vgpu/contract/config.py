@@ -222,21 +222,3 @@ def load_config(path: str | Path | None) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: {utf8_problem(exc)}") from None
     return parse_config(text, source=str(path))
-
-
-def encode_config(config: Config) -> str:
-    """The YAML document `parse_config` reads back to an equal Config (used by the demo and chart tests)."""
-
-    def section(obj: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            out[_camel(f.name)] = list(value) if isinstance(value, tuple) else value
-        return out
-
-    doc = {
-        "resourceNames": section(config.resource_names),
-        "webhook": section(config.webhook),
-        "node": section(config.node),
-    }
-    return yaml.safe_dump(doc, sort_keys=False)

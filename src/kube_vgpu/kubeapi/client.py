@@ -254,11 +254,6 @@ class WatchInterrupt:
         self._response: Any = None
         self._interrupted = False
 
-    @property
-    def interrupted(self) -> bool:
-        """Whether `interrupt()` was called."""
-        return self._interrupted
-
     def attach(self, response: Any) -> None:
         """Called by `Kube.watch` with the open stream (shut at once if already interrupted)."""
         with self._lock:

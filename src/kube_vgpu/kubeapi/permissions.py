@@ -122,8 +122,3 @@ def declared(component: Component, verb: Verb, resource: str, group: str) -> boo
         c.component == component and c.verb == verb and c.resource == resource and c.group == group
         for c in API_CALLS
     )
-
-
-def calls_of(component: Component) -> frozenset[tuple[str, str, str, str | None]]:
-    """(group, resource, verb, named) of every call one component makes."""
-    return frozenset((c.group, c.resource, c.verb, c.named) for c in API_CALLS if c.component == component)

@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from kube_vgpu.contract.register import uuid_registrable
 from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 
 
@@ -45,11 +44,6 @@ class MigGroup:
 
     name: str
     instance_types: tuple[MigInstanceType, ...]
-
-    @property
-    def slot_count(self) -> int:
-        """How many positions the group has: the sum of its instance counts."""
-        return sum(t.count for t in self.instance_types)
 
 
 @dataclass(frozen=True)
@@ -372,13 +366,3 @@ def parse_mig_device_id(device_id: str) -> MigDeviceId:
     if not (position.isascii() and position.isdigit()):
         raise MigGeometryError(f"device id {device_id!r}: position {position!r} is not an integer")
     return MigDeviceId(match["uuid"], group, int(position))
-
-
-def encode_mig_device_id(gpu_uuid: str, group: str, position: int) -> str:
-    """Encode the device ID the scheduler writes for a MIG slot."""
-    if not uuid_registrable(gpu_uuid):
-        raise MigGeometryError(f"GPU UUID {gpu_uuid!r} is empty or holds one of , : ; [ ]")
-    check_group_name(group)
-    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-        raise MigGeometryError(f"position {position!r} is not an integer >= 0")
-    return f"{gpu_uuid}[{group}-{position}]"

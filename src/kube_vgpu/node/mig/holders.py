@@ -9,7 +9,7 @@ not terminal (a terminating pod still runs, so it still holds). Pure: pods in, h
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,8 +108,3 @@ def node_holdings(pods: Iterable[Mapping[str, Any]], node_name: str) -> Holdings
         items.extend(found)
         problems.extend(skipped)
     return Holdings(tuple(items), tuple(problems))
-
-
-def groups_held(holdings: Sequence[Holding]) -> set[str]:
-    """The groups the given holdings use."""
-    return {h.group for h in holdings}

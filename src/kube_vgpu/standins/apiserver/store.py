@@ -144,11 +144,6 @@ class Store:
         """The latest revision (the resourceVersion a list made now reports)."""
         return self._rv
 
-    @property
-    def compacted_rv(self) -> int:
-        """Watches and continued lists from before this revision answer 410."""
-        return self._compacted_rv
-
     def get(self, rt: ResourceType, namespace: str, name: str) -> Stored | None:
         """The current version of an object, or None."""
         return self._objects.get(rt.key, {}).get((namespace, name))

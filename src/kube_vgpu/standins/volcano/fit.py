@@ -104,6 +104,12 @@ def node_ledger(node: Mapping[str, Any], pods_on_node: Sequence[Mapping[str, Any
     return gpus
 
 
+def mig_device_id(gpu_uuid: str, group: str, position: int) -> str:
+    """The device ID Volcano writes for a MIG slot, `<GPU-UUID>[<group>-<position>]`
+    (pkg/scheduler/api/devices/nvidia/vgpu/mig.go); like Volcano, it checks nothing."""
+    return f"{gpu_uuid}[{group}-{position}]"
+
+
 def _charge(gpus: Sequence[GpuLedger], record: DeviceRecord) -> None:
     for gpu in gpus:
         if gpu.uuid in record.gpu_uuid:  # Volcano matches by containment (its vgpu/utils.go)
@@ -198,7 +204,7 @@ def fit_pod(
                 if slot is None:
                     misfits.append(f"{gpu.uuid}: no free MIG slot of {memory} MiB")
                     continue
-                device_id = f"{gpu.uuid}[{slot[0]}-{slot[1]}]"
+                device_id = mig_device_id(gpu.uuid, *slot)
                 gpu.mig_slots.append(slot)
             gpu.used_num += 1
             gpu.used_mem += charged
