@@ -56,7 +56,7 @@ GROUPS: dict[str, Group] = {
     ),
     "booking": Group(
         modules=("src/kube_vgpu/node/deviceplugin/verify.py",),
-        tests=("tests/node/deviceplugin/test_verify.py", "tests/node/deviceplugin/test_booking.py"),
+        tests=("tests/node/deviceplugin/test_verify.py", "tests/node/deviceplugin/test_verify_booking.py"),
     ),
     # The quota's pure arithmetic and decision against the shared reservations.
     "quota": Group(
