@@ -56,7 +56,7 @@ def canonicalise_quantities(rt: ResourceType, obj: dict[str, Any]) -> None:
         for key, raw in list(amounts.items()):
             try:
                 amounts[key] = quantity.from_json(raw)
-            except quantity.QuantityError as exc:
+            except quantity.BadQuantity as exc:
                 why = f'{rt.kind} in version "v1" cannot be handled as a {rt.kind}: {exc}'
                 raise errors.bad_request(why) from None
 

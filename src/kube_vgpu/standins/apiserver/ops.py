@@ -61,7 +61,7 @@ def with_type(rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Page:
+class ListPage:
     """One answer to a list: matching objects, the revision read at, and how to continue."""
 
     items: list[Stored]
@@ -114,7 +114,7 @@ class Operations:
         limit: int | None = None,
         continue_token: str | None = None,
         exact_rv: int | None = None,
-    ) -> Page:
+    ) -> ListPage:
         """Objects in key order matching the selectors, `limit` at a time, consistent across pages."""
         labels = labels or LabelSelector()
         fields = fields or FieldSelector()
@@ -142,9 +142,9 @@ class Operations:
             if limit and len(matched) == limit:
                 # The real server only estimates the remainder when nothing is filtered out.
                 remaining = None if selecting else len(items) - index
-                return Page(matched, rv, _encode_continue(rv, matched[-1].key), remaining)
+                return ListPage(matched, rv, _encode_continue(rv, matched[-1].key), remaining)
             matched.append(stored)
-        return Page(matched, rv, None, None)
+        return ListPage(matched, rv, None, None)
 
     # -- writes -------------------------------------------------------------------------------------
 
