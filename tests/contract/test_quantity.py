@@ -165,7 +165,7 @@ def test_fractions_are_refused_or_read_exactly(whole: int, fraction: int, suffix
 
 def test_the_stand_in_refuses_what_the_server_refuses() -> None:
     for text in ("abc", "1.2.3", "3KiB", "1e", " 3"):
-        with pytest.raises(k8s.QuantityError):
+        with pytest.raises(k8s.BadQuantity):
             k8s.parse(text)
 
 
