@@ -23,7 +23,7 @@ from kube_vgpu.node.dra.attributes import read_facts
 from kube_vgpu.node.dra.publisher import SlicePublisher
 from kube_vgpu.node.nvml.gpus import discover
 from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.nvml.api import load_simulation
@@ -45,7 +45,7 @@ async def one_round(api: ApiServerStandin, gpus: int) -> list[float]:
     )
     nvml.nvmlInit()
     found = discover(nvml)
-    inventory = Inventory(found, 10, NODE)
+    inventory = LiveGpus(found, 10, NODE)
     loop = asyncio.get_running_loop()
 
     def report(uuid: str, healthy: bool, reason: str) -> None:

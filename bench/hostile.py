@@ -1,5 +1,5 @@
 """Hostile traffic against a real `kube-vgpu webhook` process: fuzzed reviews, a worst-case legal pod,
-and a flood of idle TLS connections (SPEC §2.3).
+and a flood of idle TLS connections.
 
 The stand-in API server (in this process) holds a few GPU nodes; the webhook runs as its own
 process. Printed: answers by status class (5xx must be 0, and no answer may be an "internal

@@ -17,10 +17,10 @@ import uuid
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
-from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.nvml.gpus import discover
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.usage.metrics import UsageSampler
 from kube_vgpu.standins.nvml.api import load_simulation
 
@@ -70,7 +70,7 @@ def main() -> None:
     gpus = discover(nvml)
     sampler = UsageSampler(nvml, gpus, NODE, nvml.process_cgroup)
     sampler.pods_seen(pods)
-    metrics = Metrics(Inventory(gpus, 10, NODE), Ledger(gpus, 10, ResourceNames(), NODE), sampler)
+    metrics = Metrics(LiveGpus(gpus, 10, NODE), Ledger(gpus, 10, ResourceNames(), NODE), sampler)
     refresh: list[float] = []
     render: list[float] = []
     size = 0

@@ -60,7 +60,7 @@ GROUPS: dict[str, Group] = {
         tests=(
             "tests/node/deviceplugin/test_verify.py",
             "tests/node/deviceplugin/test_verify_charge.py",
-            "tests/node/deviceplugin/test_booking.py",
+            "tests/node/deviceplugin/test_verify_booking.py",
         ),
     ),
     # The quota's pure arithmetic and decision against the shared reservations.
@@ -112,7 +112,7 @@ def _config(group: Group) -> str:
 
 
 def _module_of(mutant: str) -> str:
-    # "kube_vgpu.webhook.quota.charge.x_pod_charge__mutmut_3" -> "kube_vgpu.webhook.quota.charge"
+    # "<package>.<module>.x_<function>__mutmut_3" -> "<package>.<module>"
     head = mutant.split("__mutmut_", maxsplit=1)[0]
     return head.rsplit(".", 1)[0]
 

@@ -1,4 +1,5 @@
-"""Round trips of the pod device list against the protocol facts' worked example (§4.3)."""
+"""Round trips of the pod device list against a worked example: the two-container
+pod Volcano's binpack places on two V100 32 GB."""
 
 from __future__ import annotations
 

@@ -48,7 +48,8 @@ def test_register_type_round_trips_both_forms() -> None:
 
 
 def _volcano_allows(items: tuple[str, ...], type_field: str) -> bool:
-    """Volcano's rule (protocol §3.1): any item is a case-insensitive substring of TYPE."""
+    """Volcano's rule (pkg/scheduler/api/devices/nvidia/vgpu/utils.go): any item is a case-insensitive
+    substring of TYPE."""
     return any(item.lower() in type_field.lower() for item in items)
 
 

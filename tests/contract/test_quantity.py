@@ -1,8 +1,9 @@
-"""Quantities in the apiserver's canonical form (facts `apiserver-admission.md` §1, SPEC §1).
+"""Quantities in the apiserver's canonical form
+(k8s.io/apimachinery/pkg/api/resource/quantity.go).
 
 Three readers must agree: kube-vgpu's own parser (`contract.quantity`), the stand-in's restatement of
 Kubernetes' `resource.Quantity` (what the API server writes back and what Volcano's `Value()` reads),
-and the official client's `kubernetes.utils.parse_quantity` (the facts name it as the oracle).
+and the official client's `kubernetes.utils.parse_quantity` (the oracle).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from kube_vgpu.standins.apiserver import quantity as k8s
 
 NAMES = ResourceNames()
 
-# facts §1, the table: what the user wrote, what every reader sees.
+# What the user wrote, what every reader sees.
 FACTS_TABLE = [
     ("3000", "3k"),
     ("8000", "8k"),
@@ -49,7 +50,7 @@ FACTS_TABLE = [
     ("2048Mi", "2Gi"),
     ("1024Ki", "1Mi"),
 ]
-# facts §1: "Volcano reads quantities with Quantity.Value(), which gives 3000 for 3k, 1000 for 1e3,
+# "Volcano reads quantities with Quantity.Value(), which gives 3000 for 3k, 1000 for 1e3,
 # 1 for 500m (rounded up) and 3221225472 for 3Gi."
 FACTS_VALUES = [("3k", 3000), ("1e3", 1000), ("500m", 1), ("3Gi", 3221225472)]
 
@@ -76,7 +77,7 @@ def test_kube_vgpu_reads_every_whole_row_as_volcano_does(written: str, seen: str
 
 @pytest.mark.parametrize(("written", "seen"), FACTS_TABLE)
 def test_each_row_as_a_memory_request(written: str, seen: str) -> None:
-    """SPEC §1: binary suffixes on vgpu-memory refused with the MiB hint; fractions refused."""
+    """Binary suffixes on vgpu-memory refused with the MiB hint; fractions refused."""
     container = {"name": "main", "resources": {"limits": {NAMES.memory: seen}}}
     if has_binary_suffix(seen):
         with pytest.raises(RequestError, match=r"number of MiB without a binary suffix: write \d+, not"):
@@ -164,7 +165,7 @@ def test_fractions_are_refused_or_read_exactly(whole: int, fraction: int, suffix
 
 def test_the_stand_in_refuses_what_the_server_refuses() -> None:
     for text in ("abc", "1.2.3", "3KiB", "1e", " 3"):
-        with pytest.raises(k8s.QuantityError):
+        with pytest.raises(k8s.BadQuantity):
             k8s.parse(text)
 
 

@@ -1,4 +1,5 @@
-"""Round trips of the node register annotation against the protocol facts' worked example (§2.2)."""
+"""Round trips of the node register annotation against a worked example: a node of two
+V100 32 GB as Volcano's pkg/scheduler/api/devices/nvidia/vgpu/utils.go decodes it."""
 
 from __future__ import annotations
 

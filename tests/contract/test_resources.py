@@ -1,4 +1,4 @@
-"""Parsing and validating container vGPU requests (SPEC §2 malformed values)."""
+"""Parsing and validating container vGPU requests (malformed values refused)."""
 
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from kube_vgpu.contract.config import Config, ResourceNames
 from kube_vgpu.kubeapi.client import Kube
-from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.nvml.gpus import discover
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.usage.metrics import UsageSampler
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.nvml.api import load_simulation
@@ -197,7 +197,7 @@ def program_metrics(apiserver: ApiServerStandin) -> Iterator[tuple[set[str], dic
     nvml.nvmlInit()
     gpus = discover(nvml)
     sampler = UsageSampler(nvml, gpus, "n1", nvml.process_cgroup)
-    node = Metrics(Inventory(gpus, 10, "n1"), Ledger(gpus, 10, ResourceNames(), "n1"), sampler)
+    node = Metrics(LiveGpus(gpus, 10, "n1"), Ledger(gpus, 10, ResourceNames(), "n1"), sampler)
     kube = Kube(apiserver.api_client())
     webhook = WebhookMetrics()
     build_services(ClusterCache(kube, staleness_seconds=30), Config(), webhook)

@@ -552,6 +552,8 @@ def test_continue_tokens_that_always_expire_restart_the_list_after_growing_waits
     # The first expiry restarts at once (as client-go's pager retries at once); the next ones wait.
     assert backoff.attempts[:3] == [0, 1, 2] and recorder.lists == []
     assert running.reflector.expired_continues - len(backoff.attempts) in (0, 1)
+    # Every restart reads the first page again.
+    assert source.first_pages - running.reflector.expired_continues in (0, 1)
 
 
 class SameToken:

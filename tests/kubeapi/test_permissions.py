@@ -6,8 +6,13 @@ from __future__ import annotations
 import pytest
 
 from kube_vgpu.kubeapi.client import Kube
-from kube_vgpu.kubeapi.permissions import API_CALLS, COMPONENTS, UndeclaredCall, calls_of, declared
+from kube_vgpu.kubeapi.permissions import API_CALLS, COMPONENTS, Component, UndeclaredCall, declared
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+
+
+def calls_of(component: Component) -> frozenset[tuple[str, str, str, str | None]]:
+    """(group, resource, verb, named) of every call one component makes."""
+    return frozenset((c.group, c.resource, c.verb, c.named) for c in API_CALLS if c.component == component)
 
 
 def test_an_undeclared_call_is_refused_before_any_request(apiserver: ApiServerStandin) -> None:

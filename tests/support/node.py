@@ -24,7 +24,7 @@ from kube_vgpu.contract.names import (
 )
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.nvml.gpus import GpuInfo
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.plugin import NodePlugin, PluginSettings
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -36,12 +36,12 @@ NODE = "gpu-node-1"
 UUID_A = "GPU-1c2d3e4f-0a1b-2c3d-4e5f-60718293a4b5"
 UUID_B = "GPU-9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"
 V100 = "Tesla V100-PCIE-32GB"
-# The node of protocol §2.2: two V100 32 GB.
+# The worked example's node: two V100 32 GB.
 GPUS = (
     GpuInfo(index=0, uuid=UUID_A, name=V100, minor=0, memory_mib=32768),
     GpuInfo(index=1, uuid=UUID_B, name=V100, minor=1, memory_mib=32768),
 )
-# The pod of protocol §4.3 (binpack): c1 on A, sidecar without GPU, c2 on A and B.
+# The worked example's pod (binpack): c1 on A, sidecar without GPU, c2 on A and B.
 EXAMPLE_IDS = f"{UUID_A},NVIDIA,3000,30:;{UUID_A},NVIDIA,2048,0:{UUID_B},NVIDIA,2048,0:"
 COUNT = "volcano.sh/vgpu-number"
 MEMORY = "volcano.sh/vgpu-memory"
@@ -61,7 +61,7 @@ def container(
 
 
 def example_containers() -> list[dict[str, Any]]:
-    """`c1`, `sidecar`, `c2` of protocol §4.3."""
+    """`c1`, `sidecar`, `c2` of the worked example."""
     return [
         container("c1", {COUNT: "1", MEMORY: "3000", CORES: "30"}),
         container("sidecar"),
@@ -146,7 +146,7 @@ def node_object(
 
 
 def simulation(count: int = 2, uuids: list[str] | None = None, **extra: Any) -> dict[str, Any]:
-    """A `--simulate` document: `count` V100 32 GB (the §2.2 node by default)."""
+    """A `--simulate` document: `count` V100 32 GB (the worked example's node by default)."""
     gpu: dict[str, Any] = {"model": V100, "memoryMiB": 32768, "count": count}
     gpu["uuids"] = uuids if uuids is not None else [UUID_A, UUID_B][:count]
     return {"gpus": [gpu], **extra}
@@ -163,7 +163,7 @@ class Harness:
     hook: Path
 
     @property
-    def inventory(self) -> Inventory:
+    def inventory(self) -> LiveGpus:
         assert self.plugin.inventory is not None
         return self.plugin.inventory
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
-from kube_vgpu.contract.mig.geometry import DeviceConfig, choose_slot, encode_mig_device_id, geometry_for_type
+from kube_vgpu.contract.mig.geometry import DeviceConfig, choose_slot, geometry_for_type
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.models import register_type
 from kube_vgpu.node.deviceplugin.selection import Claim, select
@@ -16,6 +16,7 @@ from kube_vgpu.node.nvml.gpus import GpuInfo, discover
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.nvml.api import SimulatedNvml, load_simulation
 from kube_vgpu.standins.nvml.events import FakeClock
+from kube_vgpu.standins.volcano.fit import mig_device_id
 from tests.support.node import COUNT, MEMORY, NODE, Harness, container, make_pod, running_plugin
 
 A100_40 = "NVIDIA A100-SXM4-40GB"
@@ -74,12 +75,13 @@ def manager(
 
 
 def scheduler_slot(gpu: GpuInfo, used: dict[str, set[int]], request_mib: int) -> str:
-    """The device ID Volcano writes for `request_mib` on `gpu` given the slots in use (protocol §6.2)."""
+    """The device ID Volcano writes for `request_mib` on `gpu` given the slots in use
+    (pkg/scheduler/api/devices/nvidia/vgpu/mig.go)."""
     groups = geometry_for_type(default_device_config(), register_type(gpu.name))
     assert groups is not None
     chosen = choose_slot(groups, used, request_mib)
     assert chosen is not None
-    return encode_mig_device_id(gpu.uuid, *chosen)
+    return mig_device_id(gpu.uuid, *chosen)
 
 
 def mig_pod(

@@ -216,7 +216,7 @@ def read_ca(kube: Kube, *, namespace: str, secret_name: str) -> bytes:
 def patch_ca_bundle(kube: Kube, *, webhook_name: str, namespace: str, secret_name: str) -> PatchOutcome:
     """Write the Secret's `ca.crt` into every webhook's `clientConfig.caBundle`, where it differs.
 
-    Both admission phases are served by the one server (SPEC §2), so the CA goes into the
+    Both admission phases are served by the one server, so the CA goes into the
     MutatingWebhookConfiguration and the ValidatingWebhookConfiguration of that name; the latter
     is skipped when absent (a release installed by an older chart has none).
     """

@@ -62,19 +62,6 @@ class Issued:
         return self.not_after - (now or _utcnow())
 
 
-def load_issued(cert_pem: bytes, key_pem: bytes) -> Issued:
-    """Wrap existing PEM material (e.g. read back from a Secret), checking that the key matches."""
-    issued = Issued(cert_pem, key_pem)
-    try:
-        cert_public = issued.certificate.public_key()
-        key = issued.private_key
-    except ValueError as exc:
-        raise IssueError(f"unreadable certificate or key: {exc}") from None
-    if cert_public != key.public_key():
-        raise IssueError("the private key does not belong to the certificate")
-    return issued
-
-
 def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 

@@ -17,7 +17,7 @@ from kube_vgpu.contract.devices import DeviceListError
 from kube_vgpu.contract.names import MODE_LABEL, NODE_REGISTER
 from kube_vgpu.contract.register import RegisterFormatError, decode_register
 from kube_vgpu.contract.resources import RequestError, parse_pod
-from kube_vgpu.node.deviceplugin.ledger import holds_devices, pod_uses
+from kube_vgpu.node.deviceplugin.bookings import holds_devices, pod_uses
 from kube_vgpu.node.deviceplugin.selection import TERMINAL_PHASES
 from kube_vgpu.webhook.quota.charge import (
     GpuSizeUnknown,

@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ResourceNames:
-    """The extended-resource names users write in container limits (SPEC §1)."""
+    """The extended-resource names users write in container limits."""
 
     count: str = "volcano.sh/vgpu-number"
     memory: str = "volcano.sh/vgpu-memory"
@@ -43,19 +43,19 @@ class ResourceNames:
 
 @dataclass(frozen=True)
 class WebhookConfig:
-    """Admission behaviour (SPEC §2)."""
+    """Admission behaviour of the webhook."""
 
     scheduler_name: str = "volcano"
     # What to do with a vGPU pod that names a scheduler other than default-scheduler/ours.
     other_schedulers: OtherSchedulerPolicy = "allow"
     default_mode: Mode = HAMI_CORE
     strict_selectors: bool = False
-    # Bounded work per review (SPEC §2.1 step 3): items in each GPU selector list, and the size of
+    # Bounded work per review: items in each GPU selector list, and the size of
     # the required node affinity after the pod's own terms are multiplied by the selectors' terms.
     max_selector_items: int = 128
     max_affinity_terms: int = 128
     max_affinity_expressions: int = 2048
-    # Bounded work per review (SPEC §2.3): containers (init, app and ephemeral together), volumes,
+    # Bounded work per review: containers (init, app and ephemeral together), volumes,
     # volumeMounts plus volumeDevices per container, env entries per container. Every rule walks
     # these lists; the limits are checked, by their lengths alone, before any rule does.
     max_containers: int = 256
@@ -67,7 +67,7 @@ class WebhookConfig:
     # from the API for this long; a quota reservation whose pod the cache has not shown lives exactly
     # as long, so a reservation can never expire while the cache still looks fresh (issue 12).
     cache_staleness_seconds: float = 120.0
-    # Who may add, change or remove the scheduler-owned pod annotations (SPEC §2.2 step 2).
+    # Who may add, change or remove the scheduler-owned pod annotations.
     annotation_writers: tuple[str, ...] = ("system:serviceaccount:volcano-system:volcano-scheduler",)
     # 1-100: /mutate writes this vgpu-cores into vGPU containers that state none; 0: it does not,
     # and such a container is charged a whole GPU's cores (100 per vGPU) against a cores quota.
@@ -76,7 +76,7 @@ class WebhookConfig:
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """Node plugin behaviour (SPEC §3)."""
+    """Node plugin behaviour."""
 
     device_split_count: int = 10
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
@@ -91,7 +91,8 @@ class NodeConfig:
     mig_grace_seconds: float = 120.0
     device_config_namespace: str = "kube-system"
     device_config_name: str = "volcano-vgpu-device-config"
-    # Legacy liveness annotation for Volcano v1.12-v1.14.2 and v1.15.0 (protocol §2.4).
+    # Legacy liveness annotation for Volcano v1.12-v1.14.2 and v1.15.0 (removed from Volcano by PRs #5388 and
+    # #5392).
     write_handshake: bool = False
 
 
@@ -221,21 +222,3 @@ def load_config(path: str | Path | None) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: {utf8_problem(exc)}") from None
     return parse_config(text, source=str(path))
-
-
-def encode_config(config: Config) -> str:
-    """The YAML document `parse_config` reads back to an equal Config (used by the demo and chart tests)."""
-
-    def section(obj: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            out[_camel(f.name)] = list(value) if isinstance(value, tuple) else value
-        return out
-
-    doc = {
-        "resourceNames": section(config.resource_names),
-        "webhook": section(config.webhook),
-        "node": section(config.node),
-    }
-    return yaml.safe_dump(doc, sort_keys=False)

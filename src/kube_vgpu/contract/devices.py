@@ -1,7 +1,8 @@
 """The Volcano pod device list (`volcano.sh/vgpu-ids-new`, `volcano.sh/devices-to-allocate`).
 
 pod-list = container-entry *( ";" container-entry ); container-entry = *( ID,NVIDIA,USEDMEM,USEDCORES ":" )
-One entry per vGPU-requesting container, in `spec.containers` order (protocol §4.2). One parser,
+One entry per vGPU-requesting container, in `spec.containers` order (Volcano's
+pkg/scheduler/api/devices/nvidia/vgpu/utils.go, `encodePodDevices`). One parser,
 one encoder; the decoder is strict, since the node plugin must refuse what it cannot honour.
 """
 

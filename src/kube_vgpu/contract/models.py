@@ -1,10 +1,10 @@
 """GPU model names: segment matching of user tokens, node label names, and the register TYPE form.
 
-Users write model tokens (`A100`, `H100-80GB`); SPEC §1 matches them by whole segments. Volcano
+Users write model tokens (`A100`, `H100-80GB`); kube-vgpu matches them by whole segments. Volcano
 matches `nvidia.com/use-gputype` items as case-insensitive substrings of the TYPE a node registers
-(protocol §3.1), so `A10` would also pick an A100. This module holds both rules and the bridge
-between them: kube-vgpu registers TYPE as `NVIDIA-[<NVML name>]`, and the webhook writes items of the
-form `[<NVML name>]`, which are substrings of exactly one model's TYPE.
+(pkg/scheduler/api/devices/nvidia/vgpu/utils.go), so `A10` would also pick an A100. This module holds both
+rules and the bridge between them: kube-vgpu registers TYPE as `NVIDIA-[<NVML name>]`, and the webhook writes
+items of the form `[<NVML name>]`, which are substrings of exactly one model's TYPE.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def model_segments(name: str) -> tuple[str, ...]:
 
 
 def token_matches_model(token: str, model: str) -> bool:
-    """Whether `token`'s segments appear as a contiguous run of `model`'s segments (SPEC §1).
+    """Whether `token`'s segments appear as a contiguous run of `model`'s segments.
 
     `A100` matches `NVIDIA A100-SXM4-80GB`; `A10` does not; `H100-80GB` matches `NVIDIA H100 80GB HBM3`.
     An empty token matches nothing.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-# Modes a node runs in and a pod may ask for (SPEC §1; Volcano protocol §2.2).
+# Modes a node runs in and a pod may ask for (the MODE field of Volcano's node register record).
 HAMI_CORE: Final = "hami-core"
 MIG: Final = "mig"
 Mode = Literal["hami-core", "mig"]
@@ -29,8 +29,8 @@ ANNOTATION_ALIASES: Final[dict[str, str]] = {
     NOUSE_GPUUUID_ALIAS: NOUSE_GPUUUID,
 }
 
-# Pod annotations the scheduler writes on allocation (Volcano protocol §4.1). A pod that
-# arrives at admission with any of them is forging an allocation.
+# Pod annotations the scheduler writes on allocation (pkg/scheduler/api/devices/nvidia/vgpu/device_info.go,
+# `Allocate`). A pod that arrives at admission with any of them is forging an allocation.
 VGPU_NODE: Final = "volcano.sh/vgpu-node"
 VGPU_TIME: Final = "volcano.sh/vgpu-time"
 BIND_TIME: Final = "volcano.sh/bind-time"
@@ -74,24 +74,25 @@ NODE_REGISTER: Final = "volcano.sh/node-vgpu-register"
 NODE_HANDSHAKE: Final = "volcano.sh/node-vgpu-handshake"
 NODE_LOCK: Final = "hamivgpu"
 
-# Node labels the node plugin publishes (SPEC §1).
+# Node labels the node plugin publishes.
 MODE_LABEL: Final = "kube-vgpu.io/vgpu-mode"
 MODEL_LABEL_PREFIX: Final = "gpu-model.kube-vgpu.io/"
 UUID_LABEL_PREFIX: Final = "gpu-uuid.kube-vgpu.io/"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
-# Opt-out label on a namespace (SPEC §1); on a pod it exempts nothing, a pod's labels being its author's.
+# Opt-out label on a namespace; on a pod it exempts nothing, a pod's labels being its author's.
 OPT_OUT_LABEL: Final = "kube-vgpu.io/webhook"
 OPT_OUT_VALUE: Final = "ignore"
 
-# Namespace quota labels (SPEC §1).
+# Namespace quota labels.
 QUOTA_NUMBER_LABEL: Final = "quota.kube-vgpu.io/vgpu-number"
 QUOTA_MEMORY_LABEL: Final = "quota.kube-vgpu.io/vgpu-memory"
 QUOTA_CORES_LABEL: Final = "quota.kube-vgpu.io/vgpu-cores"
 
-# Volcano's geometry ConfigMap (protocol §6.1).
+# Volcano's geometry ConfigMap (pkg/scheduler/api/devices/config/config.go).
 DEVICE_CONFIG_MAP: Final = "volcano-vgpu-device-config"
 DEVICE_CONFIG_KEY: Final = "device-config.yaml"
 
-# The literal request type Volcano writes in every device record (protocol §4.2).
+# The literal request type Volcano writes in every device record
+# (pkg/scheduler/api/devices/nvidia/vgpu/utils.go).
 DEVICE_RECORD_TYPE: Final = "NVIDIA"

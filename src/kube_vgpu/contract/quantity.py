@@ -1,8 +1,8 @@
-"""Resource quantities as the apiserver hands them on, read as whole numbers (SPEC §1).
+"""Resource quantities as the apiserver hands them on, read as whole numbers.
 
 The kube-apiserver rewrites every quantity in canonical form before any webhook, scheduler or device
-plugin reads it (`3000` arrives as `3k`, `10000` as `10k`: facts `apiserver-admission.md` §1). Volcano
-reads them with `Quantity.Value()`; this module gives the same number for every form that names a
+plugin reads it (`3000` arrives as `3k`, `10000` as `10k`; k8s.io/apimachinery/pkg/api/resource/quantity.go).
+Volcano reads them with `Quantity.Value()`; this module gives the same number for every form that names a
 whole number (`3k`, `1M`, `1e3`, `4096`) and refuses the rest with a reason a user can act on:
 fractions, values beyond a 32-bit integer (Volcano keeps them as int32), text that is no quantity.
 Pure: no I/O. Parsed text is kept in a small LRU cache (`_parse_text`): the same few quantities

@@ -1,7 +1,8 @@
 """The Volcano node registration annotation `volcano.sh/node-vgpu-register`: one parser, one encoder.
 
 Value = one `UUID,COUNT,MEM,TYPE,HEALTH,MODE:` record per physical GPU, every record ending with
-`:` (protocol §2.2). The decoder accepts what Volcano (v1.12+) accepts and refuses what it refuses,
+`:` (Volcano's pkg/scheduler/api/devices/nvidia/vgpu/utils.go,
+`decodeNodeDevices`). The decoder accepts what Volcano (v1.12+) accepts and refuses what it refuses,
 so the webhook sees a node exactly as the scheduler does.
 """
 

@@ -1,4 +1,4 @@
-"""What each container of a pod asks for in vGPU resources, parsed and validated (SPEC §1, §2).
+"""What each container of a pod asks for in vGPU resources, parsed and validated.
 
 Quantities arrive in the apiserver's canonical form (`3000` as `3k`) and are read as Volcano reads
 them (`contract.quantity`): whole numbers within int32, MiB and percent. Anything else is refused here

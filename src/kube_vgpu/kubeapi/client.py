@@ -1,9 +1,9 @@
 """The one place kube-vgpu touches the official `kubernetes` client: raw JSON in, raw JSON out.
 
-Objects stay plain dicts (SPEC §2: the client's typed models cost 13x the time of `json.loads` on
-large lists), so every call asks the client for its raw response (`_preload_content=False`). Calls
-are synchronous (urllib3); async callers run them in a thread. Every call has a timeout, so a hung
-API server costs a bounded wait, never a hang.
+Objects stay plain dicts (building the client's typed models takes many times as long as
+`json.loads` on large lists), so every call asks the client for its raw response
+(`_preload_content=False`). Calls are synchronous (urllib3); async callers run them in a thread.
+Every call has a timeout, so a hung API server costs a bounded wait, never a hang.
 """
 
 from __future__ import annotations
@@ -253,11 +253,6 @@ class WatchInterrupt:
         self._lock = threading.Lock()
         self._response: Any = None
         self._interrupted = False
-
-    @property
-    def interrupted(self) -> bool:
-        """Whether `interrupt()` was called."""
-        return self._interrupted
 
     def attach(self, response: Any) -> None:
         """Called by `Kube.watch` with the open stream (shut at once if already interrupted)."""

@@ -26,8 +26,6 @@ log = logging.getLogger("kube_vgpu.kubeapi.listwatch")
 T = TypeVar("T")
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 ProgressReason = Literal["bookmark", "stream_end"]
-# An object as the API sends it -> what the caller keeps (None: not kept at all).
-Transform = Callable[[dict[str, Any]], "T | None"]
 
 # client-go's pager reads 500 objects a page.
 DEFAULT_PAGE_SIZE = 500
@@ -241,11 +239,6 @@ class Reflector(Generic[T]):
         self.expired_continues = 0
         self.failures = 0
         self.pages_split = 0  # list pages read item by item under the prefilter
-
-    @property
-    def stopping(self) -> bool:
-        """Whether `stop` was called."""
-        return self._stopping.is_set()
 
     def stop(self) -> None:
         """End `run` (from any thread): the watch in progress is cut, a backoff wait ends at once."""

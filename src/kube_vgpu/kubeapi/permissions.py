@@ -35,7 +35,7 @@ class ApiCall:
 
 _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     # webhook: the cluster cache (list+watch) and, at start, Volcano's MIG geometry; mutation calls
-    # nothing, validation only records quota reservations (SPEC §2.3).
+    # nothing, validation only records quota reservations.
     ApiCall("webhook", "list", "nodes", why="GPU inventory"),
     ApiCall("webhook", "watch", "nodes", why="GPU inventory"),
     ApiCall("webhook", "list", "namespaces", why="quota labels, opt-out"),
@@ -44,7 +44,7 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("webhook", "watch", "pods", why="quota usage"),
     ApiCall("webhook", "get", "configmaps", named="device-config", why="MIG slot sizes for quota"),
     # ...and, in the release namespace only, the shared quota reservations (one ConfigMap per quota
-    # namespace, `webhook.quota_shared`): names are per namespace, so they cannot be listed in the
+    # namespace, `webhook.quota.shared`): names are per namespace, so they cannot be listed in the
     # Role, and `create` cannot be limited by name at all.
     ApiCall("webhook", "get", "configmaps", why="shared quota reservations (release namespace)"),
     ApiCall("webhook", "create", "configmaps", why="shared quota reservations (release namespace)"),
@@ -125,8 +125,3 @@ def declared(component: Component, verb: Verb, resource: str, group: str) -> boo
         c.component == component and c.verb == verb and c.resource == resource and c.group == group
         for c in API_CALLS
     )
-
-
-def calls_of(component: Component) -> frozenset[tuple[str, str, str, str | None]]:
-    """(group, resource, verb, named) of every call one component makes."""
-    return frozenset((c.group, c.resource, c.verb, c.named) for c in API_CALLS if c.component == component)

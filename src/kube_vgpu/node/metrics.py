@@ -13,9 +13,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kube_vgpu.httpedge.metrics_server import MetricsServer
-from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.node.hookpath import HookPathWatch
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.usage.metrics import UsageCollector, UsageSampler
 
 # Allocate failure reasons: a closed set, so the counter's cardinality stays bounded.
@@ -23,7 +23,7 @@ FAILURE_REASONS = ("no_pod", "broken_pod", "rejected", "api_unavailable", "timeo
 
 
 class _StateCollector(Collector):
-    def __init__(self, inventory: Inventory, ledger: Ledger) -> None:
+    def __init__(self, inventory: LiveGpus, ledger: Ledger) -> None:
         self._inventory = inventory
         self._ledger = ledger
 
@@ -96,7 +96,7 @@ class _HookPathCollector(Collector):
 class Metrics:
     """The plugin's registry: live state plus Allocate counters."""
 
-    def __init__(self, inventory: Inventory, ledger: Ledger, usage: UsageSampler | None = None) -> None:
+    def __init__(self, inventory: LiveGpus, ledger: Ledger, usage: UsageSampler | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StateCollector(inventory, ledger))
         self.usage = usage

@@ -26,9 +26,9 @@ from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.allocator import Allocator
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.node.deviceplugin.cache_folders import DEFAULT_GRACE_SECONDS, CacheFolders
 from kube_vgpu.node.deviceplugin.hamicore import DEFAULT_LOCK_DIR
-from kube_vgpu.node.deviceplugin.ledger import Ledger
 from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
 from kube_vgpu.node.deviceplugin.selection import is_allocating_here
 from kube_vgpu.node.deviceplugin.server import (
@@ -44,7 +44,7 @@ from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.mig.start import reconcile_interval, start_mig
 from kube_vgpu.node.nvml.gpus import GpuInfo, check_inventory, discover
 from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.nvml.surface import Nvml
 from kube_vgpu.node.publish.publisher import NodePublisher
 from kube_vgpu.node.usage.metrics import UsageSampler
@@ -97,7 +97,7 @@ class NodePlugin:
         self._watch_thread: asyncio.Future[None] | None = None
         self._pod_watch_thread: asyncio.Future[None] | None = None
         self.pod_watch: PodWatch | None = None
-        self.inventory: Inventory | None = None
+        self.inventory: LiveGpus | None = None
         self.publisher: NodePublisher | None = None
         self.allocator: Allocator | None = None
         self.metrics: Metrics | None = None
@@ -125,7 +125,7 @@ class NodePlugin:
             len(gpus),
             ",".join(f"{g.uuid}:{g.name}:{g.memory_mib}MiB" for g in gpus),
         )
-        inventory = self.inventory = Inventory(gpus, node.device_split_count, s.node_name)
+        inventory = self.inventory = LiveGpus(gpus, node.device_split_count, s.node_name)
         ledger = Ledger(gpus, node.device_split_count, self._config.resource_names, s.node_name)
         usage = self.usage = UsageSampler(self._nvml, gpus, s.node_name, self._nvml.process_cgroup)
         metrics = self.metrics = Metrics(inventory, ledger, usage)

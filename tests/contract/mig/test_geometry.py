@@ -1,4 +1,5 @@
-"""Volcano's MIG geometry contract against the protocol facts' §6 document and worked example."""
+"""Volcano's MIG geometry contract against the ConfigMap Volcano ships and
+the slots its pkg/scheduler/api/devices/nvidia/vgpu/mig.go picks."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from kube_vgpu.contract.mig.geometry import (
     MigGroup,
     MigSlot,
     choose_slot,
-    encode_mig_device_id,
     find_group,
     geometry_for_type,
     is_mig_device_id,
@@ -21,8 +21,9 @@ from kube_vgpu.contract.mig.geometry import (
     slot_for_position,
 )
 from kube_vgpu.contract.mig.shipped import DEFAULT_DEVICE_CONFIG_YAML, default_device_config
+from kube_vgpu.standins.volcano.fit import mig_device_id
 
-# The ConfigMap of protocol §6.1, as Volcano ships it.
+# The `volcano-vgpu-device-config` ConfigMap, as Volcano ships it.
 FACTS_CONFIG = """\
 nvidia:
   resourceCountName: volcano.sh/vgpu-number
@@ -72,7 +73,7 @@ def test_parse_reads_the_nvidia_section() -> None:
         ("2g.10gb", 10240, 3),
         ("1g.5gb", 5120, 1),
     ]
-    assert entry.groups[1].slot_count == 4
+    assert sum(t.count for t in entry.groups[1].instance_types) == 4
 
 
 def test_omitted_names_are_empty_and_numbers_take_defaults() -> None:
@@ -84,13 +85,14 @@ def test_omitted_names_are_empty_and_numbers_take_defaults() -> None:
 def test_worked_example_8000_then_4000_on_an_empty_a100(a100_groups: list[MigGroup]) -> None:
     first = choose_slot(a100_groups, {}, 8000)
     assert first == ("group2", 0)
-    assert encode_mig_device_id(UUID, *first) == f"{UUID}[group2-0]"
+    assert mig_device_id(UUID, *first) == f"{UUID}[group2-0]"
     # The second pod, once the first is in the ledger, gets the next 2g.10gb, not the 1g.5gb.
     assert choose_slot(a100_groups, {"group2": [0]}, 4000) == ("group2", 1)
 
 
 def test_only_types_in_use_are_eligible_on_a_partitioned_gpu(a100_groups: list[MigGroup]) -> None:
-    # §8 item 13: with all three 2g.10gb taken, the free 1g.5gb (not yet used) is never offered.
+    # Once a group is in use, only its used types are offered: with all three 2g.10gb taken, the free 1g.5gb
+    # (not yet used) is never offered.
     assert choose_slot(a100_groups, {"group2": [0, 1, 2]}, 100) is None
     # Once the 1g.5gb is in use it is the smallest eligible type for a small request.
     assert choose_slot(a100_groups, {"group2": [3, 0]}, 100) == ("group2", 1)
@@ -125,7 +127,7 @@ def test_position_arithmetic(a100_groups: list[MigGroup]) -> None:
     assert position_of(group2, "2g.10gb", 2) == 2
     assert slot_for_position(group2, 3) == MigSlot("1g.5gb", 5120, 0)
     assert slot_for_position(group2, 1) == ("2g.10gb", 10240, 1)
-    for position in range(group2.slot_count):
+    for position in range(sum(t.count for t in group2.instance_types)):
         slot = slot_for_position(group2, position)
         assert position_of(group2, slot.instance_type, slot.index_within_type) == position
 
@@ -160,7 +162,7 @@ def test_geometry_is_the_first_model_substring_match() -> None:
 def test_device_id_round_trip_and_rejections() -> None:
     parsed = parse_mig_device_id(f"{UUID}[group2-3]")
     assert parsed == (UUID, "group2", 3)
-    assert encode_mig_device_id(*parsed) == f"{UUID}[group2-3]"
+    assert mig_device_id(*parsed) == f"{UUID}[group2-3]"
     assert is_mig_device_id(f"{UUID}[group2-3]") and not is_mig_device_id(UUID)
     for bad, fragment in [
         (UUID, "is not <GPU-UUID>"),
@@ -172,10 +174,6 @@ def test_device_id_round_trip_and_rejections() -> None:
     ]:
         with pytest.raises(MigGeometryError, match=fragment):
             parse_mig_device_id(bad)
-    with pytest.raises(MigGeometryError, match="holds one of"):
-        encode_mig_device_id(UUID, "my-group", 0)
-    with pytest.raises(MigGeometryError, match="GPU UUID"):
-        encode_mig_device_id("GPU-a:b", "group1", 0)
 
 
 @pytest.mark.parametrize("bad_name", ["my-group", "g[1]", "g,1", "g:1", "g;1"])

@@ -1,4 +1,4 @@
-"""Allocate through the kubelet stand-in (real gRPC) against the stand-in API server (protocol §5)."""
+"""Allocate through the kubelet stand-in (real gRPC) against the stand-in API server."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from kube_vgpu.contract.names import (
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.allocator import Allocator
-from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node import (
     CORES,

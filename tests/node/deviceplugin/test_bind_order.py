@@ -1,6 +1,6 @@
-"""Allocate serves the pod the kubelet is admitting (SPEC §3), over real gRPC and the API stand-in.
+"""Allocate serves the pod the kubelet is admitting, over real gRPC and the API stand-in.
 
-The kubelet stand-in admits pods as facts `kubelet-deviceplugin-v1beta1.md` (last section) records:
+The kubelet stand-in admits pods as the real kubelet does (pkg/kubelet/kubelet.go):
 in the order their binds reach it, one update per bind event; pods arriving together go in creation
 order. Pods here are bound in the same second, in an order that is neither by name nor by creation,
 as one Volcano session does; each container must get exactly the GPUs and limits booked for it.
@@ -90,7 +90,8 @@ class Cluster:
         )
 
     def bind(self, name: str, devices: str, second: str = SECOND) -> None:
-        """Volcano's bind (protocol §4.1): the six annotations on the Binding."""
+        """Volcano's bind (pkg/scheduler/api/devices/nvidia/vgpu/device_info.go): the six annotations on
+        the Binding."""
         annotations = {
             VGPU_NODE: NODE,
             VGPU_TIME: second,
@@ -231,7 +232,7 @@ async def test_after_a_kubelet_restart_the_waiting_pods_go_in_creation_order(clu
 
 
 async def test_the_node_lock_is_released_after_the_last_allocate(cluster: Cluster) -> None:
-    # facts (kubelet, last section; protocol §5.5): with Volcano's node lock on, the plugin deletes
+    # With Volcano's node lock on, the plugin deletes
     # `hamivgpu` after the pod's last Allocate; the scheduler never does.
     cluster.create("two", [gpu("c1", "3000"), gpu("c2", "2000")])
     cluster.admission.pause()
@@ -267,7 +268,8 @@ def node_annotations(c: Cluster) -> dict[str, str]:
 
 
 async def test_the_node_lock_is_released_when_the_allocation_cannot_be_recorded(cluster: Cluster) -> None:
-    # protocol §5.5: the plugin releases the lock "on any per-pod failure", a refused write included.
+    # The reference plugin (pkg/util/nodelock/nodelock.go) releases the lock "on any per-pod failure", a
+    # refused write included.
     cluster.create("p", [gpu("main", "3000")])
     cluster.api.patch("Node", NODE, {"metadata": {"annotations": {NODE_LOCK: "2026-08-20T10:00:00Z"}}})
     cluster.api.deny("patch", "pods")

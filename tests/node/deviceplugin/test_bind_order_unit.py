@@ -11,7 +11,7 @@ from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder, fallback_key
 from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
 from kube_vgpu.node.nvml.gpus import GpuInfo
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.publish.publisher import NodePublisher
 
 
@@ -180,7 +180,7 @@ async def test_the_node_watch_also_survives_a_garbled_answer() -> None:
     gpus = [GpuInfo(index=0, uuid="GPU-a", name="NVIDIA A100", minor=0, memory_mib=81920)]
     publisher = NodePublisher(
         api,  # type: ignore[arg-type]
-        Inventory(gpus, 10, "n1"),
+        LiveGpus(gpus, 10, "n1"),
         mode="hami-core",
         names=ResourceNames(),
         interval=30,

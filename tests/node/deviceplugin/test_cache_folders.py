@@ -112,7 +112,7 @@ def test_gone_pod_removed_after_the_grace_live_pod_kept(hook: Path, caplog: pyte
     clock.now += GRACE - 1
     assert sweeper.sweep({UID_LIVE}) == [] and gone.is_dir()  # gone for less than the grace: kept
     clock.now += 1
-    with caplog.at_level(logging.INFO, "kube_vgpu.node.cache_folders"):
+    with caplog.at_level(logging.INFO, "kube_vgpu.node.deviceplugin.cache_folders"):
         assert sweeper.sweep({UID_LIVE}) == [f"{UID_GONE}_main"]
     assert not gone.exists() and live.is_dir() and (live / "a1b2.cache").exists()
     assert removed == [1]
@@ -188,7 +188,7 @@ def test_a_folder_that_cannot_be_removed_is_logged_and_tried_again(
 
     busy.avoids_symlink_attacks = True  # type: ignore[attr-defined]
     monkeypatch.setattr(shutil, "rmtree", busy)
-    with caplog.at_level(logging.WARNING, "kube_vgpu.node.cache_folders"):
+    with caplog.at_level(logging.WARNING, "kube_vgpu.node.deviceplugin.cache_folders"):
         assert sweeper.sweep(set()) == []
     assert any("cache_folder_remove_failed" in r.getMessage() for r in caplog.records)
     assert removed == [] and path.is_dir()

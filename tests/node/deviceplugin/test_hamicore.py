@@ -1,4 +1,4 @@
-"""The hami-core environment and mounts (protocol §5.6)."""
+"""The hami-core environment and mounts."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def test_cores_from_first_device_and_whole_card_for_zero_memory() -> None:
     ],
 )
 def test_a_pods_env_never_changes_what_is_mounted_or_set(env: list[Any]) -> None:
-    """SPEC §3: a pod's own CUDA_DISABLE_CONTROL (or any env) never changes what the plugin mounts."""
+    """A pod's own CUDA_DISABLE_CONTROL (or any env) never changes what the plugin mounts."""
     records = (DeviceRecord(UUID_A, 1000, 20),)
     plain = build_response(records, BY_UUID, container("c"), pod_uid="u", hook_path="/h", cache_file="c")
     hostile = build_response(

@@ -1,4 +1,4 @@
-"""Which pod and container an Allocate is for (protocol §5.2 recommendation, §4.3 example)."""
+"""Which pod and container an Allocate is for (the worked two-container pod)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def test_pods_that_are_not_allocating_here_are_ignored() -> None:
 
 
 def test_first_non_empty_entry_count_decides_not_the_total() -> None:
-    # The reference plugin compares the pod's total (3) and never matches this pod (§8 item 2).
+    # The reference plugin compares the pod's total (3) and never matches this pod
+    # (Project-HAMi/volcano-vgpu-device-plugin#77).
     pod = make_pod("multi", example_containers(), ids=EXAMPLE_IDS)
     assert select([pod], NODE, 3, NAMES).claim is None
     assert select([pod], NODE, 1, NAMES).claim is not None

@@ -17,7 +17,7 @@ from kube_vgpu.node.dra.attributes import GpuFacts
 from kube_vgpu.node.dra.publisher import NodeMissing, SlicePublisher
 from kube_vgpu.node.dra.slices import DRIVER, UNHEALTHY_TAINT_KEY
 from kube_vgpu.node.nvml.gpus import GpuInfo
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 
@@ -46,7 +46,7 @@ async def kube(api: ApiServerStandin) -> AsyncIterator[Kube]:
     k.close()
 
 
-def publisher(kube: Kube, inventory: Inventory, clock: Callable[[], datetime] = lambda: T0) -> SlicePublisher:
+def publisher(kube: Kube, inventory: LiveGpus, clock: Callable[[], datetime] = lambda: T0) -> SlicePublisher:
     return SlicePublisher(kube, NODE, FACTS, inventory, clock=clock, retry_seconds=0.05)
 
 
@@ -69,7 +69,7 @@ async def test_publishes_shared_gpus_where_the_server_keeps_consumable_capacity(
     api: ApiServerStandin, kube: Kube
 ) -> None:
     api.feature_gates = FeatureGates.of_release(36)
-    state = await publisher(kube, Inventory(GPUS, 10, NODE)).publish()
+    state = await publisher(kube, LiveGpus(GPUS, 10, NODE)).publish()
     (only,) = slices(api)
     node_uid = api.get("Node", NODE)["metadata"]["uid"]  # type: ignore[index]
     assert only["metadata"]["ownerReferences"] == [
@@ -85,7 +85,7 @@ async def test_falls_back_to_whole_gpus_where_the_server_drops_consumable_capaci
     api: ApiServerStandin, kube: Kube, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, "kube_vgpu.node.dra.publisher")
-    pub = publisher(kube, Inventory(GPUS, 10, NODE))
+    pub = publisher(kube, LiveGpus(GPUS, 10, NODE))
     state = await pub.publish()  # the stand-in imitates 1.34/1.35 by default: the gate is off
     assert not state.consumable_capacity
     assert "publishing whole GPUs" in state.note
@@ -119,17 +119,17 @@ async def test_falls_back_to_whole_gpus_where_the_server_drops_consumable_capaci
 
 async def test_a_steady_pool_is_not_rewritten(api: ApiServerStandin, kube: Kube) -> None:
     api.feature_gates = FeatureGates.of_release(36)
-    pub = publisher(kube, Inventory(GPUS, 10, NODE))
+    pub = publisher(kube, LiveGpus(GPUS, 10, NODE))
     await pub.publish()
     api.clear_requests()
     await pub.publish()
     writes = [r for r in api.requests() if r.method in ("POST", "PUT", "DELETE")]
     assert writes == []
     # A restarted plugin reads the stored pool and keeps it as it is...
-    restarted = publisher(kube, Inventory(GPUS, 10, NODE))
+    restarted = publisher(kube, LiveGpus(GPUS, 10, NODE))
     assert (await restarted.publish()).generation == 1
     # ...and a change after the restart is a newer generation than any stored.
-    fewer = SlicePublisher(kube, NODE, FACTS[:1], Inventory(GPUS[:1], 10, NODE))
+    fewer = SlicePublisher(kube, NODE, FACTS[:1], LiveGpus(GPUS[:1], 10, NODE))
     assert (await fewer.publish()).generation == 2
     assert list(devices(api)) == ["gpu-0"]
 
@@ -138,7 +138,7 @@ async def test_an_unhealthy_gpu_is_tainted_within_the_loop_and_recovers(
     api: ApiServerStandin, kube: Kube
 ) -> None:
     api.feature_gates = FeatureGates.of_release(36)
-    inventory = Inventory(GPUS, 10, NODE)
+    inventory = LiveGpus(GPUS, 10, NODE)
     task = asyncio.create_task(publisher(kube, inventory).run())
     try:
         await eventually(lambda: len(devices(api)) == 2)
@@ -166,7 +166,7 @@ async def test_where_taints_are_dropped_an_unhealthy_gpu_leaves_the_pool_and_ret
     api: ApiServerStandin, kube: Kube
 ) -> None:
     api.feature_gates = FeatureGates(consumable_capacity=True, device_taints=False)
-    inventory = Inventory(GPUS, 10, NODE)
+    inventory = LiveGpus(GPUS, 10, NODE)
     pub = publisher(kube, inventory)
     assert (await pub.publish()).device_taints  # nothing tainted yet: nothing says taints are off
     inventory.set_health(GPUS[0].uuid, False, "XID 48")
@@ -183,7 +183,7 @@ async def test_where_taints_are_dropped_an_unhealthy_gpu_leaves_the_pool_and_ret
 async def test_the_taint_keeps_the_time_the_gpu_turned_unhealthy(api: ApiServerStandin, kube: Kube) -> None:
     api.feature_gates = FeatureGates.of_release(36)
     now = [T0]
-    inventory = Inventory(GPUS, 10, NODE)
+    inventory = LiveGpus(GPUS, 10, NODE)
     pub = publisher(kube, inventory, clock=lambda: now[0])
     inventory.set_health(GPUS[0].uuid, False, "XID 79")
     await pub.publish()
@@ -202,7 +202,7 @@ async def test_remove_deletes_only_this_nodes_slices(api: ApiServerStandin, kube
         "spec": {"driver": DRIVER, "nodeName": "other", "pool": {"name": "other", "resourceSliceCount": 1}},
     }
     api.put(other)
-    pub = publisher(kube, Inventory(GPUS, 10, NODE))
+    pub = publisher(kube, LiveGpus(GPUS, 10, NODE))
     await pub.publish()
     assert await pub.remove() == 1
     assert slices(api) == []
@@ -214,7 +214,7 @@ async def test_no_node_no_slices(apiserver: ApiServerStandin) -> None:
     k = Kube(apiserver.api_client(), component="node")
     try:
         with pytest.raises(NodeMissing, match=f"node {NODE} does not exist"):
-            await publisher(k, Inventory(GPUS, 10, NODE)).publish()
+            await publisher(k, LiveGpus(GPUS, 10, NODE)).publish()
     finally:
         k.close()
     assert apiserver.list("ResourceSlice") == []
@@ -222,7 +222,7 @@ async def test_no_node_no_slices(apiserver: ApiServerStandin) -> None:
 
 async def test_a_failed_publish_is_retried(api: ApiServerStandin, kube: Kube) -> None:
     api.deny("create", "resourceslices")
-    task = asyncio.create_task(publisher(kube, Inventory(GPUS, 10, NODE)).run())
+    task = asyncio.create_task(publisher(kube, LiveGpus(GPUS, 10, NODE)).run())
     try:
         await eventually(lambda: len(api.requests("POST", "/apis/resource.k8s.io")) >= 2)
         assert slices(api) == []
@@ -246,7 +246,7 @@ async def test_the_plugin_builds_its_publisher_from_nvml(api: ApiServerStandin, 
     nvml.nvmlInit()
     try:
         gpus = discover(nvml)
-        pub = publisher_for(kube, NODE, nvml, gpus, Inventory(gpus, 10, NODE))
+        pub = publisher_for(kube, NODE, nvml, gpus, LiveGpus(gpus, 10, NODE))
     finally:
         nvml.nvmlShutdown()
     state = await pub.publish()
@@ -261,11 +261,11 @@ async def test_a_restarted_plugin_keeps_the_time_a_gpu_turned_unhealthy(
     api: ApiServerStandin, kube: Kube
 ) -> None:
     api.feature_gates = FeatureGates.of_release(36)
-    inventory = Inventory(GPUS, 10, NODE)
+    inventory = LiveGpus(GPUS, 10, NODE)
     inventory.set_health(GPUS[0].uuid, False, "XID 79")
     await publisher(kube, inventory).publish()
     later = datetime(2026, 1, 3, tzinfo=UTC)
-    restarted_inventory = Inventory(GPUS, 10, NODE)
+    restarted_inventory = LiveGpus(GPUS, 10, NODE)
     restarted_inventory.set_health(GPUS[0].uuid, False, "XID 79")
     api.clear_requests()
     state = await publisher(kube, restarted_inventory, clock=lambda: later).publish()
@@ -277,7 +277,7 @@ async def test_a_restarted_plugin_keeps_the_time_a_gpu_turned_unhealthy(
 async def test_a_deleted_or_edited_pool_is_published_again(api: ApiServerStandin, kube: Kube) -> None:
     api.feature_gates = FeatureGates.of_release(36)
     pub = SlicePublisher(
-        kube, NODE, FACTS, Inventory(GPUS, 10, NODE), retry_seconds=0.05, watch_timeout_seconds=5
+        kube, NODE, FACTS, LiveGpus(GPUS, 10, NODE), retry_seconds=0.05, watch_timeout_seconds=5
     )
     task = asyncio.create_task(pub.run())
     watcher = asyncio.create_task(asyncio.to_thread(pub.watch_forever))
@@ -300,7 +300,7 @@ async def test_a_deleted_or_edited_pool_is_published_again(api: ApiServerStandin
 
 
 async def test_run_ends_when_the_inventory_closes(api: ApiServerStandin, kube: Kube) -> None:
-    inventory = Inventory(GPUS, 10, NODE)
+    inventory = LiveGpus(GPUS, 10, NODE)
     task = asyncio.create_task(publisher(kube, inventory).run())
     await eventually(lambda: len(devices(api)) == 2)
     inventory.close()

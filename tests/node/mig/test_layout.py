@@ -140,7 +140,7 @@ def test_an_idle_gpu_partitioned_otherwise_is_switched() -> None:
 
 
 def test_a_layout_change_under_a_live_pod_is_refused_naming_pod_and_groups() -> None:
-    # Protocol Appendix C.3: pod 1 holds [group2-0], pod 2 is given [group1-0] on the same GPU.
+    # Volcano does this: pod 1 holds [group2-0], pod 2 is given [group1-0] on the same GPU.
     decision = decide_layout(
         plan_group(GROUP1, A100),
         0,

@@ -53,7 +53,7 @@ def instance_uuids(nvml: SimulatedNvml, gpu: str = GPU_0) -> list[str]:
 async def test_worked_example_two_pods_get_two_different_2g_10gb_instances() -> None:
     nvml = mig_sim()
     mig, gpus = manager(nvml)
-    # Protocol §6.3: 8000 MiB on an empty A100-SXM4-40GB is [group2-0]; 4000 MiB next is [group2-1].
+    # Volcano's mig.go: 8000 MiB on an empty A100-SXM4-40GB is [group2-0]; 4000 MiB next is [group2-1].
     first_id = scheduler_slot(gpus[0], {}, 8000)
     assert first_id == f"{GPU_0}[group2-0]"
     p1 = mig_pod("p1", [first_id], 8000)
@@ -95,7 +95,7 @@ async def test_layout_switch_on_an_idle_gpu() -> None:
 
 
 async def test_refusal_on_a_busy_gpu_keeps_the_live_instance(caplog: pytest.LogCaptureFixture) -> None:
-    # Protocol Appendix C.3: pod 1 holds [group2-0]; pod 2 is given [group1-0] on the same GPU.
+    # Volcano does this: pod 1 holds [group2-0]; pod 2 is given [group1-0] on the same GPU.
     nvml = mig_sim()
     mig, _ = manager(nvml)
     p1 = mig_pod("p1", [f"{GPU_0}[group2-0]"], 8000)

@@ -1,4 +1,4 @@
-"""Usage metrics (SPEC §3): what NVML says the GPUs and each container's processes are doing, with
+"""Usage metrics: what NVML says the GPUs and each container's processes are doing, with
 every process mapped to its pod and container through its cgroup and the pod's container statuses."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kube_vgpu.contract.config import ResourceNames
-from kube_vgpu.node.deviceplugin.ledger import Ledger
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.nvml.gpus import discover
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.usage.metrics import UsageSampler
 from kube_vgpu.node.usage.sample import read_usage
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -112,7 +112,7 @@ def scrape(nvml: SimulatedNvml, pods: list[dict[str, Any]], read_cgroup: Any = N
     sampler = UsageSampler(nvml, gpus, NODE, read_cgroup or nvml.process_cgroup)
     sampler.pods_seen(pods)
     sampler.refresh()
-    metrics = Metrics(Inventory(gpus, 10, NODE), Ledger(gpus, 10, ResourceNames(), NODE), sampler)
+    metrics = Metrics(LiveGpus(gpus, 10, NODE), Ledger(gpus, 10, ResourceNames(), NODE), sampler)
     text = metrics.render().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -1,4 +1,4 @@
-"""`standins.admission_chain` does what `facts/apiserver-admission.md` §2 records of the kube-apiserver.
+"""`standins.apiserver.admission_chain` admits in the kube-apiserver's order.
 
 A recording webhook over real TLS sees: mutation first, with no name, uid or creationTimestamp for a
 `generateName` pod; then validation exactly once, with the generated name, a uid and a timestamp; a
@@ -78,16 +78,16 @@ async def test_mutation_then_system_metadata_then_validation_once(
         admitted = await AdmissionChain(session, url, tls.ca.cert_pem).create(JOB)
     assert [path for path, _ in recorder.calls] == ["/mutate", "/validate"]
     (_, mutate), (_, validate) = recorder.calls
-    # §2.1: a generateName pod has no name, uid or creationTimestamp during mutation.
+    # A generateName pod has no name, uid or creationTimestamp during mutation.
     assert not {"name", "uid", "creationTimestamp"} & set(mutate["object"]["metadata"])
-    # §2.3: validation sees the final object: the mutation applied and system metadata filled.
+    # Validation sees the final object: the mutation applied and system metadata filled.
     final = validate["object"]["metadata"]
     assert final["name"].startswith("job-") and len(final["name"]) == len("job-") + 5
     assert final["uid"] and final["creationTimestamp"] and final["labels"] == {"mutated": "yes"}
     assert validate["name"] == final["name"]
     # Every call has a fresh request uid: it identifies the call, not the pod.
     assert mutate["uid"] != validate["uid"]
-    # §2.3: the object is written with that uid.
+    # The object is written with that uid.
     assert admitted.allowed
     stored = apiserver.put(admitted.pod)
     assert stored["metadata"]["uid"] == final["uid"]

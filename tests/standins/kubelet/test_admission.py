@@ -1,5 +1,5 @@
-"""The kubelet stand-in admits pods in the real kubelet's order (facts kubelet-deviceplugin-v1beta1.md,
-"The order in which the kubelet calls Allocate"): one update per bind event, in bind order; the pods of
+"""The kubelet stand-in admits pods in the real kubelet's order
+(pkg/kubelet/kubelet.go, `HandlePodAdditions`): one update per bind event, in bind order; the pods of
 one update by creation time, ties in no promised order; init containers first, one Allocate each."""
 
 from __future__ import annotations

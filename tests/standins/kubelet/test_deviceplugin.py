@@ -20,7 +20,7 @@ from kube_vgpu.node.deviceplugin.server import (
     socket_identity,
 )
 from kube_vgpu.node.nvml.gpus import GpuInfo
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
@@ -49,14 +49,14 @@ async def kubelet(short_dir: Path) -> AsyncIterator[KubeletStandin]:
         yield k
 
 
-async def serve(short_dir: Path, inventory: Inventory, name: str = "p.sock") -> PluginServer:
+async def serve(short_dir: Path, inventory: LiveGpus, name: str = "p.sock") -> PluginServer:
     server = PluginServer(short_dir / name, DevicePluginService(inventory, echo_allocate))
     await server.start()
     return server
 
 
 async def test_registration_options_and_device_lists(kubelet: KubeletStandin, short_dir: Path) -> None:
-    inventory = Inventory(GPUS, 2, NODE)
+    inventory = LiveGpus(GPUS, 2, NODE)
     server = await serve(short_dir, inventory)
     try:
         await register(kubelet.socket_path, "p.sock", RESOURCE, deadline=5)
@@ -86,7 +86,7 @@ async def test_registration_options_and_device_lists(kubelet: KubeletStandin, sh
 
 async def test_list_over_the_limit_is_refused(short_dir: Path) -> None:
     many = [GpuInfo(i, f"GPU-{i:08d}-0000-0000-0000-000000000000", "X", i, 1) for i in range(4)]
-    inventory = Inventory(many, 10, NODE)
+    inventory = LiveGpus(many, 10, NODE)
     async with KubeletStandin(short_dir, max_message_bytes=1000) as kubelet:
         server = await serve(short_dir, inventory)
         try:
@@ -113,7 +113,7 @@ async def test_bad_version_is_refused(kubelet: KubeletStandin) -> None:
 async def test_restart_removes_every_socket_and_recreates_kubelet_sock(
     kubelet: KubeletStandin, short_dir: Path
 ) -> None:
-    inventory = Inventory(GPUS, 1, NODE)
+    inventory = LiveGpus(GPUS, 1, NODE)
     server = await serve(short_dir, inventory)
     try:
         await register(kubelet.socket_path, "p.sock", RESOURCE, deadline=5)

@@ -1,4 +1,5 @@
-"""The local Volcano stand-in reproduces the protocol facts' worked allocations (§4.3, Appendix C.2)."""
+"""The local Volcano stand-in reproduces the allocations Volcano's own vGPU code
+makes on the worked examples."""
 
 from __future__ import annotations
 

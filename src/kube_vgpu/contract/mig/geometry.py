@@ -1,10 +1,11 @@
 """Volcano's dynamic-MIG contract: the `volcano-vgpu-device-config` document, slot arithmetic, the
-scheduler's slot choice, and the `<GPU-UUID>[<group>-<position>]` device ID (protocol §6).
+scheduler's slot choice, and the `<GPU-UUID>[<group>-<position>]` device ID (Volcano's
+pkg/scheduler/api/devices/nvidia/vgpu/mig.go and pkg/scheduler/api/devices/config/).
 
 Pure: text in, frozen values out, no I/O. One parser and one encoder for the ConfigMap's
 `device-config.yaml`, one parser and one encoder for the device ID. Every error is a
 `MigGeometryError` naming the key or value that was wrong. The document this project ships is in
-`contract.mig_geometry_default`.
+`contract.mig.shipped`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from kube_vgpu.contract.register import uuid_registrable
 from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 
 
@@ -25,7 +25,7 @@ class MigGeometryError(ValueError):
 
 
 # Volcano's decoder splits `[group-position]` on "-" and the register/device-list codecs split on
-# the others, so a group name holding any of them cannot round-trip (protocol §6.3).
+# the others, so a group name holding any of them cannot round-trip.
 _GROUP_FORBIDDEN = "-[],:;"
 
 
@@ -45,11 +45,6 @@ class MigGroup:
     name: str
     instance_types: tuple[MigInstanceType, ...]
 
-    @property
-    def slot_count(self) -> int:
-        """How many positions the group has: the sum of its instance counts."""
-        return sum(t.count for t in self.instance_types)
-
 
 @dataclass(frozen=True)
 class KnownMigGeometry:
@@ -64,8 +59,8 @@ class DeviceConfig:
     """The `nvidia:` section of `device-config.yaml`, as the scheduler and the plugin must share it.
 
     A resource name the document omits is empty, as in Volcano, where that disables the request
-    kind (protocol §6.1). `gpu_memory_factor` defaults to 1, `device_split_count` to 10 and the two
-    scalings to 1.0 when absent.
+    kind (pkg/scheduler/api/devices/config/config.go). `gpu_memory_factor` defaults to 1, `device_split_count`
+    to 10 and the two scalings to 1.0 when absent.
     """
 
     resource_count_name: str
@@ -249,7 +244,7 @@ def encode_device_config(config: DeviceConfig) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Geometry lookups and slot arithmetic (protocol §6.1, §6.3)
+# Geometry lookups and slot arithmetic
 
 
 def geometry_for_type(config: DeviceConfig, register_type: str) -> list[MigGroup] | None:
@@ -309,13 +304,14 @@ def _by_memory(group: MigGroup) -> list[MigInstanceType]:
 def choose_slot(
     groups: Sequence[MigGroup], used: Mapping[str, Collection[int]], request_mib: int
 ) -> tuple[str, int] | None:
-    """The scheduler's slot choice for one GPU (protocol §6.2), or None when nothing fits.
+    """The scheduler's slot choice for one GPU (Volcano's pkg/scheduler/api/devices/nvidia/vgpu/mig.go), or
+    None when nothing fits.
 
     `used` maps a group name to the positions pods hold on this GPU; a group with no position is
     not in use. `request_mib` is already multiplied by `gpuMemoryFactor`. On a GPU that uses a
     group, only that group is considered and only instance types already in use there are
-    eligible (§8 item 13), smallest memory first; on an unused GPU, groups are tried in order and
-    the smallest instance type that fits wins.
+    eligible (so a group's other instance types are never offered), smallest memory first; on an
+    unused GPU, groups are tried in order and the smallest instance type that fits wins.
     """
     if isinstance(request_mib, bool) or not isinstance(request_mib, int) or request_mib < 0:
         raise MigGeometryError(f"requested memory {request_mib!r} MiB is not an integer >= 0")
@@ -344,7 +340,7 @@ def choose_slot(
 
 
 # ---------------------------------------------------------------------------------------------
-# The device ID (protocol §6.3)
+# The device ID `<GPU-UUID>[<group>-<position>]`
 
 _DEVICE_ID = re.compile(r"(?P<uuid>[^\[\]]+)\[(?P<slot>[^\[\]]*)\]")
 
@@ -370,13 +366,3 @@ def parse_mig_device_id(device_id: str) -> MigDeviceId:
     if not (position.isascii() and position.isdigit()):
         raise MigGeometryError(f"device id {device_id!r}: position {position!r} is not an integer")
     return MigDeviceId(match["uuid"], group, int(position))
-
-
-def encode_mig_device_id(gpu_uuid: str, group: str, position: int) -> str:
-    """Encode the device ID the scheduler writes for a MIG slot."""
-    if not uuid_registrable(gpu_uuid):
-        raise MigGeometryError(f"GPU UUID {gpu_uuid!r} is empty or holds one of , : ; [ ]")
-    check_group_name(group)
-    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-        raise MigGeometryError(f"position {position!r} is not an integer >= 0")
-    return f"{gpu_uuid}[{group}-{position}]"

@@ -1,5 +1,6 @@
 """The MIG geometry this project ships: the `device-config.yaml` the chart's ConfigMap and the local
-demo carry, with entries for A100-40GB, A100-80GB, H100-80GB and H200 (protocol §6.1 format)."""
+demo carry, with entries for A100-40GB, A100-80GB, H100-80GB and H200, in the format of
+Volcano's pkg/scheduler/api/devices/config/config.go."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from kube_vgpu.contract.mig.geometry import DeviceConfig, parse_device_config
 
 # Memory is each profile's NVML memorySizeMB, the same table the NVML simulator serves
 # (standins.nvml.profiles, where the sources are cited), so a request that fits a slot here fits
-# the instance the plugin creates. Groups follow Volcano's shipped layout (protocol §6.1). Models
+# the instance the plugin creates. Groups follow Volcano's shipped layout. Models
 # are substrings of the NVML name: "NVIDIA H200" does not match "NVIDIA GH200 ...", whose
 # profiles differ. A whole-card request does not fit the 7g slot, whose memory is below the
-# card's (protocol §8 item 13).
+# card's (once a group is in use on a GPU, Volcano offers only instance types already used there).
 DEFAULT_DEVICE_CONFIG_YAML = """\
 nvidia:
   resourceCountName: volcano.sh/vgpu-number
@@ -98,8 +99,9 @@ def default_device_config() -> DeviceConfig:
 def device_config_for(names: ResourceNames) -> DeviceConfig:
     """The shipped device config naming the resources of kube-vgpu's own config (`resourceNames:`).
 
-    Volcano reads pod requests under the names in this document (protocol §7.2), so it must name
-    the same resources the webhook and the node plugin do.
+    Volcano reads pod requests under the names in this document
+    (pkg/scheduler/plugins/deviceshare/deviceshare.go), so it must name the same resources the webhook and the
+    node plugin do.
     """
     return dataclasses.replace(
         default_device_config(),

@@ -1,6 +1,7 @@
-"""Allocate for `vgpu-number`: find the pod, honour the scheduler's choice, consume its entry (protocol §5).
+"""Allocate for `vgpu-number`: find the pod, honour the scheduler's choice, consume its entry.
 
-The decisions are pure (`node.selection`, `node.verify`, `node.hamicore`); this module does the I/O
+The decisions are pure (`node.deviceplugin.selection`, `node.deviceplugin.verify`,
+`node.deviceplugin.hamicore`); this module does the I/O
 around them within `allocateTimeoutSeconds`: list the node's pods, consume the entry with a JSON patch
 that first tests the value it read (so two writers never take the same entry; the loser re-reads and
 retries), write the bind phase, release the node lock. It never touches
@@ -32,6 +33,7 @@ from kube_vgpu.contract.names import (
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable
 from kube_vgpu.node.api import NodeApi, annotation_path, is_conflict
 from kube_vgpu.node.deviceplugin.bind_order import fallback_key
+from kube_vgpu.node.deviceplugin.bookings import Ledger
 from kube_vgpu.node.deviceplugin.cache_folders import make_folder
 from kube_vgpu.node.deviceplugin.hamicore import (
     DEFAULT_LOCK_DIR,
@@ -39,7 +41,6 @@ from kube_vgpu.node.deviceplugin.hamicore import (
     build_response,
     cache_dir,
 )
-from kube_vgpu.node.deviceplugin.ledger import Ledger
 from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
 from kube_vgpu.node.deviceplugin.selection import (
     Claim,
@@ -53,9 +54,9 @@ from kube_vgpu.node.deviceplugin.server import AllocateFailed
 from kube_vgpu.node.deviceplugin.verify import claim_problem
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.mig.manager import MigManager, MigRefused
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 
-log = logging.getLogger("kube_vgpu.node.allocate")
+log = logging.getLogger(__name__)
 
 # Rounds of list + consume before a pod that keeps losing races is given up on.
 MAX_ROUNDS = 5
@@ -94,7 +95,8 @@ def consume_ops(claim: Claim) -> list[dict[str, Any]]:
 
 
 def failed_patch() -> dict[str, Any]:
-    """The merge patch that marks a pod's allocation failed (protocol §5.4)."""
+    """The merge patch that marks a pod's allocation failed (volcano-vgpu-device-plugin's pkg/util/util.go,
+    `PodAllocationFailed`)."""
     return {"metadata": {"annotations": {BIND_PHASE: BIND_PHASE_FAILED, VGPU_TIME: VGPU_TIME_DONE}}}
 
 
@@ -104,7 +106,7 @@ class Allocator:
     def __init__(
         self,
         api: NodeApi,
-        inventory: Inventory,
+        inventory: LiveGpus,
         ledger: Ledger,
         metrics: Metrics,
         *,
@@ -127,7 +129,7 @@ class Allocator:
         self._lock_dir = lock_dir
         self._new_cache_file = new_cache_file
         self._mig = mig  # mig mode: MIG slots instead of the hami-core response
-        self._pod_watch = pod_watch  # the bind order; without it, protocol §5.2's oldest-first rule
+        self._pod_watch = pod_watch  # the bind order; without it, the reference plugin's oldest-first rule
         self._background: set[asyncio.Task[None]] = set()
         # Allocates of this process run one at a time: concurrent ones would all pick the same oldest
         # pod and all but one lose the JSON-patch test, round after round. The test still guards
@@ -160,8 +162,9 @@ class Allocator:
             log.error("event=allocate_failed node=%s pod=%s reason=timeout", self._node, attempt.pod or "-")
             raise AllocateFailed(message, grpc.StatusCode.DEADLINE_EXCEEDED) from None
         except _Refused as exc:
-            # Every refusal frees the node for Volcano's next pod (protocol §5.5: the plugin deletes
-            # the lock on any per-pod failure and when no pending pod is found).
+            # Every refusal frees the node for Volcano's next pod (as volcano-vgpu-device-plugin's
+            # pkg/util/nodelock/nodelock.go: the plugin deletes the lock on any per-pod failure and when no
+            # pending pod is found).
             await self._release_lock(deadline)
             self._metrics.failed(exc.reason)
             self._api.events.allocate_refused(attempt.pod, str(exc))

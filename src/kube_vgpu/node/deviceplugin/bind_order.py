@@ -1,14 +1,14 @@
 """The order in which the kubelet will admit this node's pods, learned from the pods' bind events.
 
 The kubelet sends Allocate with no pod identity and admits pods in the order their bindings reach
-it; pods that arrive in one update (a kubelet starting or restarting) go in creation order (facts
-`kubelet-deviceplugin-v1beta1.md`, last section). Creation time, `vgpu-time` and `bind-time` all
-have one-second resolution, so pods a scheduler binds within one second tie on all three, and only
-the order of the bind events tells them apart. The plugin watches its node's pods, as the kubelet
+it; pods that arrive in one update (a kubelet starting or restarting) go in creation order (kubernetes
+pkg/kubelet/kubelet.go, `HandlePodAdditions` sorts by creation time). Creation time, `vgpu-time` and
+`bind-time` all have one-second resolution, so pods a scheduler binds within one second tie on all three, and
+only the order of the bind events tells them apart. The plugin watches its node's pods, as the kubelet
 does, from the same API server and so in the same order: a pod's first event there is its bind.
 
 Pods bound before the plugin started (or while its watch was away) have no observed event; they rank
-first, oldest `vgpu-time`, then `bind-time`, then creation time (protocol §5.2). After a kubelet
+first, oldest `vgpu-time`, then `bind-time`, then creation time. After a kubelet
 restart, the pods then waiting reach it in one update, so they rank by creation time, bind order
 breaking ties. Pure: events in, a sort key out.
 """
@@ -49,7 +49,7 @@ def _created(pod: Mapping[str, Any]) -> str:
 
 
 def fallback_key(pod: Mapping[str, Any]) -> Fallback:
-    """Protocol §5.2's order for pods whose bind we did not see: vgpu-time, bind-time, creation."""
+    """The order for pods whose bind we did not see: vgpu-time, bind-time, creation."""
     metadata = _metadata(pod)
     annotations = metadata.get("annotations")
     annotations = annotations if isinstance(annotations, Mapping) else {}

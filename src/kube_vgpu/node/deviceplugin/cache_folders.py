@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-log = logging.getLogger("kube_vgpu.node.cache_folders")
+log = logging.getLogger(__name__)
 
 # HAMi-core creates its files with open(path, O_RDWR | O_CREAT, 0666) after umask(0)
 # (HAMi-core src/multiprocess/multiprocess_memory_limit.c for the shared cache, src/utils.c for

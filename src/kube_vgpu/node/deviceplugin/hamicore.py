@@ -1,4 +1,5 @@
-"""The hami-core Allocate response: the environment and mounts HAMi-core needs (Volcano protocol §5.6).
+"""The hami-core Allocate response: the environment and mounts HAMi-core needs (as
+volcano-vgpu-device-plugin's pkg/plugin/server.go, `getAllocateResponse`, builds it).
 
 Pure: builds plain data; the gRPC edge turns it into a ContainerAllocateResponse and the allocator
 creates the cache directory. MIG mode will build its own response in a module of its own.
@@ -79,7 +80,7 @@ def build_response(
         Mount(CACHE_IN_CONTAINER, cache_dir(hook_path, pod_uid, str(container.get("name", ""))), False),
         Mount(LOCK_IN_CONTAINER, lock_dir, False),
         # Always: the reference plugin skipped it when the pod set CUDA_DISABLE_CONTROL, which let any
-        # pod author switch HAMi-core's limits off (SPEC §3: a pod's env never changes the mounts).
+        # pod author switch HAMi-core's limits off (a pod's env never changes the mounts).
         Mount(PRELOAD_IN_CONTAINER, posixpath.join(hook_path, "ld.so.preload"), True),
     ]
     return ContainerResponse(envs, tuple(mounts))

@@ -1,4 +1,4 @@
-"""The watch of this node's pods that teaches `BindOrder` the order of their binds (SPEC §3).
+"""The watch of this node's pods that teaches `BindOrder` the order of their binds.
 
 It lists the pods bound to the node and watches from that list's resourceVersion on a thread of its
 own (`kubeapi.listwatch.Reflector`), like the kubelet's own pod source, so it sees the binds in the
@@ -17,7 +17,7 @@ from kube_vgpu.kubeapi.listwatch import DEFAULT_PAGE_SIZE, Backoff, Handlers, Li
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder
 
-log = logging.getLogger("kube_vgpu.node.pod_watch")
+log = logging.getLogger(__name__)
 
 _RETRY_SECONDS = 1.0
 _MAX_RETRY_SECONDS = 30.0

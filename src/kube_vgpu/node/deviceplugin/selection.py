@@ -1,12 +1,12 @@
-"""Which pod and which container a kubelet Allocate call is for (Volcano protocol §5.2, §5.3, §8).
+"""Which pod and which container a kubelet Allocate call is for.
 
 The kubelet's request carries only a number of device IDs, so the pod is found from the scheduler's
 annotations: bound to this node and allocating, not terminating, its first entry still to be consumed
-holds exactly that many devices, and among those the one the kubelet admits first (`node.bind_order`:
-the order of the bind events, with protocol §5.2's oldest-first rule for pods bound before we
-watched). Entries map to containers as the scheduler wrote them: the k-th entry belongs to the k-th
-container whose limits name the count or memory resource, so a non-GPU container before a GPU one
-changes nothing. Pure: no I/O.
+holds exactly that many devices, and among those the one the kubelet admits first
+(`node.deviceplugin.bind_order`: the order of the bind events, with the oldest-first rule of
+volcano-vgpu-device-plugin's pkg/util/util.go for pods bound before we watched). Entries map to containers as
+the scheduler wrote them: the k-th entry belongs to the k-th container whose limits name the count or memory
+resource, so a non-GPU container before a GPU one changes nothing. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def count_limit(container: Mapping[str, Any], names: ResourceNames) -> int | Non
 
 
 def vgpu_containers(pod: Mapping[str, Any], names: ResourceNames) -> list[Mapping[str, Any]]:
-    """The containers that get an entry from Volcano: limits naming the count or memory (protocol §3.2)."""
+    """The containers that get an entry from Volcano: limits naming the count or memory (Volcano's
+    pkg/scheduler/api/devices/util.go)."""
     containers = (pod.get("spec") or {}).get("containers") or []
     return [
         c
@@ -196,8 +197,8 @@ def select(
     rank: Callable[[Mapping[str, Any]], Any] = fallback_key,
 ) -> Selection:
     """Find the pod and entry an Allocate of `device_count` devices is for: among the pods whose next
-    entry holds that many devices, the one the kubelet admits first by `rank` (SPEC §3; by default
-    protocol §5.2's oldest-first order, for pods whose bind nobody watched)."""
+    entry holds that many devices, the one the kubelet admits first by `rank` (by default the
+    oldest-first order, for pods whose bind nobody watched)."""
     broken: list[Broken] = []
     allocating = 0
     best: tuple[Any, Claim] | None = None

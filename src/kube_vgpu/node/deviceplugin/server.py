@@ -19,7 +19,7 @@ import grpc
 from grpc import aio
 
 from kube_vgpu.node.deviceplugin.hamicore import ContainerResponse
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -59,7 +59,7 @@ def to_proto(response: ContainerResponse) -> pb.ContainerAllocateResponse:
 class DevicePluginService(pb_grpc.DevicePluginServicer):
     """DevicePlugin for `vgpu-number`: the inventory's device list and the allocator's answers."""
 
-    def __init__(self, inventory: Inventory, allocate: AllocateFn) -> None:
+    def __init__(self, inventory: LiveGpus, allocate: AllocateFn) -> None:
         self._inventory = inventory
         self._allocate = allocate
 

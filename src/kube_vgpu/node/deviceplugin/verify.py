@@ -1,4 +1,4 @@
-"""Whether the scheduler's choice for one container can be honoured on this node (SPEC §3).
+"""Whether the scheduler's choice for one container can be honoured on this node.
 
 The node plugin does not trust the annotations blindly: a device must be a GPU of this node, healthy,
 big enough, allowed by the pod's own type, UUID and mode selectors, and booked with exactly what the
@@ -42,7 +42,7 @@ def type_item_matches(item: str, model: str) -> bool:
     """Whether one `use-gputype`/`nouse-gputype` item names the NVML model `model`.
 
     Items the webhook writes are `[<NVML name>]` (exact, case-insensitive); plain tokens follow the
-    whole-segment rule of SPEC §1, so `A10` does not select an A100 even though Volcano's substring
+    whole-segment rule of `contract.models`, so `A10` does not select an A100 even though Volcano's substring
     test would.
     """
     if "[" in item and "]" in item:
@@ -70,8 +70,8 @@ def selector_problem(annotations: Mapping[str, str], gpu: GpuInfo) -> str | None
 
 
 def booked_memory(ask: ContainerRequest, gpu: GpuInfo) -> int:
-    """The MiB Volcano books on `gpu` for this container (protocol §3.2, §3.3): its vgpu-memory; else
-    that percentage of the card, rounded down; else (neither given) the whole card."""
+    """The MiB Volcano books on `gpu` for this container (pkg/scheduler/api/devices/nvidia/vgpu/utils.go): its
+    vgpu-memory; else that percentage of the card, rounded down; else (neither given) the whole card."""
     if ask.memory_mib is not None:
         return ask.memory_mib
     if ask.memory_percent is not None:
@@ -98,7 +98,7 @@ def booking_problem(
     charged_on: int | None = None,
 ) -> str | None:
     """Why the booking disagrees with the container's own limits, which nobody can change after the
-    pod is created (SPEC §3): an edited or forged annotation cannot hand out more than was asked.
+    pod is created: an edited or forged annotation cannot hand out more than was asked.
     With `charged_on` (the MiB of the GPU the webhook sized a share of a card on), a share booked on
     a larger GPU, which would hold more memory than the namespace's quota was charged, is refused."""
     name = str(container.get("name", ""))

@@ -37,7 +37,7 @@ from kube_vgpu.node.dra.slices import (
     dropped_features,
 )
 from kube_vgpu.node.nvml.gpus import GpuInfo
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.nvml.surface import Nvml
 
 log = logging.getLogger("kube_vgpu.node.dra.publisher")
@@ -87,7 +87,7 @@ class SlicePublisher:
         kube: Kube,
         node_name: str,
         gpus: Sequence[GpuFacts],
-        inventory: Inventory,
+        inventory: LiveGpus,
         *,
         options: SliceOptions = _ALL_ON,
         clock: Callable[[], datetime] = _now,
@@ -334,7 +334,7 @@ def publisher_for(
     node_name: str,
     nvml: Nvml,
     gpus: Sequence[GpuInfo],
-    inventory: Inventory,
+    inventory: LiveGpus,
     *,
     options: SliceOptions = _ALL_ON,
 ) -> SlicePublisher:

@@ -1,9 +1,9 @@
 """The MIG geometry the scheduler uses, as the node plugin reads it, and its fit to this node's GPUs.
 
 Volcano reads `knownMigGeometries` from ConfigMap `volcano-vgpu-device-config` (key
-`device-config.yaml`) once at its start (protocol §6.1); the plugin reads the same object, named by
-`NodeConfig.device_config_namespace` / `device_config_name`, once at its start too, so both restart
-to pick up an edit. An absent ConfigMap or key means the built-in default, with a warning; a
+`device-config.yaml`) once at its start (pkg/scheduler/api/devices/config/config.go); the plugin reads the
+same object, named by `NodeConfig.device_config_namespace` / `device_config_name`, once at its start too, so
+both restart to pick up an edit. An absent ConfigMap or key means the built-in default, with a warning; a
 document that does not parse stops the plugin, since guessing would hand out wrong instances.
 """
 
@@ -104,7 +104,8 @@ async def load_geometry(
 
 def gpu_groups(config: DeviceConfig, gpu: GpuInfo) -> list[MigGroup] | None:
     """The groups the scheduler uses for this GPU: the first `knownMigGeometries` entry one of whose
-    models is a substring of the TYPE the plugin registers (protocol §6.1); None when none matches."""
+    models is a substring of the TYPE the plugin registers, as Volcano matches them; None when none
+    matches."""
     return geometry_for_type(config, register_type(gpu.name))
 
 

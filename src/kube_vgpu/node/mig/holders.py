@@ -9,14 +9,14 @@ not terminal (a terminating pod still runs, so it still holds). Pure: pods in, h
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kube_vgpu.contract.devices import ContainerDevices, DeviceListError, decode_pod_devices
 from kube_vgpu.contract.mig.geometry import MigGeometryError, is_mig_device_id, parse_mig_device_id
 from kube_vgpu.contract.names import DEVICES_TO_ALLOCATE, VGPU_IDS_NEW
-from kube_vgpu.node.deviceplugin.ledger import holds_devices
+from kube_vgpu.node.deviceplugin.bookings import holds_devices
 from kube_vgpu.node.deviceplugin.selection import PodRef, annotations_of, pod_ref
 from kube_vgpu.node.mig.layout import SlotHolder
 
@@ -108,8 +108,3 @@ def node_holdings(pods: Iterable[Mapping[str, Any]], node_name: str) -> Holdings
         items.extend(found)
         problems.extend(skipped)
     return Holdings(tuple(items), tuple(problems))
-
-
-def groups_held(holdings: Sequence[Holding]) -> set[str]:
-    """The groups the given holdings use."""
-    return {h.group for h in holdings}

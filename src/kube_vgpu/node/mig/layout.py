@@ -4,8 +4,8 @@ Pure: NVML facts and pod holdings in, plans and decisions out. The plan is what 
 scheduler's `[<group>-<position>]` robust: every position of a group gets a fixed GPU instance
 profile and an explicit memory placement, computed deterministically from the group (template
 order) and the GPU's own profile table. Position -> instance is then found by (profile, placement)
-in NVML's state, never by the MIG device index (protocol §6.4: "index = position" is unchecked),
-and the same mapping is rebuilt from NVML alone after a restart.
+in NVML's state, never by the MIG device index (Volcano's reference plugin assumes "index = position"
+unchecked), and the same mapping is rebuilt from NVML alone after a restart.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def decide_layout(
     the slots other live containers already hold on this GPU.
 
     - Another group held here: refused; a different layout would destroy a live instance
-      (protocol Appendix C.3).
+      (Volcano may pick another group for a GPU already partitioned).
     - The same slot held by another container: refused; a MIG instance is not shared.
     - Nothing held: the GPU is (re)made into exactly the group's layout, destroying whatever
       else is there.
@@ -272,7 +272,7 @@ def decide_layout(
     if same_slot:
         return Refusal(
             f"MIG slot [{plan.group}-{position}] is already held by {_owners(same_slot)}; a MIG instance "
-            "is not shared (the scheduler gave one slot twice in one session, protocol §8 item 13)"
+            "is not shared (the scheduler gave one slot twice in one session)"
         )
     missing = [p for p in plan.instances if not any(o.matches(p) for o in observed)]
     unfinished = tuple(

@@ -1,10 +1,10 @@
 """Dynamic MIG for the node plugin (`--mode mig`): make the scheduler's slot exist, hand out its UUID,
 and destroy layouts no live pod holds once a grace period has passed.
 
-The scheduler writes `<GPU-UUID>[<group>-<position>]` (protocol §6.3). For each such record the
-manager checks the GPU (MIG on, a geometry for its model, the group and position), plans the group
-on the GPU's real profiles (`node.mig_layout`), compares with NVML's instances and the slots live
-pods hold (`node.mig_holders`), changes NVML only when no live pod is hurt (`node.mig_nvml`), and
+The scheduler writes `<GPU-UUID>[<group>-<position>]` (pkg/scheduler/api/devices/nvidia/vgpu/mig.go). For each
+such record the manager checks the GPU (MIG on, a geometry for its model, the group and position), plans the
+group on the GPU's real profiles (`node.mig.layout`), compares with NVML's instances and the slots live
+pods hold (`node.mig.holders`), changes NVML only when no live pod is hurt (`node.mig.nvml`), and
 answers with the MIG device UUID: `NVIDIA_VISIBLE_DEVICES` alone, no HAMi-core variables or mounts.
 Nothing is remembered between calls that NVML and the pods do not already say, so a restarted
 plugin adopts what exists. NVML work runs on worker threads under one lock, held by the thread

@@ -9,7 +9,7 @@ from kube_vgpu.contract.models import model_registrable
 from kube_vgpu.contract.register import uuid_registrable
 from kube_vgpu.node.nvml.surface import Nvml
 
-log = logging.getLogger("kube_vgpu.node.gpus")
+log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 # The kubelet refuses device IDs longer than this (deviceplugin v1beta1).
@@ -32,7 +32,7 @@ class GpuInfo:
     bus_id: str = ""
 
     def device_id(self, k: int) -> str:
-        """The k-th virtual device's ID, `<GPU-UUID>-<k>` (Volcano protocol §1.1)."""
+        """The k-th virtual device's ID, `<GPU-UUID>-<k>`, as the reference plugin names them."""
         return f"{self.uuid}-{k}"
 
 
@@ -68,7 +68,8 @@ def discover(nvml: Nvml) -> list[GpuInfo]:
 
 
 def check_inventory(gpus: list[GpuInfo], split_count: int) -> None:
-    """Refuse an inventory Volcano or the kubelet would misread (protocol §2.2, §8 item 11)."""
+    """Refuse an inventory Volcano or the kubelet would misread (Volcano splits the register annotation on `,`
+    and `:` and matches UUIDs by containment: pkg/scheduler/api/devices/nvidia/vgpu/utils.go)."""
     seen: set[str] = set()
     for gpu in gpus:
         if not uuid_registrable(gpu.uuid):

@@ -20,7 +20,7 @@ from typing import Any
 from kube_vgpu.node.nvml.gpus import GpuInfo, nvml_text
 from kube_vgpu.node.nvml.surface import Nvml
 
-log = logging.getLogger("kube_vgpu.node.health")
+log = logging.getLogger(__name__)
 
 # (uuid, healthy, reason): called on the monitor's thread.
 Report = Callable[[str, bool, str], None]

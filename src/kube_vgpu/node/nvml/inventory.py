@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.node.publish.advertise import Device, device_list
 
-log = logging.getLogger("kube_vgpu.node.inventory")
+log = logging.getLogger(__name__)
 
 
-class Inventory:
+class LiveGpus:
     """GPUs (fixed at start) plus the set of unhealthy ones, versioned.
 
     Besides each GPU's own health there is one node-wide hold: while it is set (HAMi-core missing

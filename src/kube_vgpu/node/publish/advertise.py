@@ -1,6 +1,6 @@
 """What the node plugin tells the kubelet and the Node object, computed from the GPUs and their health.
 
-Pure functions: the ListAndWatch device list, the Volcano register annotation, the SPEC §1 node
+Pure functions: the ListAndWatch device list, the Volcano register annotation, the node
 labels and the extended-resource capacity, each with the patch that brings a Node up to date (None
 when it already is, so nothing is written needlessly: every Node update makes Volcano rebuild its
 ledger).
@@ -29,7 +29,8 @@ from kube_vgpu.node.nvml.gpus import GpuInfo
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 CORES_PER_GPU = 100
-# The names Volcano's node-readiness check reads (protocol §1.2): the defaults, always.
+# The names Volcano's node-readiness check reads (pkg/scheduler/api/devices/nvidia/vgpu/device_info.go): the
+# defaults, always.
 VOLCANO_NAMES = ResourceNames()
 
 
@@ -73,7 +74,7 @@ def register_value(gpus: Sequence[GpuInfo], unhealthy: Collection[str], split_co
 
 
 def desired_labels(gpus: Sequence[GpuInfo], mode: str) -> dict[str, str]:
-    """The SPEC §1 labels: the mode, one per model, one per GPU (present GPUs, healthy or not)."""
+    """The node labels: the mode, one per model, one per GPU (present GPUs, healthy or not)."""
     labels = {MODE_LABEL: mode}
     for gpu in gpus:
         labels[MODEL_LABEL_PREFIX + model_label_name(gpu.name)] = "true"
@@ -112,8 +113,9 @@ def capacity(
 
     With resource names other than Volcano's, the same amounts are also advertised under Volcano's
     names (and `vgpu-number` as the slot count): its node-readiness check looks for those exact
-    names in allocatable whatever its ConfigMap says (protocol §1.2), while pods, the kubelet and
-    Volcano's fit count the configured ones.
+    names in allocatable whatever its ConfigMap says
+    (pkg/scheduler/api/devices/nvidia/vgpu/device_info.go), while pods, the kubelet and Volcano's
+    fit count the configured ones.
     """
     healthy = [g for g in gpus if g.uuid not in unhealthy]
     memory, cores = str(sum(g.memory_mib for g in healthy)), str(CORES_PER_GPU * len(healthy))
@@ -149,7 +151,7 @@ def _quantity(text: object) -> int | None:
 
 
 def handshake_due(node: Mapping[str, Any]) -> bool:
-    """Whether the legacy handshake annotation must be written again (protocol §2.4).
+    """Whether the legacy handshake annotation must be written again (`volcano.sh/node-vgpu-handshake`).
 
     Volcano v1.12-v1.14.2 and v1.15.0 answer any other value with `Requesting_<time>` and drop the
     node once that is 60 s old, so the plugin rewrites it whenever it says Requesting (or Deleted, or

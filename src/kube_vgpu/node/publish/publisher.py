@@ -20,7 +20,7 @@ from kube_vgpu.contract.names import NODE_HANDSHAKE
 from kube_vgpu.kubeapi.client import KubeError
 from kube_vgpu.kubeapi.listwatch import Backoff, Handlers, Listed, Reflector, WatchEvent
 from kube_vgpu.node.api import NodeApi
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.publish.advertise import (
     capacity,
     capacity_patch,
@@ -31,7 +31,7 @@ from kube_vgpu.node.publish.advertise import (
     register_value,
 )
 
-log = logging.getLogger("kube_vgpu.node.publisher")
+log = logging.getLogger(__name__)
 
 _RETRY_SECONDS = 2.0
 _MAX_WATCH_RETRY_SECONDS = 30.0
@@ -47,7 +47,7 @@ class NodePublisher:
     def __init__(
         self,
         api: NodeApi,
-        inventory: Inventory,
+        inventory: LiveGpus,
         *,
         mode: str,
         names: ResourceNames,

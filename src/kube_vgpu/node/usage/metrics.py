@@ -1,4 +1,4 @@
-"""The usage metrics (SPEC §3): per GPU memory used and utilisation, per container memory used and
+"""The usage metrics: per GPU memory used and utilisation, per container memory used and
 SM utilisation, sampled from NVML on a worker thread before each scrape and served from that sample.
 
 The pods are the ones the plugin's ledger loop last listed on this node, so no scrape calls the API.

@@ -1,6 +1,7 @@
-"""The order in which the kube-apiserver admits a pod CREATE (facts `apiserver-admission.md` §2).
+"""The order in which the kube-apiserver admits a pod CREATE (kubernetes
+staging/src/k8s.io/apiserver/pkg/endpoints/handlers/create.go).
 
-0. The body is decoded: quantities in canonical form, defaults applied (§1).
+0. The body is decoded: quantities in canonical form, defaults applied.
 1. Mutating webhooks, each call with a fresh `request.uid`; a `generateName` pod has no name, uid or
    creationTimestamp yet.
 2. The system metadata is filled in: the generated name, `metadata.uid`, `creationTimestamp`.

@@ -50,13 +50,13 @@ def validate(rt: ResourceType, obj: dict[str, Any]) -> None:
 
 def canonicalise_quantities(rt: ResourceType, obj: dict[str, Any]) -> None:
     """Rewrite every resource quantity in canonical form, as the real server's decoder does on every
-    write (facts `apiserver-admission.md` §1: `3000` is stored and read back as `3k`); text that is no
-    quantity fails the whole request, as it fails to decode there."""
+    write (`3000` is stored and read back as `3k`: k8s.io/apimachinery/pkg/api/resource/quantity.go); text
+    that is no quantity fails the whole request, as it fails to decode there."""
     for amounts in _quantity_maps(rt, obj):
         for key, raw in list(amounts.items()):
             try:
                 amounts[key] = quantity.from_json(raw)
-            except quantity.QuantityError as exc:
+            except quantity.BadQuantity as exc:
                 why = f'{rt.kind} in version "v1" cannot be handled as a {rt.kind}: {exc}'
                 raise errors.bad_request(why) from None
 
@@ -183,7 +183,7 @@ def check_preconditions(rt: ResourceType, current: Stored, preconditions: Any) -
 
 
 def decoded(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """A create body as mutating admission sees it (facts `apiserver-admission.md` §1-2): decoded,
+    """A create body as mutating admission sees it: decoded,
     quantities in canonical form, defaulted, nothing stored and no system metadata yet (a
     `generateName` pod has no name). Raises the 400 the real server answers for a bad quantity."""
     rt = lookup_object(obj)

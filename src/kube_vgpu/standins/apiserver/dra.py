@@ -318,7 +318,7 @@ def _canonicalise(rt: ResourceType, obj: dict[str, Any]) -> None:
     for holder, key, path in places:
         try:
             holder[key] = quantity.from_json(holder[key])
-        except quantity.QuantityError as exc:
+        except quantity.BadQuantity as exc:
             raise errors.bad_request(f"{path}: {exc}") from None
 
 

@@ -61,7 +61,7 @@ def with_type(rt: ResourceType, obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Page:
+class ListPage:
     """One answer to a list: matching objects, the revision read at, and how to continue."""
 
     items: list[Stored]
@@ -114,7 +114,7 @@ class Operations:
         limit: int | None = None,
         continue_token: str | None = None,
         exact_rv: int | None = None,
-    ) -> Page:
+    ) -> ListPage:
         """Objects in key order matching the selectors, `limit` at a time, consistent across pages."""
         labels = labels or LabelSelector()
         fields = fields or FieldSelector()
@@ -142,9 +142,9 @@ class Operations:
             if limit and len(matched) == limit:
                 # The real server only estimates the remainder when nothing is filtered out.
                 remaining = None if selecting else len(items) - index
-                return Page(matched, rv, _encode_continue(rv, matched[-1].key), remaining)
+                return ListPage(matched, rv, _encode_continue(rv, matched[-1].key), remaining)
             matched.append(stored)
-        return Page(matched, rv, None, None)
+        return ListPage(matched, rv, None, None)
 
     # -- writes -------------------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class Operations:
             if self.store.get(rt, namespace, name) is not None:
                 raise errors.already_exists(rt.plural, name, rt.group)
             # A test's direct write may carry the system metadata an admission chain already filled
-            # (facts apiserver-admission.md §2: validating webhooks see the uid that gets stored).
+            # (validating webhooks see the uid that gets stored).
             kept = {k: metadata[k] for k in ("uid", "creationTimestamp") if direct and metadata.get(k)}
             for owned in (*_SERVER_OWNED, "resourceVersion"):
                 metadata.pop(owned, None)

@@ -1,10 +1,10 @@
 """LOCAL STAND-IN for Kubernetes' `resource.Quantity`: parse, canonical text, and `Value()`.
 
 The kube-apiserver parses every resource quantity it decodes and serialises it again in canonical form
-before any webhook, scheduler or device plugin sees it (facts `apiserver-admission.md` §1: `3000` is
+before any webhook, scheduler or device plugin sees it (`3000` is
 read back as `3k`). This restates `k8s.io/apimachinery/pkg/api/resource` (`parseQuantityString`,
 `ParseQuantity`, `CanonicalizeBytes`, `Value`) for the stand-in API server and the Volcano stand-in.
-It deliberately shares nothing with kube-vgpu's own parser (`contract.resources`), so an end-to-end
+It deliberately shares nothing with kube-vgpu's own parser (`contract.quantity`), so an end-to-end
 test that passes through both says something about a real cluster.
 """
 
@@ -33,7 +33,7 @@ _NANO = Decimal("1e-9")
 _CONTEXT = decimal.Context(prec=decimal.MAX_PREC, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
 
 
-class QuantityError(ValueError):
+class BadQuantity(ValueError):
     """Text that the real server's decoder refuses."""
 
 
@@ -60,14 +60,14 @@ class Quantity:
 
 
 def parse(text: str) -> Quantity:
-    """`resource.ParseQuantity`; raises QuantityError for text the server refuses."""
+    """`resource.ParseQuantity`; raises BadQuantity for text the server refuses."""
     if not text:
-        raise QuantityError(REGEX_MESSAGE)
+        raise BadQuantity(REGEX_MESSAGE)
     if text == "0":
         return Quantity(Decimal(0), "DecimalSI", "0")
     match = _SHAPE.match(text)
     if match is None or not (match.group(2) or match.group(3) is not None):
-        raise QuantityError(REGEX_MESSAGE)
+        raise BadQuantity(REGEX_MESSAGE)
     sign, whole, fraction, suffix = match.group(1), match.group(2), match.group(3) or "", match.group(4)
     number = whole.lstrip("0") or "0"
     if suffix in _BINARY_SUFFIXES:
@@ -80,7 +80,7 @@ def parse(text: str) -> Quantity:
         base_format = "DecimalExponent"
         amount = Decimal(f"{number}.{fraction or '0'}e{int(suffix[1:])}", context=_CONTEXT)
     else:
-        raise QuantityError("unable to parse quantity's suffix")
+        raise BadQuantity("unable to parse quantity's suffix")
     amount = _CONTEXT.multiply(amount, Decimal(-1 if sign == "-" else 1))
     exponent = amount.as_tuple().exponent
     if isinstance(exponent, int) and exponent < -9:
@@ -142,17 +142,17 @@ def _canonicalize(amount: Decimal, fmt: Format) -> str:
 
 
 def canonical(text: str) -> str:
-    """The canonical text of `text` (raises QuantityError)."""
+    """The canonical text of `text` (raises BadQuantity)."""
     return parse(text).canonical()
 
 
 def from_json(raw: object) -> str:
     """The canonical text of a quantity as JSON carries it (`Quantity.UnmarshalJSON`): a string, trimmed
-    of spaces, or a bare number; null is zero. Raises QuantityError for anything else."""
+    of spaces, or a bare number; null is zero. Raises BadQuantity for anything else."""
     if raw is None:
         return "0"
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise QuantityError(REGEX_MESSAGE)
+        raise BadQuantity(REGEX_MESSAGE)
     return canonical(str(raw).strip() if isinstance(raw, str) else json_number(raw))
 
 
@@ -162,5 +162,5 @@ def json_number(raw: int | float) -> str:
 
 
 def value(text: str) -> int:
-    """Volcano's reading of `text`: `resource.MustParse(text).Value()` (raises QuantityError)."""
+    """Volcano's reading of `text`: `resource.MustParse(text).Value()` (raises BadQuantity)."""
     return parse(text).value()

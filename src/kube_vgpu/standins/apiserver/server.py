@@ -349,12 +349,12 @@ class ApiServerStandin:
 
     def load_compact(self, kind: str, objects: Iterable[dict[str, Any]]) -> int:
         """Store many objects of one kind (bare: no apiVersion/kind) as compact JSON, with no watch
-        event or history (benchmark fill: 150,000 realistic pods held as dicts would cost several
-        GB). Each object carries its final metadata (uid, creationTimestamp); returns the count."""
+        event or history (benchmark fill: 150,000 realistic pods held as dicts would cost
+        gigabytes). Each object carries its final metadata (uid, creationTimestamp); returns the count."""
         return self.store.load_compact(lookup(kind), objects)
 
     def decode(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """A create body as mutating admission sees it (facts `apiserver-admission.md` §1-2): decoded,
+        """A create body as mutating admission sees it: decoded,
         quantities in canonical form, defaulted, nothing stored and no system metadata yet (a
         `generateName` pod has no name). Raises the 400 the real server answers for a bad quantity."""
         return decoded(obj)

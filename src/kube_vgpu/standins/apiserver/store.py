@@ -34,8 +34,9 @@ def encode(obj: Any) -> bytes:
 class Stored:
     """One version of one object (without kind/apiVersion), its JSON encoded once on first use.
 
-    A compact one (`from_raw`) holds its JSON alone and decodes `obj` on each use: a 6 KB pod held
-    as Python objects costs about 31 KB, so benchmarks of 150,000 pods store them this way.
+    A compact one (`from_raw`) holds its JSON alone and decodes `obj` on each use: a pod held as
+    Python objects costs about five times its JSON (docs/benchmarks.md), so benchmarks of 150,000
+    pods store them this way.
     """
 
     __slots__ = ("_obj", "_raw", "key", "rv")
@@ -144,11 +145,6 @@ class Store:
     def rv(self) -> int:
         """The latest revision (the resourceVersion a list made now reports)."""
         return self._rv
-
-    @property
-    def compacted_rv(self) -> int:
-        """Watches and continued lists from before this revision answer 410."""
-        return self._compacted_rv
 
     def get(self, rt: ResourceType, namespace: str, name: str) -> Stored | None:
         """The current version of an object, or None."""

@@ -82,7 +82,7 @@ def usable_devices(slices: Iterable[Mapping[str, Any]]) -> list[Candidate]:
 def _amount(text: Any, what: str) -> Decimal:
     try:
         return quantity.parse(str(text)).amount
-    except quantity.QuantityError as exc:
+    except quantity.BadQuantity as exc:
         raise Unschedulable(f"{what}: {text!r} is not a quantity ({exc})") from None
 
 

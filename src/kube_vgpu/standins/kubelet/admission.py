@@ -1,7 +1,7 @@
 """LOCAL STAND-IN for the kubelet's pod admission, as far as device allocation goes.
 
-What it does is what facts `kubelet-deviceplugin-v1beta1.md` ("The order in which the kubelet calls
-Allocate") records of the real kubelet (`pkg/kubelet`):
+What it does is what the real kubelet does (kubernetes pkg/kubelet/kubelet.go, `HandlePodAdditions`,
+and pkg/kubelet/cm/devicemanager/manager.go):
 - it watches the pods whose `spec.nodeName` is its node; every change the watch delivers is one
   update, so pods bound one at a time are admitted one at a time, in the order they were bound;
 - the pods that arrive in one update (the kubelet starting, or busy: `pause()` ... `resume()`) are
@@ -9,9 +9,8 @@ Allocate") records of the real kubelet (`pkg/kubelet`):
   a seeded shuffle, so a test can meet every order);
 - each pod is admitted in full before the next: init containers first, then `spec.containers`, one
   Allocate per container whose limits name the device plugin's resource, with as many device IDs.
-An Allocate that fails rejects the pod: it ends `Failed` with reason `UnexpectedAdmissionError`
-(protocol §5.2 item 6); nothing is retried. It reads the stand-in API server's change history
-directly, which serves every watch.
+An Allocate that fails rejects the pod: it ends `Failed` with reason `UnexpectedAdmissionError`; nothing is
+retried. It reads the stand-in API server's change history directly, which serves every watch.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.apiserver.store import Bookmark, Change, Subscription
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 
-log = logging.getLogger("kube_vgpu.standins.kubelet_admission")
+log = logging.getLogger(__name__)
 _TERMINAL = ("Succeeded", "Failed")
 
 
@@ -184,7 +183,7 @@ class KubeletAdmission:
                 self._notify()
 
     def _fail(self, admission: PodAdmission) -> None:
-        """A rejected pod ends Failed, as the kubelet's admission failure leaves it (protocol §5.2.6)."""
+        """A rejected pod ends Failed, as the kubelet's admission failure leaves it."""
         status = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": admission.rejected}
         with contextlib.suppress(Exception):  # deleted meanwhile: nothing to record
             self.apiserver.patch("Pod", admission.name, {"status": status}, admission.namespace, "merge")

@@ -1,4 +1,4 @@
-"""The `--simulate FILE` document (SPEC §3): which GPUs a simulated NVML has and what it will report.
+"""The `--simulate FILE` document: which GPUs a simulated NVML has and what it will report.
 
 ```yaml
 driverVersion: "550.54.15"          # optional
@@ -41,7 +41,8 @@ from kube_vgpu.standins.nvml.profiles import MODELS
 DEFAULT_DRIVER_VERSION = "550.54.15"
 # Fixed namespace so a node's default UUIDs are the same on every run and every machine.
 _UUID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "simnvml.kube-vgpu.io")
-# Volcano splits its annotations on these, and matches UUIDs by containment (protocol §2.2).
+# Volcano splits its annotations on these, and matches UUIDs by containment
+# (pkg/scheduler/api/devices/nvidia/vgpu/utils.go).
 _UUID_FORBIDDEN = ",:;[]"
 # GPUs one simulated node may hold: four times the largest server, and a bound on the work a typo
 # (`count: 80000`) can cause, since every pair of UUIDs is compared.
@@ -228,7 +229,8 @@ def _check_uuids(gpus: list[GpuSpec]) -> None:
                 continue
             if a.uuid == b.uuid:
                 raise SimulationError(f"duplicate GPU UUID {a.uuid!r} (GPUs {a.index} and {b.index})")
-            # Volcano matches allocations to GPUs by containment (protocol §8 item 11).
+            # Volcano matches allocations to GPUs by containment
+            # (pkg/scheduler/api/devices/nvidia/vgpu/utils.go).
             if a.uuid in b.uuid or b.uuid in a.uuid:
                 raise SimulationError(
                     f"GPU UUIDs {a.uuid!r} and {b.uuid!r} contain one another; Volcano would confuse them"

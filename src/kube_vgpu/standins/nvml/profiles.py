@@ -25,7 +25,6 @@ import pynvml
 
 # A GPU has 7 compute slices and 8 memory slices on every model here.
 COMPUTE_SLICES = 7
-MEMORY_SLICES = 8
 
 
 @dataclass(frozen=True)
@@ -196,11 +195,6 @@ MODELS: dict[str, GpuModel] = {
         GpuModel("NVIDIA H200 NVL", 143771, 0x233B10DE, 132, _profiles(_H200)),
     )
 }
-
-
-def mig_model(name: str) -> GpuModel | None:
-    """The MIG-capable model with this NVML name, if the simulator has its profile table."""
-    return MODELS.get(name)
 
 
 def gpu_instance_id(start: int, placement_size: int) -> int:

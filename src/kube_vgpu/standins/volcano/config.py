@@ -1,8 +1,9 @@
-"""LOCAL STAND-IN for how Volcano's deviceshare plugin loads its device ConfigMap (protocol §6.1, §7.2).
+"""LOCAL STAND-IN for how Volcano's deviceshare plugin loads its device ConfigMap
+(pkg/scheduler/api/devices/config/config.go).
 
 Volcano reads `volcano-vgpu-device-config` once at start-up and takes from it the resource names it
 reads pod requests under and the MIG geometries. Without the ConfigMap it uses built-in defaults,
-which name no percentage resource and hold no MIG geometry (§3.2, §6.1); a document that omits a
+which name no percentage resource and hold no MIG geometry; a document that omits a
 resource name disables that request kind. The stand-in scheduler is built from the same document,
 so a cluster whose ConfigMap names other resources than kube-vgpu's config behaves here as there.
 """
@@ -54,7 +55,8 @@ def request_names(config: DeviceConfig) -> ResourceNames:
 
 
 def mig_chooser(config: DeviceConfig) -> MigChooser:
-    """Volcano's MIG slot choice (protocol §6.2) over the geometries of `config`."""
+    """Volcano's MIG slot choice (pkg/scheduler/api/devices/nvidia/vgpu/mig.go) over the geometries of
+    `config`."""
 
     def choose(gpu_type: str, used: Sequence[tuple[str, int]], request_mib: int) -> tuple[str, int] | None:
         groups = geometry_for_type(config, gpu_type)

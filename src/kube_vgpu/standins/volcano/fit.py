@@ -1,8 +1,8 @@
 """LOCAL STAND-IN for Volcano's vGPU device allocation (deviceshare plugin, binpack policy).
 
 Volcano cannot run here, so the demo and end-to-end tests use this restatement of its per-GPU fit
-rules from the protocol facts (§3.2, §3.3, §4, §6.2). It is not kube-vgpu's product code and makes no
-claim to reproduce Volcano beyond those rules. Pure: node and pod dicts in, a plan out.
+rules (pkg/scheduler/api/devices/nvidia/vgpu/utils.go, device_info.go, mig.go). It is not kube-vgpu's product
+code and makes no claim to reproduce Volcano beyond those rules. Pure: node and pod dicts in, a plan out.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class GpuLedger:
 
 @dataclass(frozen=True)
 class ContainerAsk:
-    """One vGPU container's request as Volcano reads it (protocol §3.2)."""
+    """One vGPU container's request as Volcano reads it
+    (pkg/scheduler/api/devices/util.go)."""
 
     nums: int
     memory_mib: int
@@ -52,7 +53,7 @@ class NoFit(Exception):
 
 
 def quantity_value(raw: object) -> int:
-    """A limit as Volcano reads it: `Quantity.Value()`, so `3k` is 3000 (protocol §3.2)."""
+    """A limit as Volcano reads it: `Quantity.Value()`, so `3k` is 3000."""
     return parse_value(str(raw))
 
 
@@ -103,9 +104,15 @@ def node_ledger(node: Mapping[str, Any], pods_on_node: Sequence[Mapping[str, Any
     return gpus
 
 
+def mig_device_id(gpu_uuid: str, group: str, position: int) -> str:
+    """The device ID Volcano writes for a MIG slot, `<GPU-UUID>[<group>-<position>]`
+    (pkg/scheduler/api/devices/nvidia/vgpu/mig.go); like Volcano, it checks nothing."""
+    return f"{gpu_uuid}[{group}-{position}]"
+
+
 def _charge(gpus: Sequence[GpuLedger], record: DeviceRecord) -> None:
     for gpu in gpus:
-        if gpu.uuid in record.gpu_uuid:  # Volcano matches by containment (protocol §2.2)
+        if gpu.uuid in record.gpu_uuid:  # Volcano matches by containment (its vgpu/utils.go)
             gpu.used_num += 1
             gpu.used_mem += record.used_mem
             gpu.used_cores += record.used_cores
@@ -124,7 +131,7 @@ def _split(value: str | None, *, trim: bool) -> list[str] | None:
 
 def _type_ok(annotations: Mapping[str, str], gpu_type: str) -> bool:
     use = _split(annotations.get(n.USE_GPUTYPE), trim=False)
-    if use is not None:  # when present, nouse-gputype is ignored (protocol §3.1)
+    if use is not None:  # when present, nouse-gputype is ignored (Volcano's utils.go)
         return any(item.lower() in gpu_type.lower() for item in use)
     nouse = _split(annotations.get(n.NOUSE_GPUTYPE), trim=False)
     return nouse is None or not any(item.lower() in gpu_type.lower() for item in nouse)
@@ -139,7 +146,8 @@ def _uuid_ok(annotations: Mapping[str, str], uuid: str) -> bool:
 def _misfit(
     annotations: Mapping[str, str], gpu: GpuLedger, ask: ContainerAsk, memory: int, chosen: list[DeviceRecord]
 ) -> str | None:
-    """Which of Volcano's per-GPU fit rules (protocol §3.3) this GPU fails, in words; None when it fits."""
+    """Which of Volcano's per-GPU fit rules (`checkNodeGPUSharingPredicateAndScore`) this GPU fails, in
+    words; None when it fits."""
     if not _uuid_ok(annotations, gpu.uuid):
         return "excluded by the UUID selectors"
     if gpu.count <= gpu.used_num:
@@ -178,7 +186,7 @@ def fit_pod(
             raise NoFit("no enough gpu cards")
         chosen: list[DeviceRecord] = []
         misfits: list[str] = []
-        # binpack: most used memory first, then the lower ID (protocol §7.1)
+        # binpack: most used memory first, then the lower ID (deviceshare.go)
         for gpu in sorted(gpus, key=lambda g: (-g.used_mem, g.index)):
             if len(chosen) == ask.nums:
                 break
@@ -196,7 +204,7 @@ def fit_pod(
                 if slot is None:
                     misfits.append(f"{gpu.uuid}: no free MIG slot of {memory} MiB")
                     continue
-                device_id = f"{gpu.uuid}[{slot[0]}-{slot[1]}]"
+                device_id = mig_device_id(gpu.uuid, *slot)
                 gpu.mig_slots.append(slot)
             gpu.used_num += 1
             gpu.used_mem += charged

@@ -1,10 +1,11 @@
 """LOCAL STAND-IN for the Volcano scheduler's vGPU path: picks a node and GPUs, then binds.
 
 It lists pending pods that name the `volcano` scheduler, filters nodes by the readiness gate
-(protocol §1.2), `nodeSelector` and required node affinity, fits the pod with `volcano_fit` (binpack),
-and POSTs a Binding carrying the six allocation annotations, as Volcano >= 1.16 does (protocol §4.1).
-With `node_lock`, it first takes the node lock (`hamivgpu`, protocol §5.5) as Volcano's Allocate does.
-Used by the demo and end-to-end tests only; real clusters run Volcano itself.
+(pkg/scheduler/api/devices/nvidia/vgpu/device_info.go), `nodeSelector` and required node affinity, fits the
+pod with `volcano_fit` (binpack), and POSTs a Binding carrying the six allocation annotations, as Volcano >=
+1.16 does. With `node_lock`, it first takes the node lock (`hamivgpu`,
+pkg/scheduler/plugins/util/nodelock/nodelock.go) as Volcano's Allocate does. Used by the demo and end-to-end
+tests only; real clusters run Volcano itself.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kube_vgpu.standins.apiserver.selectors import expression_matches
 from kube_vgpu.standins.volcano.fit import MigChooser, NoFit, fit_pod, node_ledger
 
 log = logging.getLogger("kube_vgpu.standins.volcano")
-# protocol §5.5: a lock younger than this refuses the allocation; writes retry this often.
+# Volcano's nodelock.go: a lock younger than this refuses the allocation; writes retry this often.
 LOCK_EXPIRY = timedelta(minutes=5)
 # Go's time.Parse(time.RFC3339, ...): date, `T`, time, optional fraction, `Z` or a numeric offset.
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
@@ -107,7 +108,7 @@ class VolcanoStandin:
         node_lock: bool = False,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        """`node_lock` is Volcano's `deviceshare.NodeLockEnable` (protocol §5.5, default off)."""
+        """`node_lock` is Volcano's `deviceshare.NodeLockEnable` (default off)."""
         self.kube = kube
         self.names = names
         self.scheduler_name = scheduler_name
@@ -143,7 +144,7 @@ class VolcanoStandin:
         return outcome
 
     def _lock_node(self, node_name: str) -> str | None:
-        """Take the node lock as Volcano's Allocate does (protocol §5.5); the reason it failed, or None.
+        """Take the node lock as Volcano's Allocate does (nodelock.go); the reason it failed, or None.
 
         Absent: set it. Younger than 5 minutes: fail. Not RFC 3339: fail with the parse error. Older:
         replace it. GET + Update, up to 5 tries 100 ms apart on a conflict. Volcano never releases it.

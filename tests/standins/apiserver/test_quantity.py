@@ -1,6 +1,6 @@
-"""The stand-in API server decodes quantities as the real one does (facts `apiserver-admission.md`
-§1): every write stores the canonical form, read back through the real client, and text that is no
-quantity fails the whole request with the decoder's 400."""
+"""The stand-in API server decodes quantities as the real one does
+(k8s.io/apimachinery/pkg/api/resource/quantity.go): every write stores the canonical form, read back through
+the real client, and text that is no quantity fails the whole request with the decoder's 400."""
 
 from __future__ import annotations
 

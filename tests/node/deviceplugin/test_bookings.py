@@ -1,9 +1,10 @@
-"""The node's own ledger: true per-GPU sums and over-commit (protocol Appendix C.4)."""
+"""The node's own ledger: true per-GPU sums and over-commit (Volcano counts only the
+first record per pod and GPU)."""
 
 from __future__ import annotations
 
 from kube_vgpu.contract.config import ResourceNames
-from kube_vgpu.node.deviceplugin.ledger import GpuUse, Ledger, Overcommit
+from kube_vgpu.node.deviceplugin.bookings import GpuUse, Ledger, Overcommit
 from tests.support.node import (
     EXAMPLE_IDS,
     GPUS,

@@ -19,7 +19,7 @@ from kube_vgpu.kubeapi.listwatch import KubeSource
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.node.deviceplugin.bind_order import BindOrder
 from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.publish.publisher import NodePublisher
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node import GPUS, NODE, node_object
@@ -72,10 +72,10 @@ async def test_the_node_watch_lists_its_node_in_a_page_and_sees_a_drift_there(
 ) -> None:
     apiserver.put(node_object())  # as the kubelet registered it: nothing published yet, so drifted
     publisher = NodePublisher(
-        api, Inventory(list(GPUS), 10, NODE), mode="hami-core", names=ResourceNames(), interval=30
+        api, LiveGpus(list(GPUS), 10, NODE), mode="hami-core", names=ResourceNames(), interval=30
     )
     loop = asyncio.get_running_loop()
-    caplog.set_level(logging.INFO, logger="kube_vgpu.node.publisher")
+    caplog.set_level(logging.INFO, logger="kube_vgpu.node.publish.publisher")
     thread = loop.run_in_executor(None, publisher.watch_forever, loop)
     try:
         async with asyncio.timeout(10):

@@ -1,5 +1,5 @@
 """`kube-vgpu certs patch` writes the CA into the ValidatingWebhookConfiguration of the same name too:
-both admission phases are served by the one webhook Service (SPEC §2, §4)."""
+both admission phases are served by the one webhook Service."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from kube_vgpu.cli.main import main
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from tests.certs.test_patch import CONFIG, WRITES, create_args, patch_args, put_config, webhook
+from tests.certs.test_cli_patch import CONFIG, WRITES, create_args, patch_args, put_config, webhook
 
 
 def put_validating(api: ApiServerStandin) -> None:

@@ -1,4 +1,4 @@
-"""The node's own ledger of live vGPU allocations, per GPU and per container (protocol Appendix C.4).
+"""The node's own ledger of live vGPU allocations, per GPU and per container.
 
 Volcano rebuilds its ledger counting only the first record per (pod, GPU), so a pod whose containers
 share a GPU is under-counted and a GPU can be over-committed. The node plugin adds up every record of

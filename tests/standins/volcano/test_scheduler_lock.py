@@ -1,4 +1,5 @@
-"""The Volcano stand-in's node lock and quantity reading, pinned to protocol facts §5.5 and §3.2."""
+"""The Volcano stand-in's node lock and quantity reading, pinned to
+Volcano's nodelock.go and pkg/scheduler/api/devices/util.go."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def test_without_the_lock_nothing_is_written_to_the_node(apiserver: ApiServerSta
 
 @pytest.mark.parametrize(("written", "value"), [("3k", 3000), ("1e3", 1000), ("500m", 1), ("10k", 10000)])
 def test_volcano_reads_limits_with_quantity_value(written: str, value: int) -> None:
-    """protocol §3.2 and facts apiserver-admission §1: Value() gives 3000 for 3k, 1 for 500m."""
+    """Value() gives 3000 for 3k, 1 for 500m."""
     pod: dict[str, Any] = {
         "spec": {"containers": [{"name": "c", "resources": {"limits": {NAMES.memory: written}}}]}
     }

@@ -1,5 +1,5 @@
-"""The node plugin checks every booking against the container's own limits (SPEC §3), and reads those
-limits in the apiserver's canonical form (facts apiserver-admission §1), over real gRPC."""
+"""The node plugin checks every booking against the container's own limits, and reads those
+limits in the apiserver's canonical form, over real gRPC."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ async def refused(h: Harness) -> aio.AioRpcError:
 async def test_every_row_of_the_quantity_table_through_the_node_plugin(
     h: Harness, written: str, seen: str
 ) -> None:
-    """The pod carries what the apiserver stores (`seen`), Volcano books what `Value()` gives; SPEC §1
-    says which forms name a usable number of MiB."""
+    """The pod carries what the apiserver stores (`seen`), Volcano books what `Value()` gives; only a whole
+    number without a binary suffix, within the card and int32, is a usable number of MiB."""
     booked = k8s.value(seen)
     h.api.put(
         make_pod("p", [container("main", {COUNT: "1", MEMORY: written})], ids=f"{UUID_A},NVIDIA,{booked},0:")
@@ -167,7 +167,7 @@ def test_a_nameless_container_is_named_as_empty_in_the_refusal() -> None:
 
 
 def test_requests_count_when_limits_leave_memory_out() -> None:
-    """protocol §3.2: memory is the limit, else the request (cores likewise)."""
+    """Volcano (pkg/scheduler/api/devices/util.go): memory is the limit, else the request (cores likewise)."""
     c = {"name": "c", "resources": {"limits": {COUNT: "1"}, "requests": {MEMORY: "2k", CORES: "10"}}}
     assert booking_problem(records((2000, 10)), c, NAMES, BY_UUID) is None
     assert booking_problem(records((2000, 0)), c, NAMES, BY_UUID) is not None

@@ -1,0 +1,89 @@
+# ruff: noqa
+"""Names vulture reports as unused that are used, by a caller it cannot see: gRPC and the kubelet,
+pynvml's surface, argparse, the `kubernetes` client, dataclass ordering, the tests that drive a
+stand-in. vulture's whitelist format: each line names one attribute (`_.name`) or global, with why.
+
+    .venv/bin/vulture src/kube_vgpu bench scripts vulture_allowlist.py --min-confidence 60 --exclude '*_pb2*.py'
+"""
+
+# gRPC servicer methods the kubelet calls (kubelet device plugin API v1beta1, node/deviceplugin/server.py).
+_.GetPreferredAllocation  # DevicePlugin service
+_.PreStartContainer  # DevicePlugin service
+
+# Fields compared as a whole (node/deviceplugin/server.py: what tells a socket file from its replacement).
+inode  # SocketIdentity field
+ctime_ns  # SocketIdentity field
+mtime_ns  # SocketIdentity field
+
+# Parameter names of the pynvml surface the node plugin declares (node/nvml/surface.py, a Protocol).
+event_types  # nvmlEventSetCreate / nvmlDeviceRegisterEvents parameter
+timeout_ms  # nvmlEventSetWait parameter
+placements  # MIG placement query parameter
+instance_id  # GPU/compute instance parameter
+engine_profile  # compute instance profile parameter
+compute_id  # compute instance parameter
+flags  # nvmlInitWithFlags parameter (standins/nvml/core.py accepts and ignores it)
+
+# pynvml functions and struct fields the simulated NVML offers as pynvml does (standins/nvml/), so
+# that code written against pynvml runs on it unchanged; tests call them directly.
+_.nvmlDeviceGetHandleByPciBusId  # pynvml function
+_.nvmlDeviceGetIndex  # pynvml function
+_.nvmlEventSetWait  # pynvml function
+_.nvmlDeviceSetMigMode  # pynvml function
+_.nvmlDeviceGetDeviceHandleFromMigDeviceHandle  # pynvml function
+_.nvmlDeviceIsMigDeviceHandle  # pynvml function
+_.nvmlDeviceGetGpuInstanceRemainingCapacity  # pynvml function
+_.nvmlDeviceCreateGpuInstance  # pynvml function
+_.nvmlGpuInstanceGetComputeInstanceRemainingCapacity  # pynvml function
+_.nvmlGpuInstanceGetComputeInstances  # pynvml function
+_.nvmlComputeInstanceGetInfo  # pynvml function
+_.bus  # c_nvmlPciInfo_t field
+_.busIdLegacy  # c_nvmlPciInfo_t field
+_.pciDeviceId  # c_nvmlPciInfo_t field
+_.pciSubSystemId  # c_nvmlPciInfo_t field
+_.multiprocessorCount  # c_nvmlGpuInstanceProfileInfo_t / c_nvmlComputeInstanceProfileInfo_t field
+_.copyEngineCount  # c_nvmlGpuInstanceProfileInfo_t field
+_.decoderCount  # c_nvmlGpuInstanceProfileInfo_t field
+_.encoderCount  # c_nvmlGpuInstanceProfileInfo_t field
+_.jpegCount  # c_nvmlGpuInstanceProfileInfo_t field
+_.ofaCount  # c_nvmlGpuInstanceProfileInfo_t field
+_.isP2pSupported  # c_nvmlGpuInstanceProfileInfo_t field
+_.sharedCopyEngineCount  # c_nvmlComputeInstanceProfileInfo_t field
+_.sharedDecoderCount  # c_nvmlComputeInstanceProfileInfo_t field
+_.sharedEncoderCount  # c_nvmlComputeInstanceProfileInfo_t field
+_.sharedJpegCount  # c_nvmlComputeInstanceProfileInfo_t field
+_.sharedOfaCount  # c_nvmlComputeInstanceProfileInfo_t field
+_.decUtil  # c_nvmlProcessUtilizationSample_t field
+_.encUtil  # c_nvmlProcessUtilizationSample_t field
+_.memUtil  # c_nvmlProcessUtilizationSample_t field
+
+# Controls of the stand-ins that tests and the demo drive (a fault, a restart, a moved clock).
+_.set_lost  # standins/nvml/core.py: a GPU falls off the bus
+_.set_processes  # standins/nvml/core.py: compute processes NVML reports
+_.set_utilization  # standins/nvml/core.py
+_.reset_gpu  # standins/nvml/core.py: applies a pending MIG mode change
+FakeClock  # standins/nvml/events.py: the simulation's clock, moved by tests
+_.send_bookmarks  # standins/apiserver/server.py: a bookmark on every open watch
+_.set_outage  # standins/apiserver/server.py: answer 503 or hang
+_.deallocate  # standins/dra/scheduler.py: the allocation a deleted claim frees
+_.pause  # standins/kubelet/admission.py: pods then arrive in one update
+_.restart  # standins/kubelet/deviceplugin.py: a kubelet restart
+_.restarts  # standins/kubelet/deviceplugin.py: how many restarts happened
+MAX_DOMAIN_LENGTH  # standins/apiserver/dra.py: Kubernetes' DeviceMaxDomainLength, kept with its siblings
+
+# Counters the reflector and the event recorder keep for logs and tests.
+_.relists_gone  # kubeapi/listwatch.py
+_.expired_continues  # kubeapi/listwatch.py
+_.pages_split  # kubeapi/listwatch.py
+_.recorded  # node/events.py: events the API server accepted
+
+# Read by libraries.
+_.formatter_class  # argparse reads it (cli/main.py sets it on every subparser)
+_.retries  # the kubernetes client's Configuration.retries, read by urllib3
+sequence  # dataclass field: orders two NVML events due at the same time (standins/nvml/events.py)
+exc_type  # __exit__ / __aexit__ parameter (standins/apiserver/server.py)
+tb  # __exit__ / __aexit__ parameter (standins/apiserver/server.py)
+
+# The chart's values.schema.json `config` section is held equal to it (tests/contract).
+config_schema  # contract/config_rules.py
+COMPONENTS  # kubeapi/permissions.py: the components the chart's RBAC is checked against (tests/helm)
