@@ -68,7 +68,9 @@ def problems(source: str) -> list[str]:
     for line, text in prose(source):
         found += [f"{line}: cites {m.group(0)!r}" for rule in FOREIGN for m in rule.finditer(text)]
         names = DOTTED.findall(text) + ["kube_vgpu." + n for n in BACKTICKED.findall(text)]
-        found += [f"{line}: names {name} (no such module or attribute)" for name in names if not resolves(name)]
+        found += [
+            f"{line}: names {name} (no such module or attribute)" for name in names if not resolves(name)
+        ]
     return found
 
 
@@ -83,7 +85,8 @@ def test_the_checker_finds_each_kind_of_reference_a_reader_cannot_follow() -> No
         "# protocol Appendix C; `webhook.quota_shared` and kube_vgpu.node.selection moved\n"
         f"X = 1  # {REPO}/src and ../shared/perf\n"
         "# fine: `webhook.admission.review`, kube_vgpu.contract.quantity.parse_quantity_value? no\n"
-        "# `node.hookPath`, volcano.sh/vgpu-memory, k8s.io/kubelet/pkg/apis/dra/v1/api.proto, the facts of life\n"
+        "# `node.hookPath`, volcano.sh/vgpu-memory, k8s.io/kubelet/pkg/apis/dra/v1/api.proto,\n"
+        "# the facts of life\n"
     )
     assert problems(source) == [
         "1: cites 'SPEC'",

@@ -18,7 +18,7 @@ from kube_vgpu.node.dra.attributes import GpuFacts
 from kube_vgpu.node.dra.publisher import SlicePublisher
 from kube_vgpu.node.dra.server import DRIVER_NAME, DraServer, inventory_cards, serve_dra
 from kube_vgpu.node.nvml.gpus import GpuInfo
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.dra.scheduler import DraScheduler, Unschedulable
@@ -43,7 +43,7 @@ class Cluster:
     api: ApiServerStandin
     scheduler: DraScheduler
     kubelet: DraKubelet
-    inventory: Inventory
+    inventory: LiveGpus
     publisher: SlicePublisher
     cdi_dir: Path
 
@@ -96,7 +96,7 @@ async def cluster(
         ],
     }
     (cdi_dir / "nvidia.json").write_text(json.dumps(spec))
-    inventory = Inventory(gpus, 10, NODE)
+    inventory = LiveGpus(gpus, 10, NODE)
     kube = Kube(apiserver.api_client(), component="node")
     facts = [GpuFacts(g.index, g.minor, g.uuid, g.name, g.memory_mib) for g in gpus]
     publisher = SlicePublisher(kube, NODE, facts, inventory, retry_seconds=0.05)

@@ -23,7 +23,7 @@ from kube_vgpu.node.dra.server import (
     serve_dra,
 )
 from kube_vgpu.node.nvml.gpus import GpuInfo
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.proto import pluginregistration_v1_pb2 as reg
 from kube_vgpu.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -133,7 +133,7 @@ async def test_a_file_that_is_no_socket_is_not_removed(apiserver: ApiServerStand
 
 def test_the_inventory_gives_cards_named_as_the_slice_names_them_with_health() -> None:
     gpus = [GpuInfo(0, "GPU-a", "A100", 3, 81920), GpuInfo(1, "GPU-b", "A100", 1, 40960)]
-    inventory = Inventory(gpus, 10, "n1")
+    inventory = LiveGpus(gpus, 10, "n1")
     cards = inventory_cards(inventory)
     assert cards() == {
         "gpu-3": Card("gpu-3", "GPU-a", 0, 81920),

@@ -23,7 +23,7 @@ from kube_vgpu.node.dra.checkpoint import CheckpointFile
 from kube_vgpu.node.dra.limits import Card
 from kube_vgpu.node.dra.prepare import Fault, Preparer, add_to_server, no_fault
 from kube_vgpu.node.dra.registration import Registration
-from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 
 log = logging.getLogger("kube_vgpu.node.dra")
@@ -96,7 +96,7 @@ class DraServer:
         self._bound.clear()
 
 
-def inventory_cards(inventory: Inventory) -> Callable[[], dict[str, Card]]:
+def inventory_cards(inventory: LiveGpus) -> Callable[[], dict[str, Card]]:
     """The node's GPUs as devices of the pool, named as the published slice names them
     (`GpuFacts.device_name`, `gpu-<minor>`), each with why it cannot be used now: an XID, or the
     node-wide hold while HAMi-core is missing (prepare then refuses, as Allocate does)."""
