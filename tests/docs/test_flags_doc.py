@@ -37,7 +37,7 @@ def commands() -> Iterator[tuple[str, list[list[str]]]]:
             if sub.prog in seen or (sub.prog != "kube-vgpu" and name not in sub.prog.split()):
                 continue
             seen.add(sub.prog)
-            flags = [a.option_strings for a in sub._actions if a.option_strings and a.dest != "help"]
+            flags = [list(a.option_strings) for a in sub._actions if a.option_strings and a.dest != "help"]
             if flags:
                 yield sub.prog, flags
 
