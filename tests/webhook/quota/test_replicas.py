@@ -33,6 +33,7 @@ from kube_vgpu.standins.apiserver.admission_chain import (
 )
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.shared import decode_entries, object_name
+from tests.support.timeouts import HANG_S
 from tests.support.webhook import A100, TlsFiles, container, gpu_node, write_tls
 
 REPO = Path(__file__).resolve().parents[3]
@@ -89,6 +90,8 @@ def replicas(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[tuple[list
                 "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
                 "--kubeconfig", str(kubeconfig),
                 "--release-namespace", RELEASE, "--log-level", "warning",
+                # 1,000 reviews at once on a loaded machine: handshakes must not meet the deadline.
+                "--request-timeout", str(HANG_S),
             ]  # fmt: skip
             with log.open("wb") as out:
                 proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
