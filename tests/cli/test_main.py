@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +158,19 @@ def test_a_bad_variable_through_main_exits_2_before_anything_runs(
         main(["node", "--node-name", "n"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("kube-vgpu node: error: argument --mode: KUBE_VGPU_MODE='gpu'")
+
+
+def test_version_is_the_installed_distributions(capsys: pytest.CaptureFixture[str]) -> None:
+    with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as file:
+        declared = tomllib.load(file)["project"]["version"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"kube-vgpu {declared}\n"
+    assert declared == importlib.metadata.version("kube-vgpu")
+
+
+def test_version_is_not_read_from_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser(None)
+    apply_env_defaults(parser, {"KUBE_VGPU_VERSION": "9.9.9"})
+    assert "KUBE_VGPU_VERSION" not in parser.format_help()

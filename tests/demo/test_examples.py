@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,16 @@ def test_metadata_of_the_wrong_type_is_named(tmp_path: Path, old: str, new: str,
     with pytest.raises(ExampleError, match=r"01\.yaml: ") as info:
         load_pods(folder)
     assert says in str(info.value)
+
+
+def test_the_example_pods_comments_give_the_memory_they_ask_for() -> None:
+    # Memory is booked in MiB: a comment in GiB (or a figure the pod does not ask for) misleads.
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    quotas = {value for ns in load_namespaces(examples / "namespaces.yaml") for value in ns.labels.values()}
+    for path in sorted((examples / "pods").glob("*.yaml")):
+        text = path.read_text()
+        comments = " ".join(line for line in text.splitlines() if line.lstrip().startswith("#"))
+        assert not re.search(r"\d\s*(GiB|GB)\b", comments), f"{path.name}: {comments}"
+        asked = set(re.findall(r'vgpu-memory: "?(\d+)"?', text))
+        for figure in re.findall(r"(\d[\d,]*) MiB", comments):
+            assert figure.replace(",", "") in asked | quotas, f"{path.name}: {figure} MiB is not in the pod"

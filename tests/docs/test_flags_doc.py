@@ -1,9 +1,12 @@
-"""docs/configuration.md lists every flag of every command, under that command's heading (a
-subcommand left to its own page in docs/, such as `kube-vgpu node check`, is listed there)."""
+"""docs/configuration.md's "Every flag" lists every flag of every command and subcommand, each under
+its command's heading, with its short form; no row names a flag the command does not have. A page
+of its own that repeats a command's table (docs/node.md for `kube-vgpu node check`) is held to the
+same."""
 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,39 +15,77 @@ import pytest
 from kube_vgpu.cli.main import SUBCOMMANDS, build_parser
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-# configuration.md first: a command's table is looked for there before the other pages.
-PAGES = [(DOCS / "configuration.md").read_text()] + [
-    page.read_text() for page in sorted(DOCS.glob("*.md")) if page.name != "configuration.md"
-]
+CONFIGURATION = (DOCS / "configuration.md").read_text()
+OTHER_PAGES = {
+    page.name: page.read_text() for page in sorted(DOCS.glob("*.md")) if page.name != "configuration.md"
+}
 
 
-def commands() -> Iterator[tuple[str, list[str]]]:
-    def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
-        yield parser
-        for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
-            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 (argparse has no public list of a parser's actions)
-                for sub in action.choices.values():
-                    yield from walk(sub)
+def _walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001 (argparse has no public list of a parser's actions)
+            for sub in action.choices.values():
+                yield from _walk(sub)
 
+
+def commands() -> Iterator[tuple[str, list[list[str]]]]:
+    """(prog, the option strings of each of its flags) of the top level and every subcommand."""
+    seen: set[str] = set()
     for name in SUBCOMMANDS:
-        for sub in walk(build_parser(name)):
-            flags = [
-                next(o for o in a.option_strings if o.startswith("--"))
-                for a in sub._actions  # noqa: SLF001 (argparse has no public list of a parser's actions)
-                if a.option_strings and a.dest != "help"
-            ]
-            if name in sub.prog.split() and flags:
+        for sub in _walk(build_parser(name)):
+            if sub.prog in seen or (sub.prog != "kube-vgpu" and name not in sub.prog.split()):
+                continue
+            seen.add(sub.prog)
+            flags = [list(a.option_strings) for a in sub._actions if a.option_strings and a.dest != "help"]  # noqa: SLF001 (argparse has no public list of a parser's actions)
+            if flags:
                 yield sub.prog, flags
 
 
 COMMANDS = list(commands())
 
 
+def table(page: str, prog: str) -> str | None:
+    """The flag table under a line holding just `prog` in backticks, or None."""
+    heading = f"\n`{prog}`\n"
+    if heading not in page:
+        return None
+    return page.split(heading, 1)[1].split("\n\n`", 1)[0]
+
+
+def check_table(section: str, prog: str, flags: list[list[str]]) -> None:
+    for strings in flags:
+        cell = ", ".join(f"`{s}`" for s in sorted(strings, key=len))
+        assert f"\n| {cell} |" in section, f"{prog}: no row starting | {cell} |"
+    known = {s for strings in flags for s in strings}
+    for row in re.findall(r"^\| (`-[^|]*) \|", section, re.MULTILINE):
+        named = set(re.findall(r"`(-[^`]+)`", row))
+        assert named <= known, f"{prog}: the row {row} names {sorted(named - known)}, not a flag of it"
+
+
+def test_the_top_level_and_every_subcommand_are_covered() -> None:
+    progs = [prog for prog, _ in COMMANDS]
+    assert "kube-vgpu" in progs and "kube-vgpu node check" in progs and "kube-vgpu certs write" in progs
+
+
 @pytest.mark.parametrize(("prog", "flags"), COMMANDS, ids=[p for p, _ in COMMANDS])
-def test_every_flag_is_in_the_configuration_doc_under_its_command(prog: str, flags: list[str]) -> None:
-    heading = f"`{prog}`\n"
-    pages = [page for page in PAGES if heading in page]
-    assert pages, f"no page in docs/ has a table for {prog}"
-    section = pages[0].split(heading, 1)[1].split("\n\n`", 1)[0]
-    for flag in flags:
-        assert f"| `{flag}` |" in section, f"{prog} {flag} is not in its table"
+def test_every_flag_is_in_the_configuration_doc_under_its_command(prog: str, flags: list[list[str]]) -> None:
+    section = table(CONFIGURATION, prog)
+    assert section is not None, f"docs/configuration.md has no table for {prog}"
+    check_table(section, prog, flags)
+
+
+@pytest.mark.parametrize(("prog", "flags"), COMMANDS, ids=[p for p, _ in COMMANDS])
+def test_a_page_that_repeats_a_commands_table_repeats_all_of_it(prog: str, flags: list[list[str]]) -> None:
+    for name, page in OTHER_PAGES.items():
+        section = table(page, prog)
+        if section is not None and "| flag |" in section:
+            check_table(section, f"{name}: {prog}", flags)
+
+
+def test_a_missing_flag_and_a_stale_row_are_caught() -> None:
+    section = "\n| flag | default | meaning |\n|---|---|---|\n| `--a` | | x |\n| `--gone` | | y |"
+    with pytest.raises(AssertionError, match="no row starting"):
+        check_table(section, "p", [["--a"], ["-b", "--bee"]])
+    with pytest.raises(AssertionError, match="names \\['--gone'\\]"):
+        check_table(section, "p", [["--a"]])

@@ -27,6 +27,7 @@ from kube_vgpu.kubeapi.listwatch import (
 )
 from kube_vgpu.kubeapi.rawlist import contains_any
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.timeouts import HANG_S
 
 
 def pod(name: str, *, gpu: bool = False) -> dict[str, Any]:
@@ -71,7 +72,7 @@ class Recorder:
             self.log.append((what, item))
             self.changed.notify_all()
 
-    def wait(self, condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+    def wait(self, condition: Callable[[], bool], what: str, limit_s: float = HANG_S) -> None:
         with self.changed:
             assert self.changed.wait_for(condition, limit_s), what
 
@@ -128,12 +129,11 @@ class Running:
         self.thread = threading.Thread(target=reflector.run, daemon=True)
         self.thread.start()
 
-    def stop(self) -> float:
-        started = time.monotonic()
+    def stop(self) -> None:
+        """Stop the reflector; it must end on its own (a wait it is in is cut short, not waited out)."""
         self.reflector.stop()
-        self.thread.join(10)
+        self.thread.join(HANG_S)
         assert not self.thread.is_alive(), "the reflector did not stop"
-        return time.monotonic() - started
 
 
 def reflector(
@@ -273,18 +273,25 @@ def test_stop_from_another_thread_ends_a_watch_blocked_on_a_silent_stream(
     apiserver: ApiServerStandin, kube: Kube
 ) -> None:
     recorder = Recorder()
-    running = Running(reflector(KubeSource(kube, "pod"), recorder, watch_timeout_seconds=300))
+    # The server would end the watch after an hour: past the bound of the join in `stop`.
+    running = Running(reflector(KubeSource(kube, "pod"), recorder, watch_timeout_seconds=3600))
     recorder.wait(lambda: bool(recorder.lists), "the list")
-    time.sleep(0.3)  # the watch is open and silent now
-    assert running.stop() < 5
+
+    def watching() -> bool:
+        return any(r.query.get("watch") in ("true", "1") for r in apiserver.requests("GET", "/api/v1/pods"))
+
+    until(watching, "the watch is open (and silent)")
+    running.stop()
 
 
 def test_a_stop_during_the_backoff_ends_it_at_once(apiserver: ApiServerStandin, kube: Kube) -> None:
     apiserver.set_outage(True)
     recorder = Recorder()
-    running = Running(reflector(KubeSource(kube, "pod"), recorder, backoff=Backoff(initial=30, maximum=30)))
+    # An hour's wait: past the bound of the join in `stop`, so only a stop that cuts it short passes.
+    backoff = Backoff(initial=3600, maximum=3600)
+    running = Running(reflector(KubeSource(kube, "pod"), recorder, backoff=backoff))
     recorder.wait(lambda: bool(recorder.failures), "a failed list")
-    assert running.stop() < 5
+    running.stop()
 
 
 def test_backoff_grows_to_its_maximum_with_jitter_on_top() -> None:
@@ -459,7 +466,7 @@ def test_a_server_that_refuses_every_watch_with_410_is_relisted_after_growing_wa
     assert len(backoff.attempts) >= len(recorder.lists) - 2 and recorder.failures == []
 
 
-def until(condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+def until(condition: Callable[[], bool], what: str, limit_s: float = HANG_S) -> None:
     """Poll for a condition no handler reports (the waits a backoff was asked for)."""
     deadline = time.monotonic() + limit_s
     while not condition():
@@ -574,7 +581,7 @@ def test_a_continue_token_answered_with_itself_fails_the_list_with_a_reason() ->
     recorder = Recorder()
     source = SameToken()
     running = Running(reflector(source, recorder))
-    recorder.wait(lambda: bool(recorder.failures), "the list refused", limit_s=5)
+    recorder.wait(lambda: bool(recorder.failures), "the list refused")
     running.stop()
     assert "sent back the continue token it was given ('again')" in str(recorder.failures[0])
     assert recorder.lists == []

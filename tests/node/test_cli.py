@@ -21,6 +21,7 @@ from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 from tests.support.node import NODE, RESOURCE, free_port, node_object, simulation
+from tests.support.timeouts import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 # `kube-vgpu node` without the other subcommands' imports: the same flags, env defaults and run().
@@ -78,7 +79,7 @@ async def test_runs_on_simulated_gpus_and_stops_on_sigterm(
             async with asyncio.timeout(30):
                 _, stderr = await process.communicate()
         assert process.returncode == 0, stderr.decode()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(HANG_S):
             await kubelet.wait_for(lambda: plugin.ended is not None)
     assert not (kdir / socket_name(RESOURCE)).exists()
     assert "Traceback" not in stderr.decode()

@@ -29,6 +29,7 @@ from tests.support.node import (
     running_plugin,
     simulation,
 )
+from tests.support.timeouts import HANG_S
 
 NODE_PATH = f"/api/v1/nodes/{NODE}"
 
@@ -137,7 +138,7 @@ async def test_kubelet_restart_means_serving_and_registering_again(
 ) -> None:
     async with running_plugin(api, kdir, tmp_path) as h:
         await h.kubelet.restart()
-        async with asyncio.timeout(5):  # the contract: re-register within 5 s
+        async with asyncio.timeout(HANG_S):
             plugin = await h.kubelet.wait_registered(RESOURCE, count=2)
         assert len(plugin.devices) == 20 and plugin.healthy == 20
         # The kubelet records a registration before the plugin's Register call returns to it.
@@ -152,7 +153,7 @@ async def test_a_recreated_kubelet_socket_alone_is_noticed(
         await h.kubelet.stop()
         await asyncio.sleep(0.05)  # past a coarse file-system clock tick, so the change time moves
         await h.kubelet.start()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(HANG_S):
             await h.kubelet.wait_registered(RESOURCE, count=2)
 
 
@@ -166,15 +167,14 @@ async def test_waits_for_the_kubelet_and_removes_a_stale_socket(
         await asyncio.sleep(0.3)
         assert h.plugin.registrations == 0
         await h.kubelet.start()
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             plugin = await h.kubelet.wait_registered(RESOURCE)
         assert plugin.healthy == 20
 
 
-async def test_xid_takes_a_gpu_out_and_quiet_brings_it_back(
-    api: ApiServerStandin, kdir: Path, tmp_path: Path
-) -> None:
-    async with running_plugin(api, kdir, tmp_path, recovery_quiet_seconds=0.5) as h:
+async def test_xid_takes_a_gpu_out(api: ApiServerStandin, kdir: Path, tmp_path: Path) -> None:
+    # A quiet spell past the test's waits: the GPU stays out while they look (apart from the next test).
+    async with running_plugin(api, kdir, tmp_path, recovery_quiet_seconds=3600.0) as h:
         h.nvml.inject_xid(0, 13)  # an application error: ignored by default
         h.nvml.inject_xid(0, 79)  # fallen off the bus
         devices = await h.kubelet.wait_devices(RESOURCE, lambda ds: any(d.health == "Unhealthy" for d in ds))
@@ -184,9 +184,24 @@ async def test_xid_takes_a_gpu_out_and_quiet_brings_it_back(
         assert decode_register(node_annotations(api)[NODE_REGISTER])[0].count == 0
         assert "XID 79" in (h.inventory.reason(UUID_A) or "")
 
-        await h.kubelet.wait_devices(RESOURCE, lambda ds: all(d.health == "Healthy" for d in ds))
+
+async def test_quiet_after_an_xid_brings_the_gpu_back(
+    api: ApiServerStandin, kdir: Path, tmp_path: Path
+) -> None:
+    async with running_plugin(api, kdir, tmp_path, recovery_quiet_seconds=0.5) as h:
+        plugin = h.kubelet.plugins[RESOURCE]
+        h.nvml.inject_xid(0, 79)
+
+        def out_then_back() -> bool:
+            # Every list the kubelet got is kept: the one taking GPU A out, and a later one, all healthy.
+            out = [i for i, ds in enumerate(plugin.lists) if any(d.health == "Unhealthy" for d in ds)]
+            back = all(d.health == "Healthy" for d in plugin.lists[-1])
+            return bool(out) and back and out[0] < len(plugin.lists) - 1
+
+        await h.kubelet.wait_for(out_then_back, within=HANG_S)
         await eventually(lambda: node_capacity(api)["volcano.sh/vgpu-memory"] == "65536")
         assert decode_register(node_annotations(api)[NODE_REGISTER])[0].count == 10
+        assert h.inventory.reason(UUID_A) is None
 
 
 async def test_ignored_xids_are_configurable(api: ApiServerStandin, kdir: Path, tmp_path: Path) -> None:
@@ -250,7 +265,11 @@ async def test_a_flood_of_half_sent_requests_on_the_metrics_port_leaves_scrapes_
                 flood.append((reader, writer))
             await asyncio.sleep(0.2)
             url = f"http://127.0.0.1:{port}/metrics"
-            async with asyncio.timeout(10), aiohttp.ClientSession() as session, session.get(url) as response:
+            async with (
+                asyncio.timeout(HANG_S),
+                aiohttp.ClientSession() as session,
+                session.get(url) as response,
+            ):
                 assert response.status == 200
                 assert "kube_vgpu_gpu_healthy" in await response.text()
             listener = h.plugin.metrics_server.listener
@@ -266,7 +285,7 @@ async def test_stop_ends_the_stream_and_removes_the_socket(
     async with running_plugin(api, kdir, tmp_path) as h:
         plugin = h.kubelet.plugins[RESOURCE]
         await h.plugin.stop()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(HANG_S):
             await h.kubelet.wait_for(lambda: plugin.ended is not None)
         assert not (kdir / socket_name(RESOURCE)).exists()
         assert plugin.healthy == 0
@@ -280,7 +299,7 @@ async def test_stop_as_the_publisher_wakes_still_ends_it(
     async with running_plugin(api, kdir, tmp_path) as h:
         assert h.plugin.publisher is not None
         h.plugin.publisher.trigger()
-        async with asyncio.timeout(15):
+        async with asyncio.timeout(HANG_S):
             await h.plugin.stop()
         assert all(task.done() for task in asyncio.all_tasks() if task.get_name().startswith("kube-vgpu-"))
 

@@ -31,6 +31,7 @@ from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 from kube_vgpu.standins.nvml.api import SimulatedNvml, load_simulation
+from tests.support.timeouts import HANG_S
 
 NODE = "gpu-node-1"
 UUID_A = "GPU-1c2d3e4f-0a1b-2c3d-4e5f-60718293a4b5"
@@ -175,7 +176,7 @@ class Harness:
     def annotations(self, name: str) -> dict[str, str]:
         return dict(self.pod(name)["metadata"].get("annotations") or {})
 
-    async def allocate(self, count: int, *, deadline: float = 30.0) -> pb.AllocateResponse:
+    async def allocate(self, count: int, *, deadline: float = HANG_S) -> pb.AllocateResponse:
         ids = [f"{UUID_A}-{k}" for k in range(count)]
         return await self.kubelet.allocate(RESOURCE, ids, deadline=deadline)
 
@@ -189,13 +190,15 @@ def plugin_settings(
     plugin: Mapping[str, Any] | None = None,
     **node: Any,
 ) -> PluginSettings:
-    """Production settings with short waits, files under `tmp`; with `hami_core`, the hookPath
+    """Production settings with short polls, files under `tmp`; with `hami_core`, the hookPath
     (`tmp/hook`) holds HAMi-core's files (stand-ins), as the chart's installer leaves a node.
     `node`: configuration file keys; `plugin`: PluginSettings fields."""
     if hami_core:
         install_placeholder(tmp / "hook")
     node_config = {
-        "allocate_timeout_seconds": 2.0,
+        # Generous: an Allocate's API calls on a loaded machine must not meet it (a test that is
+        # about the bound passes its own).
+        "allocate_timeout_seconds": HANG_S / 2,
         "hook_path": str(tmp / "hook"),
         "recovery_quiet_seconds": 0.5,
         "register_interval_seconds": 30.0,
@@ -247,7 +250,7 @@ async def running_plugin(
             await kubelet.start()
         await plugin.start()
         if start_kubelet:
-            async with asyncio.timeout(20):
+            async with asyncio.timeout(HANG_S):
                 await kubelet.wait_registered(RESOURCE)
         yield Harness(api, kubelet, plugin, nvml, tmp / "hook")
     finally:
@@ -258,7 +261,7 @@ async def running_plugin(
             nvml.nvmlShutdown()
 
 
-async def eventually(condition: Callable[[], bool], *, within: float = 20.0, step: float = 0.05) -> None:
+async def eventually(condition: Callable[[], bool], *, within: float = HANG_S, step: float = 0.05) -> None:
     """Wait until `condition()` holds (a bound, not a timing assertion: it fails only when it never does)."""
     async with asyncio.timeout(within):
         while not condition():  # noqa: ASYNC110 - polls stand-in state that has no event to await

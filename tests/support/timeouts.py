@@ -136,3 +136,9 @@ def cancel_timer(item: pytest.Item) -> bool | None:
     if item.nodeid in _finished or item.config.getoption("usepdb", False):
         return None  # pytest-timeout's own hook cancels it
     return True
+
+
+HANG_S = 60.0
+"""The ceiling of a wait for something a test brings about (a watch event, a log line, a process's
+exit): generous enough that only a hang reaches it on a slow or loaded machine, and half of the
+per-test bound, so a test that waits in vain fails with its own message rather than the timer's."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from kube_vgpu.standins.apiserver.admission_chain import admission_review, with_
 from kube_vgpu.standins.apiserver.defaults import decoded
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.admission.review import decode_patch
+from tests.support.timeouts import HANG_S
 from tests.support.webhook import (
     A100,
     H100,
@@ -102,7 +104,8 @@ class Cluster:
     def wait_cached(self, namespace: str, name: str) -> None:
         """Until the webhook's pod cache shows the pod (bounded)."""
         key = f"{namespace}/{name}"
-        for _ in range(500):
+        deadline = time.monotonic() + HANG_S
+        while time.monotonic() < deadline:
             if self.webhook.read(lambda: key in self.webhook.server.cache.objects("pod")):
                 return
             self.webhook.call(_sleep(0.01))

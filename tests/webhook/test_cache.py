@@ -19,6 +19,7 @@ from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.service import KnownNamespaceQuota, build_quota
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
+from tests.support.timeouts import HANG_S
 from tests.support.webhook import A100, container, gpu_node, pod
 
 
@@ -37,7 +38,7 @@ def vgpu_pod(*, name: str) -> dict[str, Any]:
     return pod(container("main", number=1), name=name)
 
 
-async def until(condition: Callable[[], bool], what: str, limit_s: float = 10.0) -> None:
+async def until(condition: Callable[[], bool], what: str, limit_s: float = HANG_S) -> None:
     """Wait for a condition the cache's threads bring about (no event to await: poll it)."""
     async with asyncio.timeout(limit_s):
         while not condition():  # noqa: ASYNC110
@@ -66,7 +67,7 @@ async def cache(apiserver: ApiServerStandin, tmp_path: Path, clock: FakeClock) -
         max_retry_seconds=0.2,
     )
     await cache.start()
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(HANG_S):
         await cache.wait_synced()
     yield cache
     await cache.stop()
@@ -107,12 +108,15 @@ async def test_watch_timeouts_resume_without_relisting(
     cache: ClusterCache, apiserver: ApiServerStandin
 ) -> None:
     # Watches are opened with timeoutSeconds=1: the server ends them; the cache re-watches from its RV.
-    await asyncio.sleep(2.5)
+    def pod_watches() -> list[Any]:
+        requests = apiserver.requests("GET", "/api/v1/pods")
+        return [r for r in requests if r.query.get("watch") in ("true", "1")]
+
+    await until(lambda: len(pod_watches()) >= 3, "two watches ended by the server and opened again")
     apiserver.close_watches()
     apiserver.put(vgpu_pod(name="late"))
     await until(lambda: "default/late" in cache.objects("pod"), "event after several watch ends")
-    watches = [r for r in apiserver.requests("GET", "/api/v1/pods") if r.query.get("watch") in ("true", "1")]
-    assert len(watches) >= 3 and all(r.query.get("timeoutSeconds") == "1" for r in watches)
+    assert all(r.query.get("timeoutSeconds") == "1" for r in pod_watches())
     assert cache.relists == {"node": 1, "namespace": 1, "pod": 1}
 
 
@@ -213,7 +217,7 @@ async def test_pods_from_before_the_start_and_from_during_a_relist_are_both_coun
     ledger = quota.gate.ledger
     await cache.start()
     try:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             await cache.wait_synced()
         assert set(cache.objects("pod")) == {"default/before-1", "default/before-2"}
         assert cache.listed_read["pod"] == 3 and ledger.usage("default").number == 2
@@ -293,7 +297,7 @@ async def test_a_relist_after_410_takes_in_what_changed_in_the_gap_and_quota_fol
     )
     await cache.start()
     try:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             await cache.wait_synced()
         assert ledger.usage("default").number == 2
         apiserver.set_outage(True)  # the watch sees none of what follows

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import re
 import signal
 import socket
 import ssl
@@ -21,6 +22,7 @@ from kube_vgpu.contract.config import Config
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.service import Options, WebhookServer, log_caller_protection
+from tests.support.timeouts import HANG_S
 from tests.support.webhook import A100, container, gpu_node, pod, review, write_tls
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,9 +66,13 @@ def test_sigterm_finishes_the_review_in_flight_and_exits_zero(
             conn.putrequest("POST", "/mutate")
             conn.putheader("Content-Type", "application/json")
             conn.putheader("Content-Length", str(len(body)))
+            # The 100 Continue comes from the review's handler: once it is read, the review is in
+            # flight at the webhook (no sleep racing the webhook's reading of the head).
+            conn.putheader("Expect", "100-continue")
             conn.endheaders()
+            assert conn.sock is not None
+            assert _read_interim(conn.sock).startswith(b"HTTP/1.1 100 ")
             conn.send(body[: len(body) // 2])
-            time.sleep(1.0)  # the head read and its handler begun (no event to wait for: a subprocess)
             proc.send_signal(signal.SIGTERM)
             _wait_refused(port)  # no longer accepting
             conn.send(body[len(body) // 2 :])
@@ -83,6 +89,7 @@ def test_sigterm_finishes_the_review_in_flight_and_exits_zero(
                 proc.wait()
     text = log_file.read_text()
     assert "event=webhook_stopped" in text and "Traceback" not in text, text
+    assert re.search(r"event=webhook_draining connections=\d+ in_flight=1\b", text), text
     # Started with neither client certificates nor a NetworkPolicy: it says so, as a warning.
     assert "event=webhook_caller_protection client_certificate=off network_policy=off" in text, text
     assert "can send forged reviews" in text
@@ -92,10 +99,10 @@ def _wait_ready(
     port: int, context: ssl.SSLContext, proc: subprocess.Popen[bytes]
 ) -> http.client.HTTPSConnection:
     """A keep-alive connection, once /readyz says the cache has synced."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the webhook exited early"
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=60)
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=HANG_S)
         try:
             conn.request("GET", "/readyz")
             response = conn.getresponse()
@@ -109,11 +116,21 @@ def _wait_ready(
     raise AssertionError("the webhook never became ready")
 
 
+def _read_interim(sock: socket.socket) -> bytes:
+    """One interim answer's head (up to its blank line), read off the socket before the final answer."""
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        chunk = sock.recv(1)
+        assert chunk, f"the connection closed after {head!r}"
+        head += chunk
+    return head
+
+
 def _wait_refused(port: int) -> None:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5):
+            with socket.create_connection(("127.0.0.1", port), timeout=HANG_S):
                 pass
         except ConnectionRefusedError:
             return

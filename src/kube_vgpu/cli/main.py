@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import re
 import sys
@@ -139,7 +140,7 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str
                 apply_env_defaults(sub, environ)
             continue
         long_flags = [s for s in action.option_strings if s.startswith("--")]
-        if not long_flags or action.dest == "help":
+        if not long_flags or action.dest in ("help", "version"):
             continue
         variable = ENV_PREFIX + long_flags[0][2:].upper().replace("-", "_")
         # A flag that defaults to nothing repeats one of its parent's (`node check --mode`): the
@@ -166,6 +167,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     part's import problem from stopping the others.
     """
     parser = Parser(prog="kube-vgpu", description="GPU sharing for Kubernetes.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, summary) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=summary, description=summary)
@@ -178,6 +180,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, once installed)."""
+    try:
+        return importlib.metadata.version("kube-vgpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: no package metadata)"
+
+
 def _chosen(argv: Sequence[str]) -> str | None:
     """The subcommand named in argv, if it is the first argument that is not an option."""
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -187,12 +197,14 @@ def _chosen(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments and run the chosen subcommand; returns the process exit code."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_chosen(arguments))
-    apply_env_defaults(parser, os.environ)
-    args = parser.parse_args(arguments)
     try:
+        # Importing a part takes a moment (gRPC, the Kubernetes client): Ctrl-C may come meanwhile.
+        parser = build_parser(_chosen(arguments))
+        apply_env_defaults(parser, os.environ)
+        args = parser.parse_args(arguments)
         code: int = args.run_command(args)
     except KeyboardInterrupt:
+        print("kube-vgpu: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return _stdout_closed()

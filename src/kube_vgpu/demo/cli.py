@@ -1,7 +1,8 @@
 """`kube-vgpu demo`: bring up the local installation, carry the example pods through it, report.
 
 Exit code: 0 when every example ended as its file says and `node check` finds every simulated node able
-to serve its mode, 1 otherwise, 2 for bad input.
+to serve its mode, 1 otherwise, 2 for bad input, 130 when interrupted (Ctrl-C, at any moment: one line
+on stderr, every part stopped first).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -36,6 +38,8 @@ from kube_vgpu.demo.workload import start_workloads, usage_report
 # The repository's examples/ folder (src/kube_vgpu/demo/cli.py is four levels below it).
 DEFAULT_EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 EXAMPLES_CONFIG = "config.yaml"
+INTERRUPTED = 130  # what a shell reports for a command ended by SIGINT
+INTERRUPTED_LINE = "kube-vgpu demo: interrupted\n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,15 +111,15 @@ async def _demo(args: argparse.Namespace) -> int:
             print(f"\n$ kube-vgpu top\n{render_text(view)}", end="", flush=True)
             if not args.once:
                 assert cluster.webhook is not None
-                print("\nMetrics (Ctrl-C to stop):")
+                print("\nMetrics (Ctrl-C to stop):", flush=True)
                 print(f"  webhook  http://127.0.0.1:{cluster.webhook.metrics_server.port}/metrics")
                 for name, node in cluster.nodes.items():
                     port = node.plugin.metrics_server.port if node.plugin.metrics_server else "?"
-                    print(f"  node {name}: http://127.0.0.1:{port}/metrics")
+                    print(f"  node {name}: http://127.0.0.1:{port}/metrics", flush=True)
+                # Ctrl-C cancels this wait (asyncio.run's handler) like any other; SIGTERM ends the
+                # demo with its verdict.
                 stop = asyncio.Event()
-                loop = asyncio.get_running_loop()
-                for signum in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(signum, stop.set)
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
                 await stop.wait()
             return 1 if failures or failing_nodes else 0
         finally:
@@ -126,10 +130,30 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; see the module docstring for exit codes."""
     configure_logging(logging.INFO if args.verbose else logging.ERROR)
     try:
-        return asyncio.run(_demo(args))
+        # The first Ctrl-C cancels the demo's task (asyncio.run's own handler): every part is
+        # stopped (`LocalCluster.down`), then asyncio.run raises KeyboardInterrupt.
+        code = asyncio.run(_demo(args))
+    except KeyboardInterrupt:
+        code = INTERRUPTED
     except (ExampleError, ConfigError) as exc:
         print(f"kube-vgpu demo: {exc}", file=sys.stderr)
-        return 2
+        code = 2
     except DemoError as exc:
         print(f"kube-vgpu demo: the local installation failed: {exc}", file=sys.stderr)
-        return 1
+        code = 1
+    if code == INTERRUPTED:
+        sys.stderr.write(INTERRUPTED_LINE)
+        sys.stderr.flush()
+    signal.signal(signal.SIGINT, _interrupted_while_exiting if code != INTERRUPTED else _exit_interrupted)
+    return code
+
+
+def _interrupted_while_exiting(signum: int, frame: object) -> None:
+    """Ctrl-C once the demo has stopped its parts, while the process exits: the same line and code.
+    Written with os.write: a handler runs between two bytecodes, maybe inside a print."""
+    os.write(sys.stderr.fileno(), INTERRUPTED_LINE.encode())
+    _exit_interrupted(signum, frame)
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    os._exit(INTERRUPTED)

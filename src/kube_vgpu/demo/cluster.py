@@ -13,10 +13,10 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kube_vgpu.certs.check import CA_CERT, TLS_CERT, TLS_KEY
 from kube_vgpu.certs.files import write_material
@@ -41,8 +41,35 @@ from kube_vgpu.webhook.service import Options, WebhookServer
 log = logging.getLogger("kube_vgpu.demo")
 
 
+T = TypeVar("T")
+
+
 class DemoError(RuntimeError):
     """The local installation did not come up; the message says which part."""
+
+
+async def finish(awaitable: Awaitable[T]) -> T:
+    """Await `awaitable` to its end even when the caller is cancelled meanwhile (Ctrl-C), then
+    re-raise that cancellation.
+
+    A part cancelled half way through its start or its stop is left running where nothing stops it:
+    a gRPC server whose start was cut short is shut down later by its finalizer, on a loop that is
+    closing (grpc's `InvalidStateError`), and watch threads of a half-stopped webhook hold
+    `asyncio.run`'s final cancellation for ever.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True  # the caller's: wait for the task all the same
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
 
 
 @dataclass
@@ -69,6 +96,13 @@ class LocalCluster:
     volcano: VolcanoStandin | None = None
     ca_pem: bytes = b""
     _kubes: list[Kube] = field(default_factory=list)
+    # What `down()` undoes, the last started first: each stop is pushed before its start, so a part
+    # whose start failed or was interrupted is stopped too.
+    _teardown: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+
+    async def _start(self, start: Awaitable[None], stop: Callable[[], Awaitable[None]]) -> None:
+        self._teardown.push_async_callback(stop)
+        await finish(start)
 
     def kube(self, component: Component) -> Kube:
         """A fresh API client for one component, as each process in a cluster has its own, held to
@@ -86,7 +120,9 @@ class LocalCluster:
 
     async def up(self, nodes: Sequence[NodeSpec], namespaces: Sequence[NamespaceSpec]) -> None:
         """Start the API server, seed it, start the node plugins, the webhook and Volcano."""
-        await self.apiserver.start_async()
+        await self._start(self.apiserver.start_async(), self.apiserver.stop_async)
+        # Pushed after the API server's stop, so run before it: the clients of every part close last.
+        self._teardown.push_async_callback(self._close_clients)
         for ns in namespaces:
             self.apiserver.put(
                 {
@@ -114,12 +150,14 @@ class LocalCluster:
             await self._start_node(spec)
         await self._start_webhook()
         # A blocking client call: off the loop, which serves the API server stand-in.
-        self.volcano = await asyncio.to_thread(
-            volcano_from_cluster,
-            self.outside_kube(),
-            namespace=self.config.node.device_config_namespace,
-            name=self.config.node.device_config_name,
-            scheduler_name=self.config.webhook.scheduler_name,
+        self.volcano = await finish(
+            asyncio.to_thread(
+                volcano_from_cluster,
+                self.outside_kube(),
+                namespace=self.config.node.device_config_namespace,
+                name=self.config.node.device_config_name,
+                scheduler_name=self.config.webhook.scheduler_name,
+            )
         )
         await self._wait_inventory()
 
@@ -137,9 +175,15 @@ class LocalCluster:
         )
         kubelet_dir = self.workdir / "kubelet" / spec.name
         kubelet = KubeletStandin(kubelet_dir)
-        await kubelet.start()
+        await self._start(kubelet.start(), kubelet.stop)
         nvml = load_simulation(dict(spec.simulation), spec.name)
         nvml.nvmlInit()
+
+        async def shutdown_nvml() -> None:
+            with contextlib.suppress(Exception):
+                nvml.nvmlShutdown()
+
+        self._teardown.push_async_callback(shutdown_nvml)
         # What the chart's HAMi-core installer leaves on a node (stand-in files: nothing runs CUDA here).
         install_placeholder(Path(self.config.node.hook_path))
         settings = PluginSettings(
@@ -156,8 +200,8 @@ class LocalCluster:
         plugin = NodePlugin(settings, nvml, kube)
         admission = KubeletAdmission(kubelet, self.apiserver, spec.name, plugin.resource_name)
         node = self.nodes[spec.name] = SimulatedNode(spec, kubelet, plugin, nvml, kube, admission)
-        await plugin.start()
-        await admission.start()
+        await self._start(plugin.start(), plugin.stop)
+        await self._start(admission.start(), admission.stop)
         async with asyncio.timeout(10):
             endpoint = await kubelet.wait_registered(plugin.resource_name)
         await kubelet.wait_devices(plugin.resource_name, bool)
@@ -187,7 +231,7 @@ class LocalCluster:
             tls_cert_file=tls / TLS_CERT, tls_key_file=tls / TLS_KEY, port=0, host="127.0.0.1", metrics_port=0
         )
         self.webhook = WebhookServer(options, self.config, kube=self.kube("webhook"))
-        await self.webhook.start()
+        await self._start(self.webhook.start(), self.webhook.stop)
         async with asyncio.timeout(15):
             await self.webhook.cache.wait_synced()
 
@@ -204,19 +248,14 @@ class LocalCluster:
             await asyncio.sleep(0.05)
 
     async def down(self) -> None:
-        """Stop everything that `up()` started, the last started first."""
-        if self.webhook is not None:
-            await self.webhook.stop()
-        for node in reversed(list(self.nodes.values())):
-            await node.admission.stop()
-            await node.plugin.stop()
-            await node.kubelet.stop()
-            with contextlib.suppress(Exception):
-                node.nvml.nvmlShutdown()
+        """Stop everything that `up()` started (or began to start), the last started first; a
+        cancellation meanwhile (Ctrl-C) is raised once all of it has stopped."""
+        await finish(self._teardown.aclose())
+
+    async def _close_clients(self) -> None:
         for client in self._kubes:
-            if client is not (self.webhook.kube if self.webhook else None):
+            if client is not (self.webhook.kube if self.webhook else None):  # the webhook closes its own
                 client.close()
-        await self.apiserver.stop_async()
 
 
 def demo_config(base: Config, workdir: Path) -> Config:

@@ -266,18 +266,22 @@ async def test_api_server_down_answers_at_once_with_a_clear_error(h: Harness) ->
     await h.allocate(1)  # and the next try works
 
 
-async def test_api_server_hanging_is_cut_short(h: Harness) -> None:
-    h.api.put(one_gpu_pod("p"))
-    # Listing works, writing to the pod hangs: the Allocate must still answer within its bound.
-    h.api.set_hang(True, paths=["/api/v1/namespaces/default/pods/p"])
-    try:
-        error = await refused(h, 1)
-    finally:
-        h.api.set_hang(False)
-    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "pod default/p" in (error.details() or "") and "within 2s" in (error.details() or "")
-    assert h.plugin.allocator is not None
-    await h.plugin.allocator.drain()
+async def test_api_server_hanging_is_cut_short(
+    apiserver: ApiServerStandin, kdir: Path, tmp_path: Path
+) -> None:
+    apiserver.put(node_object())
+    async with running_plugin(apiserver, kdir, tmp_path, allocate_timeout_seconds=2.0) as h:
+        h.api.put(one_gpu_pod("p"))
+        # Listing works, writing to the pod hangs: the Allocate must still answer within its bound.
+        h.api.set_hang(True, paths=["/api/v1/namespaces/default/pods/p"])
+        try:
+            error = await refused(h, 1)
+        finally:
+            h.api.set_hang(False)
+        assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "pod default/p" in (error.details() or "") and "within 2s" in (error.details() or "")
+        assert h.plugin.allocator is not None
+        await h.plugin.allocator.drain()
     assert h.annotations("p")[BIND_PHASE] == "failed"
 
 

@@ -13,6 +13,7 @@ from kube_vgpu.node.deviceplugin.pod_watch import PodWatch
 from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.publish.publisher import NodePublisher
+from tests.support.timeouts import HANG_S
 
 
 def pod(name: str, *, vgpu_time: str = "100", created: str = "2026-08-20T10:00:00Z") -> dict[str, Any]:
@@ -138,8 +139,8 @@ async def test_a_garbled_watch_stream_costs_a_relist_not_the_watch() -> None:
     loop = asyncio.get_running_loop()
     thread = loop.run_in_executor(None, watch.watch_forever, loop)
     try:
-        assert await watch.wait_known([pod("a")], within=20)
-        async with asyncio.timeout(20):
+        assert await watch.wait_known([pod("a")], within=HANG_S)
+        async with asyncio.timeout(HANG_S):
             while not api.stop.is_set():  # noqa: ASYNC110 - the fake sets a threading.Event
                 await asyncio.sleep(0.01)
     finally:

@@ -23,6 +23,7 @@ from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.publish.publisher import NodePublisher
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node import GPUS, NODE, node_object
+from tests.support.timeouts import HANG_S
 
 
 def bound(name: str, node: str) -> dict[str, Any]:
@@ -56,7 +57,7 @@ async def test_the_pod_watch_lists_this_nodes_pods_page_by_page(
     loop = asyncio.get_running_loop()
     thread = loop.run_in_executor(None, watch.watch_forever, loop)
     try:
-        assert await watch.wait_known(mine, within=10)
+        assert await watch.wait_known(mine, within=HANG_S)
     finally:
         watch.stop()
         await thread
@@ -78,7 +79,7 @@ async def test_the_node_watch_lists_its_node_in_a_page_and_sees_a_drift_there(
     caplog.set_level(logging.INFO, logger="kube_vgpu.node.publish.publisher")
     thread = loop.run_in_executor(None, publisher.watch_forever, loop)
     try:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             while "event=node_drift" not in caplog.text:  # noqa: ASYNC110 - logged on the loop
                 await asyncio.sleep(0.01)
     finally:
@@ -144,7 +145,7 @@ async def test_an_expired_continue_token_mid_list_gives_the_bind_order_one_whole
     loop = asyncio.get_running_loop()
     thread = loop.run_in_executor(None, watch.watch_forever, loop)
     try:
-        assert await watch.wait_known(mine[:4], within=10)
+        assert await watch.wait_known(mine[:4], within=HANG_S)
     finally:
         watch.stop()
         await thread

@@ -14,6 +14,7 @@ from kube_vgpu.node.mig.config import MigConfigError, geometry_from_configmap, g
 from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node_mig import A100_40
+from tests.support.timeouts import HANG_S
 
 ONE_GROUP = """\
 nvidia:
@@ -95,20 +96,20 @@ async def test_load_retries_while_the_api_is_down_until_it_answers_or_stop(
     apiserver: ApiServerStandin,
 ) -> None:
     apiserver.set_outage(True)
-    kube = Kube(apiserver.api_client(), timeout=(0.5, 0.5), component="node")
+    kube = Kube(apiserver.api_client(), component="node")
     try:
         stop = asyncio.Event()
         waiting = asyncio.create_task(load_geometry(kube, NodeConfig(), stop=stop, retry_seconds=0.05))
         given_up = asyncio.create_task(
             load_geometry(kube, NodeConfig(), stop=asyncio.Event(), retry_seconds=0.05)
         )
-        await asyncio.sleep(0.3)  # several failed tries
+        await asyncio.sleep(0.3)  # tries refused meanwhile (none can succeed while the API is down)
         assert not waiting.done() and not given_up.done()
         stop.set()
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             assert await waiting is None
         await asyncio.to_thread(apiserver.set_outage, False)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             loaded = await given_up
         assert loaded is not None and loaded.source == "built-in default"
     finally:

@@ -17,6 +17,7 @@ from kubernetes import client, config
 
 from kube_vgpu.certs.issue import issue_ca, issue_serving
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.timeouts import HANG_S
 
 
 @pytest.fixture
@@ -209,7 +210,7 @@ async def test_an_outage_closes_a_connection_that_opens_while_the_others_are_shu
         theirs = late[0]
         theirs.setblocking(False)
         try:
-            async with asyncio.timeout(5):
+            async with asyncio.timeout(HANG_S):
                 assert await loop.sock_recv(theirs, 1) == b""  # closed by the server
         finally:
             theirs.close()

@@ -18,6 +18,7 @@ from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.kubelet.admission import KubeletAdmission
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 from tests.support.node import short_tempdir
+from tests.support.timeouts import HANG_S
 
 RESOURCE = "example.com/gpu"
 NODE = "n1"
@@ -146,7 +147,7 @@ async def test_pods_already_bound_at_start_form_one_update_and_ties_have_no_prom
         await admission.start()
         try:
             await admission.wait_admitted("default", "p")
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(HANG_S):
                 await _all(admission, 4)
             orders.add(tuple(a.name for a in admission.admitted))
         finally:

@@ -25,6 +25,7 @@ from kube_vgpu.proto import deviceplugin_v1beta1_pb2 as pb
 from kube_vgpu.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 from tests.support.node import GPUS, NODE, UUID_A
+from tests.support.timeouts import HANG_S
 
 RESOURCE = "volcano.sh/vgpu-number"
 
@@ -59,7 +60,7 @@ async def test_registration_options_and_device_lists(kubelet: KubeletStandin, sh
     inventory = LiveGpus(GPUS, 2, NODE)
     server = await serve(short_dir, inventory)
     try:
-        await register(kubelet.socket_path, "p.sock", RESOURCE, deadline=5)
+        await register(kubelet.socket_path, "p.sock", RESOURCE, deadline=HANG_S)
         plugin = await kubelet.wait_registered(RESOURCE)
         assert kubelet.registrations[0].version == "v1beta1"
         assert kubelet.registrations[0].endpoint == "p.sock"
@@ -90,7 +91,7 @@ async def test_list_over_the_limit_is_refused(short_dir: Path) -> None:
     async with KubeletStandin(short_dir, max_message_bytes=1000) as kubelet:
         server = await serve(short_dir, inventory)
         try:
-            await register(kubelet.socket_path, "p.sock", RESOURCE, deadline=5)
+            await register(kubelet.socket_path, "p.sock", RESOURCE, deadline=HANG_S)
             plugin = await kubelet.wait_registered(RESOURCE)
             await kubelet.wait_for(lambda: plugin.ended is not None)
             assert plugin.lists == [] and plugin.healthy == 0
@@ -116,7 +117,7 @@ async def test_restart_removes_every_socket_and_recreates_kubelet_sock(
     inventory = LiveGpus(GPUS, 1, NODE)
     server = await serve(short_dir, inventory)
     try:
-        await register(kubelet.socket_path, "p.sock", RESOURCE, deadline=5)
+        await register(kubelet.socket_path, "p.sock", RESOURCE, deadline=HANG_S)
         plugin = await kubelet.wait_registered(RESOURCE)
         (short_dir / "kubelet_internal_checkpoint").write_text("{}")
         await kubelet.restart()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL
 from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain, Admitted
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.shared import encode_object, object_name
+from tests.support.timeouts import HANG_S
 from tests.support.webhook import A100, ThreadedWebhook, container, gpu_node, write_tls
 
 NAMESPACE = "team-q"
@@ -78,7 +80,8 @@ class Client:
 
     async def wait_for(self, condition: Callable[[], Awaitable[bool]], what: str) -> None:
         """Poll until the watch has carried a change to the webhook (bounded, not timed)."""
-        for _ in range(1000):
+        deadline = time.monotonic() + HANG_S
+        while time.monotonic() < deadline:
             if await condition():
                 return
             await asyncio.sleep(0.02)

@@ -23,6 +23,7 @@ from kube_vgpu.webhook.quota.shared import (
     object_name,
 )
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
+from tests.support.timeouts import HANG_S
 
 NAMESPACE = "team-a"
 RELEASE = "default"
@@ -75,7 +76,7 @@ async def test_three_replicas_book_exactly_the_room_between_them(
             *(replicas[i % 3].decide(NAMESPACE, ask(f"pod-{i}", 20)) for i in range(90))
         )
         try:
-            async with asyncio.timeout(3):
+            async with asyncio.timeout(HANG_S):
                 while len(apiserver.requests(path_prefix=configmaps)) < 3:  # noqa: ASYNC110
                     await asyncio.sleep(0.01)
         finally:
@@ -343,7 +344,7 @@ async def test_forgetting_a_namespace_deletes_its_object_in_the_background(
     try:
         await booked(r, NAMESPACE)
         r.forget(NAMESPACE)
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(HANG_S):
             while object_of(apiserver, NAMESPACE) is not None:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
     finally:

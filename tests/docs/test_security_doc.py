@@ -1,0 +1,37 @@
+"""docs/security.md counts the annotations the chart's UPDATE condition guards as the chart does."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from kube_vgpu.contract.names import PLACEMENT_ANNOTATIONS, SCHEDULER_OWNED_ANNOTATIONS
+from tests.support.helm_render import render
+
+SECURITY = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+WORDS = {"six": 6, "eight": 8}
+
+
+def guarded_by_the_chart() -> set[str]:
+    rendered = render(None, kube_version="v1.32.0")
+    (hook,) = rendered.of_kind("ValidatingWebhookConfiguration")
+    (condition,) = [
+        c["expression"]
+        for w in hook["webhooks"]
+        for c in w.get("matchConditions", [])
+        if "UPDATE" in c["expression"]
+    ]
+    return set(re.findall(r"'([a-z0-9.-]+/[a-z0-9.-]+)'", condition))
+
+
+def test_the_update_condition_count_is_the_charts() -> None:
+    guarded = guarded_by_the_chart()
+    assert guarded == {*SCHEDULER_OWNED_ANNOTATIONS, *PLACEMENT_ANNOTATIONS}
+    text = " ".join(SECURITY.split())
+    stated = re.findall(r"touch one of the (\w+) annotations it guards: the (\w+) scheduler-owned ones", text)
+    assert stated, "docs/security.md no longer says how many annotations the UPDATE condition guards"
+    for total, owned in stated:
+        assert int(total) == len(guarded)
+        assert WORDS[owned] == len(SCHEDULER_OWNED_ANNOTATIONS)
+    placement = re.findall(r"and the (\w+) mode and GPU selector annotations", text)
+    assert [WORDS[n] for n in placement] == [len(PLACEMENT_ANNOTATIONS)]
