@@ -1,7 +1,8 @@
 """An in-memory object store with the API server's contract for the calls the shared quota
 reservations make (`kube_vgpu.webhook.quota.shared_store.ObjectApi`): every write gets a new
 resourceVersion; a write or delete carrying a stale one is refused 409 Conflict; a create of an
-existing name 409 AlreadyExists; a replace of a missing object 404 NotFound. Unit tests run the
+existing name 409 AlreadyExists; a replace of a missing object 404 NotFound; a body naming
+another namespace than the call 400 BadRequest. Unit tests run the
 production quota path (`SharedReservations`) over it; tests/webhook/quota/test_memory_store.py holds
 it to the same contract as the stand-in API server.
 """
@@ -35,6 +36,16 @@ class MemoryStore:
         if self.before is not None:
             self.before(call)
 
+    @staticmethod
+    def _check_namespace(obj: Mapping[str, Any], namespace: str | None) -> None:
+        given = obj["metadata"].get("namespace")
+        if given is not None and given != (namespace or ""):
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
+
     def _bump(self, obj: dict[str, Any]) -> dict[str, Any]:
         self._version += 1
         obj["metadata"]["resourceVersion"] = str(self._version)
@@ -55,6 +66,7 @@ class MemoryStore:
         """Store a new object; 409 AlreadyExists when the name is taken."""
         self._enter("create")
         obj = copy.deepcopy(dict(body))
+        self._check_namespace(obj, namespace)
         name = str(obj["metadata"]["name"])
         key = (kind, namespace or "", name)
         with self._lock:
@@ -76,6 +88,7 @@ class MemoryStore:
         """Replace an object; 409 Conflict when the body's resourceVersion is not the stored one."""
         self._enter("replace")
         obj = copy.deepcopy(dict(body))
+        self._check_namespace(obj, namespace)
         key = (kind, namespace or "", name)
         with self._lock:
             stored = self._objects.get(key)
