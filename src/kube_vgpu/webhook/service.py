@@ -29,11 +29,10 @@ from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
-from kube_vgpu.webhook.quota.ledger import QuotaLedger
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics, SharedBookMetrics
 from kube_vgpu.webhook.quota.shared import CacheState, SharedBook
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
-from kube_vgpu.webhook.quota.sizing import mig_slot_sizer, placement_sizer
+from kube_vgpu.webhook.quota.sizing import pod_ledger
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES, AdmissionApp, Readiness, Services
 from kube_vgpu.webhook.serving.tls import CertReloader
@@ -82,14 +81,13 @@ def build_quota(
     """The quota step: namespace quotas fed by the cache's pod events, decided against the
     reservations every replica shares (`book`, given the ledger's `cache_state`). The one place the
     quota is wired."""
-    names = config.resource_names
-    ledger = QuotaLedger(
-        names=names,
+    ledger = pod_ledger(
+        lambda: cache.inventory,
+        geometry,
+        config.resource_names,
+        config.webhook.default_mode,
         # One setting for both: a reservation outlives no fresh cache, and no fresh cache outlives it.
         pending_seconds=config.webhook.cache_staleness_seconds,
-        gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
-        gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
-        slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
         # The cache's clock: a forged review's reservation goes once the pod watch has passed it.
         clock=clock,
         stream_current_at=cache.pod_stream_current_at,
@@ -126,11 +124,6 @@ def build_quota(
     cache.subscribe_relist(on_relist)
     QuotaMetrics(gate, metrics.registry, namespaces=namespaces)
     return gate
-
-
-def _gpu_memory(cache: ClusterCache, uuid: str) -> int | None:
-    gpu = cache.inventory.gpu(uuid)
-    return None if gpu is None else gpu.memory_mib
 
 
 class CacheValidationView:

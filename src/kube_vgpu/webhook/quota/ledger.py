@@ -130,6 +130,14 @@ class QuotaLedger:
         self._expire(ns)
         return ns.pods_total
 
+    def pods(self, namespace: str) -> list[str]:
+        """The names of the namespace's counted pods."""
+        ns = self._namespaces.get(namespace)
+        if ns is None:
+            return []
+        self._expire(ns)
+        return sorted(p.name for p in ns.pods.values() if p.counted)
+
     def unsized(self, namespace: str) -> list[str]:
         """The names of the counted pods no known GPU could size (counted without their memory)."""
         ns = self._namespaces.get(namespace)

@@ -1,10 +1,12 @@
 """How the quota sizes a pod the cache shows, exactly as its review was sized: the largest GPU it may
 land on (for a share of a card) and, for a `mig` pod, the slot it will hold. Both resolve the pod's
-selectors and mode against the current inventory, as admission does."""
+selectors and mode against the current inventory, as admission does. `pod_ledger` wires them into
+the ledger both the webhook and `kube-vgpu top` count a namespace's pods with."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,7 +18,7 @@ from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.resolve import resolve_placement
 from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.charge import SlotSize
-from kube_vgpu.webhook.quota.ledger import GpuSizer, SlotSizer, pod_metadata
+from kube_vgpu.webhook.quota.ledger import GpuSizer, QuotaLedger, SlotSizer, pod_metadata
 from kube_vgpu.webhook.quota.mig_charge import slot_sizer
 
 
@@ -73,3 +75,32 @@ def mig_slot_sizer(
         return slot_sizer(geometry(), inv.types_matching(candidates, MIG))
 
     return size
+
+
+def pod_ledger(
+    inventory: Callable[[], Inventory],
+    geometry: Callable[[], DeviceConfig],
+    names: ResourceNames,
+    default_mode: Mode,
+    *,
+    pending_seconds: float,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    stream_current_at: Callable[[], float | None] = lambda: None,
+) -> QuotaLedger:
+    """The ledger of the pods a cache shows, each sized against `inventory` and the MIG `geometry`."""
+
+    def gpu_memory(uuid: str) -> int | None:
+        gpu = inventory().gpu(uuid)
+        return None if gpu is None else gpu.memory_mib
+
+    return QuotaLedger(
+        names=names,
+        pending_seconds=pending_seconds,
+        gpu_size=placement_sizer(inventory, names, default_mode),
+        gpu_memory=gpu_memory,
+        slot_size=mig_slot_sizer(inventory, geometry, names, default_mode),
+        clock=clock,
+        wall_clock=wall_clock,
+        stream_current_at=stream_current_at,
+    )
