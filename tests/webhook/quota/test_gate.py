@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from kube_vgpu.contract.devices import DeviceRecord, encode_pod_devices
 from kube_vgpu.contract.mig.geometry import parse_device_config
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import (
@@ -18,6 +19,7 @@ from kube_vgpu.contract.names import (
     QUOTA_MEMORY_LABEL,
     QUOTA_NUMBER_LABEL,
     USE_GPUTYPE,
+    VGPU_IDS_NEW,
     VGPU_MODE,
 )
 from kube_vgpu.kubeapi.client import ApiUnavailable
@@ -26,9 +28,9 @@ from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.charge import Charge, Limits
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.shared import Entry, decode_entries, object_name
-from kube_vgpu.webhook.quota.sizing import mig_slot_sizer, placement_sizer
+from kube_vgpu.webhook.quota.sizing import mig_slot_sizer, placement_sizer, pod_ledger
 from tests.support.memory_store import MemoryStore
-from tests.support.webhook import A100, H100, gpu_node
+from tests.support.webhook import A100, H100, gpu_node, gpu_uuid
 from tests.support.webhook_quota import (
     MEM_80G,
     NAMES,
@@ -539,3 +541,34 @@ def test_a_share_of_a_card_is_told_the_gpu_it_was_sized_against() -> None:
         "(container 'main' sets neither volcano.sh/vgpu-memory nor volcano.sh/vgpu-memory-percentage, so "
         "it holds a whole GPU: 81920 MiB per vGPU on the largest GPU it may land on (81920 MiB))"
     )
+
+
+def test_the_cache_ledger_sizes_pods_against_the_inventory_and_the_mig_geometry() -> None:
+    inventory = two_mode_inventory()  # hami-core A100 40960 MiB ("small"), mig H100 80GB ("big")
+    inventory.upsert(gpu_node("large", "hami-core", [(H100, 81920)]))
+    clocks = Clocks()
+    ledger = pod_ledger(
+        lambda: inventory,
+        default_device_config,
+        NAMES,
+        "hami-core",
+        pending_seconds=PENDING,
+        clock=lambda: clocks.mono,
+        wall_clock=lambda: clocks.wall,
+        stream_current_at=lambda: 7.0,
+    )
+    ledger.pod_seen(in_cache(make_pod(None, percent=50, name="half")))  # the largest hami-core GPU
+    ledger.pod_seen(in_cache(make_pod(9000, name="mig", annotations={VGPU_MODE: "mig"})))  # 1g.10gb
+    # Booked on the small A100: believed (its size is known from the inventory), so half of 40960.
+    on_small = encode_pod_devices([[DeviceRecord(gpu_uuid("small", 0), 20480, 0)]])
+    booked = in_cache(make_pod(None, percent=50, name="booked", annotations={VGPU_IDS_NEW: on_small}))
+    ledger.pod_seen(booked)
+    assert ledger.usage("team-a") == Charge(3, 40960 + 9984 + 20480, 300)
+    assert ledger.pods("team-a") == ["booked", "half", "mig"] and ledger.unsized("team-a") == []
+    assert ledger.cache_state("team-a").stream_current_at == 7.0
+    # A terminating pod stops counting at its deadline, on the wall clock given.
+    gone_at = in_cache(make_pod(1000, name="going", deletion=("2023-11-14T22:13:30+00:00", 0)))
+    ledger.pod_seen(gone_at)  # 1_700_000_010: 10 s after the clocks' wall time
+    assert ledger.usage("team-a").memory_mib == 40960 + 9984 + 20480 + 1000
+    clocks.advance(10)
+    assert ledger.usage("team-a").memory_mib == 40960 + 9984 + 20480
