@@ -429,3 +429,18 @@ def test_a_mig_slot_is_named_where_it_rounds_the_request_up() -> None:
             "on (81920 MiB), held as a MIG slot of 10240 MiB"
         ]
     }
+
+
+def test_every_container_is_looked_at_whatever_comes_before_it() -> None:
+    def slot(mib: int) -> int:
+        return 10240
+
+    # A container with no vGPU, then one whose share no GPU sizes, then one the slot rounds up.
+    p = pod(ctr("cpu"), ctr("pct", percent=25, cores=10), ctr("small", memory=9000))
+    assert reasons_of(p, gpu_mib=None, slot=slot) == {
+        "vgpu-cores": [
+            "container 'small' sets no volcano.sh/vgpu-cores limit: no SM limit counts as the whole GPU, "
+            "100% per vGPU"
+        ],
+        "vgpu-memory": ["container 'small' asks 9000 MiB per vGPU, held as a MIG slot of 10240 MiB"],
+    }

@@ -72,3 +72,27 @@ def test_a_slot_is_described_by_its_name_and_size_only_where_it_rounds_up() -> N
     assert slot_sizer(GEOMETRY, [A100, H100]).describe(1) == "1g.10gb slot of 9984 MiB"
     assert slot_sizer(GEOMETRY, [H100, A100]).describe(5000) == "1g.10gb slot of 9984 MiB"
     assert slot_sizer(GEOMETRY, [A10]).describe(1) is None
+
+
+def test_among_slots_of_one_size_the_first_type_names_it() -> None:
+    twins = parse_device_config(
+        """\
+nvidia:
+  resourceCountName: volcano.sh/vgpu-number
+  resourceMemoryName: volcano.sh/vgpu-memory
+  resourceMemoryPercentageName: volcano.sh/vgpu-memory-percentage
+  resourceCoreName: volcano.sh/vgpu-cores
+  knownMigGeometries:
+  - models: ["A100-PCIE-40GB"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.first, memory: 5000, count: 7}]
+  - models: ["H100 80GB HBM3"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.second, memory: 5000, count: 7}]
+"""
+    )
+    # The candidate TYPEs are kept sorted: A100's register TYPE sorts before H100's.
+    assert sorted([A100, H100]) == [A100, H100]
+    assert slot_sizer(twins, [H100, A100]).describe(1) == "1g.first slot of 5000 MiB"

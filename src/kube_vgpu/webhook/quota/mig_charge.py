@@ -22,21 +22,15 @@ SlotSize = Callable[[int], int]
 
 
 def largest_slot(geometry: DeviceConfig, types: Iterable[str], request_mib: int) -> MigSlot | None:
-    """The slot the scheduler would give `request_mib` on a free GPU, the largest over `types`
-    (None: no TYPE has a geometry with a slot that fits)."""
-    largest: MigSlot | None = None
+    """The slot the scheduler would give `request_mib` on a free GPU, the largest over `types`, the
+    first of `types` among equals (None: no TYPE has a geometry with a slot that fits)."""
+    slots: list[MigSlot] = []
     for register_type in types:
-        groups = geometry_for_type(geometry, register_type)
-        if not groups:
-            continue
+        groups = geometry_for_type(geometry, register_type) or []
         chosen = choose_slot(groups, {}, request_mib)
-        if chosen is None:
-            continue
-        group, position = chosen
-        slot = slot_for_position(find_group(groups, group), position)
-        if largest is None or slot.memory_mib > largest.memory_mib:
-            largest = slot
-    return largest
+        if chosen is not None:
+            slots.append(slot_for_position(find_group(groups, chosen[0]), chosen[1]))
+    return max(slots, key=lambda slot: slot.memory_mib, default=None)
 
 
 def slot_mib(geometry: DeviceConfig, types: Iterable[str], request_mib: int) -> int:
