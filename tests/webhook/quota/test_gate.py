@@ -572,3 +572,41 @@ def test_the_cache_ledger_sizes_pods_against_the_inventory_and_the_mig_geometry(
     assert ledger.usage("team-a").memory_mib == 40960 + 9984 + 20480 + 1000
     clocks.advance(10)
     assert ledger.usage("team-a").memory_mib == 40960 + 9984 + 20480
+
+
+def test_a_slot_with_no_name_is_given_by_its_size() -> None:
+    gate = make_gate(slot_size=lambda pod: lambda mib: 10240 if mib <= 10240 else 20480)
+    assert admit(gate, make_pod(9000, cores=10, name="m"), {QUOTA_MEMORY_LABEL: "10000"}) == (
+        "namespace team-a: vgpu-memory quota exceeded: requested 10240 MiB, in use 0 MiB of 10000 MiB "
+        "(container 'main' asks 9000 MiB per vGPU, held as a MIG slot of 10240 MiB)"
+    )
+
+
+def test_the_cache_ledger_is_wired_to_the_mode_clocks_and_lifetime_given() -> None:
+    inventory = two_mode_inventory()
+    clocks = Clocks()
+    ledger = pod_ledger(
+        lambda: inventory,
+        default_device_config,
+        NAMES,
+        "mig",
+        pending_seconds=PENDING,
+        clock=lambda: clocks.mono,
+        wall_clock=lambda: clocks.wall,
+    )
+    bare = in_cache(make_pod(9000, name="bare", uid="u-bare"))
+    del bare["metadata"]["annotations"]
+    ledger.pod_seen(bare)  # the default mode, mig: the H100's 1g.10gb slot
+    # Booked on a GPU the inventory does not know: the booking is not believed, the pod is sized
+    # (mig too: half the H100, 40960 MiB, in its 7g.80gb slot of 81152 MiB).
+    unknown = encode_pod_devices([[DeviceRecord("GPU-00000000-0000-0000-0000-00000000dead", 1, 0)]])
+    ledger.pod_seen(in_cache(make_pod(None, percent=50, name="odd", annotations={VGPU_IDS_NEW: unknown})))
+    assert ledger.usage("team-a") == Charge(2, 9984 + 81152, 200)
+    clocks.advance(5)
+    gone = in_cache(make_pod(1, name="gone", uid="u-gone"))
+    ledger.pod_seen(gone)
+    ledger.pod_gone(gone)
+    state = ledger.cache_state("team-a")
+    assert state.shown_for("u-bare") == 5.0 and state.released("u-gone")
+    clocks.advance(2 * PENDING)  # two lifetimes on: the deletion is forgotten
+    assert not ledger.cache_state("team-a").accounts_for("u-gone")

@@ -574,3 +574,23 @@ def test_a_booked_mig_pod_asking_a_share_of_a_card_still_counts_its_whole_slot()
     unsized = make_gate(gpu_memory={GPU_A: 40960}.get, slot_size=slots)
     unsized.ledger.pod_seen(booked(shown, encode_pod_devices([[DeviceRecord(GPU_A, 4096, 0)]])))
     assert unsized.ledger.usage("team-a") == Charge(1, 4864, 100)
+
+
+def test_the_ledger_names_its_counted_pods_and_those_no_gpu_could_size() -> None:
+    gate = make_gate()  # no GPU known: a share of a card cannot be sized
+    whole = in_cache(make_pod(None, number=1, name="whole"))
+    plain = in_cache(make_pod(1024, name="plain"))
+    nameless = in_cache(make_pod(512))
+    del nameless["metadata"]["name"]
+    for p in (whole, plain, nameless):
+        gate.ledger.pod_seen(p)
+    assert gate.ledger.pods("team-a") == ["", "plain", "whole"]
+    assert gate.ledger.unsized("team-a") == ["whole"]
+    assert gate.ledger.pods("team-b") == [] and gate.ledger.unsized("team-b") == []
+    # A later event with the same booking keeps the name and that the pod was not sized.
+    gate.ledger.pod_seen({**whole, "status": {"phase": "Running"}})
+    gate.ledger.pod_seen({**nameless, "status": {"phase": "Running"}})
+    assert gate.ledger.pods("team-a") == ["", "plain", "whole"] and gate.ledger.unsized("team-a") == ["whole"]
+    # Finished: no longer counted, so neither listed.
+    gate.ledger.pod_seen({**whole, "status": {"phase": "Succeeded"}})
+    assert gate.ledger.pods("team-a") == ["", "plain"] and gate.ledger.unsized("team-a") == []
