@@ -100,8 +100,14 @@ def build_quota(
         else:
             ledger.pod_seen(event.obj)
 
+    nodes_listed = False
+
     def on_relist(kind: CachedKind) -> None:
-        if kind == "pod":
+        nonlocal nodes_listed
+        if kind == "node" and not nodes_listed:
+            nodes_listed = True
+            ledger.size_again(cache.objects("pod").values())
+        elif kind == "pod":
             ledger.resync(cache.objects("pod").values())
         elif kind == "namespace":
             listed = set(cache.objects("namespace"))

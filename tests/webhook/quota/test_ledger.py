@@ -145,6 +145,28 @@ def test_a_pod_unsized_at_admission_is_sized_when_it_appears() -> None:
     assert gate.usage("team-a") == Charge(1, 40960, 100)
 
 
+def test_pods_seen_before_the_gpus_are_known_are_sized_again_once_they_are() -> None:
+    sizes: dict[str, int | None] = {"gpu": None}
+    slots: dict[str, SlotSize | None] = {"slot": None}
+
+    def slot_size(pod: Mapping[str, Any]) -> SlotSize | None:
+        return slots["slot"] if pod["metadata"]["name"] == "mig" else None
+
+    gate = make_gate(gpu_size=lambda pod: sizes["gpu"], slot_size=slot_size)
+    pct = in_cache(make_pod(None, percent=50, name="pct"))
+    mig = in_cache(make_pod(9000, name="mig", annotations={VGPU_MODE: MIG}))
+    gate.ledger.pod_seen(pct)
+    gate.ledger.pod_seen(mig)
+    assert gate.usage("team-a").memory_mib == 9000  # the share unsized, the MIG request as asked
+    assert gate.ledger.unsized("team-a") == ["pct"]
+    sizes["gpu"], slots["slot"] = 81920, lambda mib: 9984 if mib <= 9984 else 20096
+    gate.ledger.pod_seen(pct)  # seen again without a new booking: the first charge is kept
+    assert gate.usage("team-a").memory_mib == 9000
+    gate.ledger.size_again([pct, mig])
+    assert gate.usage("team-a") == Charge(2, 40960 + 9984, 200)
+    assert gate.ledger.unsized("team-a") == []
+
+
 def test_a_relist_drops_pods_that_are_gone_and_keeps_the_rest() -> None:
     gate = make_gate()
     keep = in_cache(make_pod(1000, name="keep"))

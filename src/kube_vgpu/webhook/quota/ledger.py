@@ -156,15 +156,16 @@ class QuotaLedger:
 
     # -- the cache side --------------------------------------------------------------------------
 
-    def pod_seen(self, pod: Mapping[str, Any]) -> None:
-        """A pod was added or modified in the cache."""
+    def pod_seen(self, pod: Mapping[str, Any], *, size_again: bool = False) -> None:
+        """A pod was added or modified in the cache. A pod keeps the charge it was first given until
+        the scheduler books it; with `size_again` it is sized anew against today's GPUs."""
         meta = pod_metadata(pod)
         namespace, uid = meta.get("namespace"), meta.get("uid")
         if not isinstance(namespace, str) or not isinstance(uid, str):
             return
         ns = self._namespaces.get(namespace)
         previous = ns.pods.get(uid) if ns is not None else None
-        entry = self._entry(pod, previous)
+        entry = self._entry(pod, None if size_again else previous)
         if entry is None:
             return
         ns = self._namespace(namespace)
@@ -205,6 +206,14 @@ class QuotaLedger:
                 del ns.pods[uid]
                 self._gone[uid] = self._clock()
             self._forget_if_empty(ns)
+
+    def size_again(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """The GPUs the ledger sizes shares and MIG slots against became known (the cache's first
+        node list may land after its pods): size every pod again, as if first seen. Without this a
+        pod listed before the nodes would count without its share's memory, or its MIG request
+        without its slot, until the scheduler booked it."""
+        for pod in pods:
+            self.pod_seen(pod, size_again=True)
 
     def cache_state(self, namespace: str) -> CacheState:
         """What the cache says about `namespace` for a decision against shared reservations."""
