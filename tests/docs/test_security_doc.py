@@ -9,7 +9,7 @@ from kube_vgpu.contract.names import PLACEMENT_ANNOTATIONS, SCHEDULER_OWNED_ANNO
 from tests.support.helm_render import render
 
 SECURITY = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
-WORDS = {"six": 6, "eight": 8}
+WORDS = {"six": 6, "eight": 8, "nine": 9}
 
 
 def guarded_by_the_chart() -> set[str]:
@@ -33,5 +33,5 @@ def test_the_update_condition_count_is_the_charts() -> None:
     for total, owned in stated:
         assert int(total) == len(guarded)
         assert WORDS[owned] == len(SCHEDULER_OWNED_ANNOTATIONS)
-    placement = re.findall(r"and the (\w+) mode and GPU selector annotations", text)
+    placement = re.findall(r"and the (\w+) mode, GPU selector and charge annotations", text)
     assert [WORDS[n] for n in placement] == [len(PLACEMENT_ANNOTATIONS)]
