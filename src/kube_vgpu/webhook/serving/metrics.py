@@ -5,13 +5,14 @@ Counters and the latency histogram are updated by the server; cache gauges are r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kube_vgpu.httpedge.listener import Listener
 from kube_vgpu.webhook.admission.pod_shape import is_unicode_text
 
 # Reviews answer in well under a millisecond of pipeline time; the API server's timeout is seconds.
@@ -43,27 +44,8 @@ class CacheState(Protocol):
         ...
 
 
-class ConnectionState(Protocol):
-    """What the connection gauges read (implemented by `httpedge.listener.Listener`)."""
-
-    @property
-    def connections(self) -> Sized:
-        """The open connections."""
-        ...
-
-    @property
-    def evicted(self) -> int:
-        """Connections closed to admit a new one at the cap (the longest without progress)."""
-        ...
-
-    @property
-    def expired(self) -> int:
-        """Connections closed because a request did not arrive within its deadline."""
-        ...
-
-
 class _ConnectionCollector(Collector):
-    def __init__(self, state: Callable[[], ConnectionState | None]) -> None:
+    def __init__(self, state: Callable[[], Listener | None]) -> None:
         self._state = state
 
     def collect(self) -> Iterator[Metric]:
@@ -179,7 +161,7 @@ class WebhookMetrics:
         )
         self._cache: CacheState | None = None
         self.registry.register(_CacheCollector(lambda: self._cache))
-        self._connections: ConnectionState | None = None
+        self._connections: Listener | None = None
         self.registry.register(_ConnectionCollector(lambda: self._connections))
 
     def report_caller_protection(self, *, client_certificate: bool, network_policy: bool) -> None:
@@ -191,7 +173,7 @@ class WebhookMetrics:
         """Report this cache's size, lag and readiness."""
         self._cache = cache
 
-    def track_connections(self, state: ConnectionState) -> None:
+    def track_connections(self, state: Listener) -> None:
         """Report this listener's open, refused and expired connections."""
         self._connections = state
 
