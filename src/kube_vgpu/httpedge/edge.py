@@ -4,7 +4,7 @@ aiohttp frames requests, bounds a head's line, fields and count, queues at most 
 requests per connection (reading pauses past that), inflates gzip/deflate bodies in bounded pieces,
 and closes idle keep-alive connections. Its handler class is extended through its public methods
 only: framing errors are answered with JSON and logged at INFO without a traceback, and each
-connection tells its `Slot` (the listener's record of it) when bytes arrive and when it ends.
+connection tells its `listener.Slot` when it opens, when bytes arrive and when it ends.
 """
 
 from __future__ import annotations
@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+
+if TYPE_CHECKING:
+    from kube_vgpu.httpedge.listener import Slot
 
 log = logging.getLogger("kube_vgpu.webhook.http")
 
@@ -52,34 +55,12 @@ def error_response(status: int, reason: str, *, close: bool = False) -> web.Resp
     return response
 
 
-class SlotHooks(Protocol):
-    """What a connection tells the listener's record of it (`httpedge.listener.Slot`)."""
-
-    def opened(self, protocol: EdgeProtocol, transport: asyncio.BaseTransport) -> None:
-        """The TLS handshake completed; HTTP is served from now on."""
-
-    def received(self) -> None:
-        """Bytes arrived (a request may have begun)."""
-
-    def lost(self) -> None:
-        """The connection ended."""
-
-    def began(self) -> None:
-        """A request's head has arrived and its handler runs (until `answered`)."""
-
-    def request_complete(self) -> None:
-        """The request being served has arrived whole (its body too)."""
-
-    def answered(self) -> None:
-        """The request being served has its answer."""
-
-
 class EdgeProtocol(web.RequestHandler):
     """aiohttp's handler of one connection, reporting to its slot and answering framing errors with JSON."""
 
     __slots__ = ("edge", "received_bytes", "slot")
 
-    def __init__(self, manager: EdgeServer, slot: SlotHooks | None, **kwargs: Any) -> None:
+    def __init__(self, manager: EdgeServer, slot: Slot | None, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self.edge = manager
         self.slot = slot
@@ -163,7 +144,7 @@ class EdgeServer(web.Server):
         super().__init__(handler, handler_cancellation=False, loop=self.loop, **self.options)
         self.refused = refused
 
-    def protocol(self, slot: SlotHooks | None) -> EdgeProtocol:
+    def protocol(self, slot: Slot | None) -> EdgeProtocol:
         """The handler of one accepted connection, reporting to `slot`."""
         return EdgeProtocol(self, slot, loop=self.loop, **self.options)
 

@@ -26,8 +26,8 @@ log = logging.getLogger("kube_vgpu.webhook.listener")
 _BACKLOG = 512
 # How long to pause accepting when the process is out of file descriptors.
 _ACCEPT_ERROR_PAUSE_SECONDS = 0.1
-# A deadline this close is due when its wake-up runs (the loop's clock has millisecond steps).
-_CLOCK_SLACK_SECONDS = 0.001
+# The most a request deadline is overrun by: how often the sweep looks (or a tenth of the deadline).
+_SWEEP_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,6 @@ class Slot:
         "opening",
         "protocol",
         "sock",
-        "timer",
         "transport",
         "woke",
     )
@@ -81,12 +80,9 @@ class Slot:
         self.protocol: EdgeProtocol | None = None
         self.transport: asyncio.BaseTransport | None = None
         self.opening: asyncio.Task[None] | None = None
-        # When the request arriving now must have arrived whole (loop clock); None when none is.
-        self.deadline: float | None = None
-        # One pending wake-up per deadline length, moved when it fires early: a request on a kept-alive
-        # connection costs a store, not a timer.
-        self.timer: asyncio.TimerHandle | None = None
-        self.arm(now)
+        # When the request arriving now must have arrived whole (loop clock); None when none is. The
+        # listener's sweep closes the connection once it has passed: a request costs a store, not a timer.
+        self.deadline: float | None = now + listener.limits.request_timeout_seconds
 
     def opened(self, protocol: EdgeProtocol, transport: asyncio.BaseTransport) -> None:
         self.protocol, self.transport = protocol, transport
@@ -98,7 +94,7 @@ class Slot:
             self.began_request()
 
     def lost(self) -> None:
-        self.disarm()
+        self.deadline = None
         self.listener.forget(self)
 
     def began(self) -> None:
@@ -111,49 +107,21 @@ class Slot:
 
     def answered(self) -> None:
         self.busy = self.handling = False
-        now = self.listener.loop.time()
-        self.listener.progressed(self)
+        self.deadline = None
         if self.woke and self in self.listener.connections:  # a pipelined request is arriving
             self.woke = False
-            self.arm(now)
+            self.began_request()
         else:
-            self.deadline = None
+            self.listener.progressed(self)
 
     def began_request(self) -> None:
         """A request began: its deadline runs, and the cap counts its progress from now."""
         self.listener.progressed(self)
-        self.arm(self.listener.loop.time())
-
-    def arm(self, now: float) -> None:
-        self.deadline = now + self.listener.limits.request_timeout_seconds
-        if self.timer is None:
-            self.timer = self.listener.loop.call_at(self.deadline, self.wake)
-
-    def disarm(self) -> None:
-        self.deadline = None
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def wake(self) -> None:
-        """Close if the running deadline has passed, else wait for it."""
-        self.timer = None
-        if self.deadline is None:
-            return
-        if self.deadline - self.listener.loop.time() > _CLOCK_SLACK_SECONDS:
-            self.timer = self.listener.loop.call_at(self.deadline, self.wake)
-            return
-        self.listener.expired += 1
-        log.info(
-            "event=request_deadline handshaken=%s timeout_s=%.1f",
-            self.protocol is not None,
-            self.listener.limits.request_timeout_seconds,
-        )
-        self.close_now()
+        self.deadline = self.listener.loop.time() + self.listener.limits.request_timeout_seconds
 
     def close_now(self) -> None:
         """Close at once, without waiting for the peer (handshake or not)."""
-        self.disarm()
+        self.deadline = None
         self.listener.forget(self)  # now, so the count never passes the cap
         if self.transport is not None:
             self.transport.abort()  # type: ignore[attr-defined]
@@ -188,6 +156,8 @@ class Listener:
         self.all_closed = asyncio.Event()
         self.all_closed.set()
         self.at_cap_logged = False
+        self.sweep_seconds = min(_SWEEP_SECONDS, limits.request_timeout_seconds / 10)
+        self.sweeper: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         """Bind and listen (port 0 picks a free one, see `port`), then accept in the background."""
@@ -197,6 +167,20 @@ class Listener:
         self.sock, self.port = sock, int(sock.getsockname()[1])
         # A reader callback, not `loop.sock_accept`: no accepted socket is lost to a cancellation.
         self.loop.add_reader(sock.fileno(), self.accept_ready, sock)
+        self.sweeper = self.loop.call_later(self.sweep_seconds, self.sweep)
+
+    def sweep(self) -> None:
+        """Close the connections whose request deadline has passed; look again in `sweep_seconds`."""
+        now = self.loop.time()
+        for slot in [s for s in self.connections if s.deadline is not None and s.deadline <= now]:
+            self.expired += 1
+            log.info(
+                "event=request_deadline handshaken=%s timeout_s=%.1f",
+                slot.protocol is not None,
+                self.limits.request_timeout_seconds,
+            )
+            slot.close_now()
+        self.sweeper = self.loop.call_later(self.sweep_seconds, self.sweep)
 
     def accept_ready(self, sock: socket.socket) -> None:
         for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn
@@ -290,3 +274,6 @@ class Listener:
             log.warning("event=webhook_connections_aborted count=%d", len(self.connections))
             for slot in list(self.connections):
                 slot.close_now()
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            self.sweeper = None

@@ -15,8 +15,12 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.webhook.serving.body_budget import SMALL_BODIES_ROOM_BYTES, BodyBudget, body_reservation
-from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
+from kube_vgpu.webhook.serving.server import (
+    MAX_BODY_BYTES,
+    SMALL_BODIES_ROOM_BYTES,
+    BodyBudget,
+    body_reservation,
+)
 from tests.support.webhook import (
     A100,
     ThreadedWebhook,

@@ -465,8 +465,8 @@ def _next_head_begun_while_a_review_is_computed(
 def test_a_head_begun_while_the_previous_review_is_computed_is_cut_at_the_deadline(
     strict: ThreadedWebhook, busy_for: float
 ) -> None:
-    # The next request's deadline runs from the answer; the wake-up set when the first request began
-    # is still pending (0.5: it moves to the later deadline) or has fired and ended (1.5: a new one).
+    # The next request's deadline runs from the answer, not from its first byte: held 0.5 deadline the
+    # first bytes are not yet past it at the answer, held 1.5 they are (and must not be cut early).
     sock, release = _next_head_begun_while_a_review_is_computed(strict)
     listener = strict.server.listener
     assert listener is not None
@@ -481,7 +481,7 @@ def test_a_head_begun_while_the_previous_review_is_computed_is_cut_at_the_deadli
 def test_a_stalled_head_after_many_kept_alive_requests_is_cut_at_the_deadline(
     strict: ThreadedWebhook,
 ) -> None:
-    # Fifty requests within one deadline leave one pending wake-up, moved to the stalled head's deadline.
+    # Fifty requests within one deadline, then a stalled head: its own deadline runs from its first bytes.
     sock = _tls_socket(strict)
     for _ in range(50):
         sock.sendall(_request())

@@ -5,65 +5,25 @@ Counters and the latency histogram are updated by the server; cache gauges are r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sized
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kube_vgpu.httpedge.listener import Listener
 from kube_vgpu.webhook.admission.pod_shape import is_unicode_text
+
+if TYPE_CHECKING:
+    from kube_vgpu.webhook.cache import ClusterCache
 
 # Reviews answer in well under a millisecond of pipeline time; the API server's timeout is seconds.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class CacheState(Protocol):
-    """What the cache gauges read (implemented by `webhook.cache.ClusterCache`)."""
-
-    @property
-    def synced(self) -> bool:
-        """Every kind listed once."""
-        ...
-
-    def ready(self) -> bool:
-        """Synced and fresh."""
-        ...
-
-    def lag_seconds(self) -> float | None:
-        """Seconds since the API was last heard from."""
-        ...
-
-    def sizes(self) -> Mapping[str, int]:
-        """Objects cached per kind, and GPU nodes in the inventory."""
-        ...
-
-    def api_failures(self) -> Mapping[str, int]:
-        """Failed API calls per kind."""
-        ...
-
-
-class ConnectionState(Protocol):
-    """What the connection gauges read (implemented by `httpedge.listener.Listener`)."""
-
-    @property
-    def connections(self) -> Sized:
-        """The open connections."""
-        ...
-
-    @property
-    def evicted(self) -> int:
-        """Connections closed to admit a new one at the cap (the longest without progress)."""
-        ...
-
-    @property
-    def expired(self) -> int:
-        """Connections closed because a request did not arrive within its deadline."""
-        ...
-
-
 class _ConnectionCollector(Collector):
-    def __init__(self, state: Callable[[], ConnectionState | None]) -> None:
+    def __init__(self, state: Callable[[], Listener | None]) -> None:
         self._state = state
 
     def collect(self) -> Iterator[Metric]:
@@ -107,7 +67,7 @@ class _Printable:
 
 
 class _CacheCollector(Collector):
-    def __init__(self, state: Callable[[], CacheState | None]) -> None:
+    def __init__(self, state: Callable[[], ClusterCache | None]) -> None:
         self._state = state
 
     def collect(self) -> Iterator[Metric]:
@@ -177,9 +137,9 @@ class WebhookMetrics:
             ["mechanism"],
             registry=self.registry,
         )
-        self._cache: CacheState | None = None
+        self._cache: ClusterCache | None = None
         self.registry.register(_CacheCollector(lambda: self._cache))
-        self._connections: ConnectionState | None = None
+        self._connections: Listener | None = None
         self.registry.register(_ConnectionCollector(lambda: self._connections))
 
     def report_caller_protection(self, *, client_certificate: bool, network_policy: bool) -> None:
@@ -187,11 +147,11 @@ class WebhookMetrics:
         self.caller_protection.labels("client-certificate").set(float(client_certificate))
         self.caller_protection.labels("network-policy").set(float(network_policy))
 
-    def track_cache(self, cache: CacheState) -> None:
+    def track_cache(self, cache: ClusterCache) -> None:
         """Report this cache's size, lag and readiness."""
         self._cache = cache
 
-    def track_connections(self, state: ConnectionState) -> None:
+    def track_connections(self, state: Listener) -> None:
         """Report this listener's open, refused and expired connections."""
         self._connections = state
 

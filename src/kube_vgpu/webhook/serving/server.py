@@ -20,7 +20,8 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from kube_vgpu.httpedge.edge import JSON, EdgeProtocol, SlotHooks, error_response
+from kube_vgpu.httpedge.edge import JSON, EdgeProtocol, error_response
+from kube_vgpu.httpedge.listener import Slot
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import (
     AdmissionRequest,
@@ -32,12 +33,17 @@ from kube_vgpu.webhook.admission.review import (
 )
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.fairness import FairTurns
-from kube_vgpu.webhook.serving.body_budget import SMALL_BODIES_ROOM_BYTES, BodyBudget, body_reservation
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
 log = logging.getLogger("kube_vgpu.webhook.server")
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
+# The request bodies held at once, process-wide: each connection may hold a body of up to
+# MAX_BODY_BYTES until its request deadline (90 stalled gzip bodies of 3 kB would each inflate to
+# 3 MiB). Bodies waiting for a fair turn count too.
+BODY_BUDGET_BYTES = 64 * 1024 * 1024
+# Kept free of large bodies (those that wait for a turn) for the few-kB reviews the API server sends.
+SMALL_BODIES_ROOM_BYTES = 4 * 1024 * 1024
 # How long a review waits for a cache that has not finished its first list before it is refused.
 SYNC_WAIT_SECONDS = 2.0
 NOT_READY = "not-ready"
@@ -50,6 +56,31 @@ ENCODINGS = frozenset(("", "identity", "gzip", "deflate"))
 _OUTCOMES = {400: "malformed", 413: "too_large", 415: "malformed", 429: "busy"}
 
 Route = Callable[[web.BaseRequest, bytes, float], "web.StreamResponse | Awaitable[web.StreamResponse]"]
+
+
+class BodyBudget:
+    """Bytes reserved by the bodies being read or answered right now (event loop only)."""
+
+    def __init__(self, limit_bytes: int = BODY_BUDGET_BYTES) -> None:
+        if limit_bytes <= 0:
+            raise ValueError(f"the body budget must be positive, got {limit_bytes}")
+        self.limit_bytes, self.held_bytes = limit_bytes, 0
+
+    def hold(self, size: int, keep_free: int = 0) -> bool:
+        """Reserve `size` bytes, leaving `keep_free` free; False (nothing reserved) when they do not fit."""
+        if self.held_bytes + size > self.limit_bytes - keep_free:
+            return False
+        self.held_bytes += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.held_bytes -= size
+
+
+def body_reservation(content_length: int | None, compressed: bool, limit_bytes: int) -> int:
+    """What a body may take once read: its declared length, or the whole limit when the length says
+    nothing about the size after decompression (or there is none)."""
+    return limit_bytes if content_length is None or compressed else min(content_length, limit_bytes)
 
 
 @dataclass(frozen=True)
@@ -124,7 +155,7 @@ class AdmissionApp:
             response.force_close()
         return response
 
-    async def _respond(self, request: web.BaseRequest, slot: SlotHooks | None) -> web.StreamResponse:
+    async def _respond(self, request: web.BaseRequest, slot: Slot | None) -> web.StreamResponse:
         started = time.perf_counter()
         method = request.method
         path = request.raw_path.partition("?")[0]
