@@ -84,6 +84,13 @@ class Slot:
         # listener's sweep closes the connection once it has passed: a request costs a store, not a timer.
         self.deadline: float | None = now + listener.limits.request_timeout_seconds
 
+    def opening_done(self, task: asyncio.Task[None]) -> None:
+        """The handshake ended (done, failed or cancelled, even before it began): a connection that
+        never reached HTTP is closed."""
+        self.opening = None
+        if self.protocol is None:
+            self.close_now()
+
     def opened(self, protocol: EdgeProtocol, transport: asyncio.BaseTransport) -> None:
         self.protocol, self.transport = protocol, transport
 
@@ -127,7 +134,11 @@ class Slot:
             self.transport.abort()  # type: ignore[attr-defined]
             return
         if self.opening is not None:
+            # The handshake's transport may own the socket already: cancelling the handshake closes
+            # the transport, and then `opening_done` the socket. Closing the socket here first left
+            # the transport's queued read on a closed descriptor, which asyncio logs as an error.
             self.opening.cancel()
+            return
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -201,6 +212,7 @@ class Listener:
             self.connections[slot] = None
             self.all_closed.clear()
             slot.opening = self.loop.create_task(self.open(slot))
+            slot.opening.add_done_callback(slot.opening_done)
 
     def resume_accepting(self, sock: socket.socket) -> None:
         if self.sock is sock:
@@ -233,10 +245,6 @@ class Listener:
             )
         except (OSError, ssl.SSLError, asyncio.CancelledError) as exc:
             log.debug("event=handshake_failed error=%r", str(exc))
-            if slot.protocol is None:
-                slot.close_now()
-        finally:
-            slot.opening = None
 
     def progressed(self, slot: Slot) -> None:
         """`slot` made progress: it moves to the back of the order the cap closes in."""
