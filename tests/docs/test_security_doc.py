@@ -9,7 +9,7 @@ from kube_vgpu.contract.names import PLACEMENT_ANNOTATIONS, SCHEDULER_OWNED_ANNO
 from tests.support.helm_render import render
 
 SECURITY = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
-WORDS = {"six": 6, "eight": 8}
+WORDS = {"six": 6, "eight": 8, "nine": 9}
 
 
 def guarded_by_the_chart() -> set[str]:
