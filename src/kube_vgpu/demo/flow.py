@@ -1,6 +1,6 @@
 """One example pod from CREATE to Allocate, the way a cluster would carry it.
 
-1. Admission in the API server's order (`standins.admission_chain`): the mutating webhook over
+1. Admission in the API server's order (`standins.apiserver.admission_chain`): the mutating webhook over
    HTTPS, its JSONPatch applied with `jsonpatch`; the name, uid and creationTimestamp filled in;
    the validating webhook once with that final object (or the denial recorded).
 2. The pod is created in the (stand-in) API server, with that uid.

@@ -18,7 +18,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-log = logging.getLogger("kube_vgpu.webhook.http")
+log = logging.getLogger(__name__)
 
 JSON = "application/json"
 # A request line, one header's name or value, and the header count. The API server's heads are a few

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from kube_vgpu.httpedge.edge import EdgeProtocol, EdgeServer
 
-log = logging.getLogger("kube_vgpu.webhook.listener")
+log = logging.getLogger(__name__)
 
 # Connections the kernel queues while the accept loop is busy.
 _BACKLOG = 512

@@ -1,4 +1,5 @@
-"""Property: the JSONPatch the rules write (`webhook.patch`) does what the diff of the pod before and after
+"""Property: the JSONPatch the rules write (`webhook.admission.patch`) does what the diff of the pod before
+and after
 did, on the fuzz corpus of pods, and admitting the webhook's own output again yields an empty patch.
 
 The reference below is the mutating phase as it was before issue 14: deep-copy the pod, edit the copy

@@ -1,7 +1,8 @@
-"""Selectors that match no GPU today keep the pod pending (SPEC §2.1 step 3; issue 10 item 4).
+"""Selectors that match no GPU today keep the pod pending (issue 10 item 4).
 
 The pod gets a required term naming the asked model or UUID, so no node takes it now, Volcano's
-substring rule never sees a raw token (protocol Appendix C.2: `A10` picks an A100), and the same
+substring rule never sees a raw token (Volcano's `nvidia/vgpu/type.go` matches substrings: `A10` picks an
+A100), and the same
 pod is placed, on exactly the asked GPU, once such a GPU joins. Checked on the pure decision, over
 the real HTTPS webhook, and through the Volcano stand-in.
 """

@@ -1,4 +1,4 @@
-"""Quota arithmetic (SPEC §2.2 step 1): a pod's charge, the namespace labels, the denial wording."""
+"""Quota arithmetic: a pod's charge, the namespace labels, the denial wording."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pure part of shared quota reservations (`webhook.quota_shared`): the object's name and codec,
+"""The pure part of shared quota reservations (`webhook.quota.shared`): the object's name and codec,
 pruning, and the decision for a batch of asks against one version of the object plus the cache."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared quota reservations through the API (`webhook.quota_shared_store`), against the stand-in
+"""Shared quota reservations through the API (`webhook.quota.shared_store`), against the stand-in
 API server: several replicas' writers on one namespace never over-book, a stale version is re-read
 and decided again (409), and a slow, refusing or absent API refuses instead of admitting."""
 

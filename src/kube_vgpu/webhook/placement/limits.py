@@ -1,4 +1,4 @@
-"""Bounded work per review (SPEC §2.1 step 3): limits on selector lists and on the affinity they build.
+"""Bounded work per review: limits on selector lists and on the affinity they build.
 
 The affinity rewrite multiplies the pod's own `nodeSelectorTerms` by the selectors' alternatives.
 Unchecked, one small pod (100 terms x 1,000 UUIDs) kept the event loop busy for seconds and built
