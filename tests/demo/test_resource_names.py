@@ -31,7 +31,7 @@ from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.node.publish.advertise import capacity
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.volcano.config import BUILTIN_DEVICE_CONFIG, read_device_config, request_names
-from kube_vgpu.standins.volcano.scheduler import Placement, place
+from kube_vgpu.standins.volcano.scheduler import VolcanoBinding, place
 from tests.support.helm_render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,7 +187,7 @@ def test_the_volcano_stand_in_reads_request_names_from_the_configmap(
     placed = place(hami_pod(), [gpu_node()], [], request_names(config))
     # Volcano books the HAMi-named request only when its ConfigMap names those resources
     # (`nvidia/vgpu/utils.go` `getConfig`).
-    assert isinstance(placed, Placement)
+    assert isinstance(placed, VolcanoBinding)
     assert (placed.devices == f"{UUID_A},NVIDIA,4096,20:") == (names == HAMI)
 
 

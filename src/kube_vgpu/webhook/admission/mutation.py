@@ -26,7 +26,7 @@ from kube_vgpu.contract.names import (
 )
 from kube_vgpu.contract.resources import PodRequest
 from kube_vgpu.webhook.admission.bounds import WorkBounds
-from kube_vgpu.webhook.admission.gates import ClusterView
+from kube_vgpu.webhook.admission.gates import AdmissionView
 from kube_vgpu.webhook.admission.patch import PatchBuilder, pointer
 from kube_vgpu.webhook.admission.review import ALLOWED, AdmissionRequest, Verdict
 from kube_vgpu.webhook.admission.safety import (
@@ -42,7 +42,7 @@ from kube_vgpu.webhook.admission.safety import (
 )
 from kube_vgpu.webhook.placement import affinity
 from kube_vgpu.webhook.placement.fit import never_fits_in
-from kube_vgpu.webhook.placement.limits import LimitExceeded, Limits, check_affinity, check_selectors
+from kube_vgpu.webhook.placement.limits import LimitExceeded, SelectorBounds, check_affinity, check_selectors
 from kube_vgpu.webhook.placement.resolve import (
     Placement,
     clip,
@@ -113,7 +113,7 @@ class Admission:
     """The mutating pipeline with its configuration and cluster view."""
 
     config: Config
-    view: ClusterView
+    view: AdmissionView
 
     @functools.cached_property
     def bounds(self) -> WorkBounds:
@@ -121,9 +121,9 @@ class Admission:
         return WorkBounds.of(self.config.webhook)
 
     @functools.cached_property
-    def _limits(self) -> Limits:
+    def _limits(self) -> SelectorBounds:
         """The work limits, read from the configuration once rather than per review."""
-        return Limits.of(self.config.webhook)
+        return SelectorBounds.of(self.config.webhook)
 
     def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""

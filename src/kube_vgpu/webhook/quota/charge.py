@@ -239,7 +239,7 @@ def booked_memory(
 
 
 @dataclass(frozen=True)
-class Limits:
+class QuotaLimits:
     """A namespace's quota: None = unlimited for that resource; `invalid` names labels that do not parse."""
 
     number: int | None = None
@@ -261,13 +261,13 @@ class Limits:
         return self.number is not None or self.memory_mib is not None or self.cores is not None
 
 
-UNLIMITED: Final = Limits()
+UNLIMITED: Final = QuotaLimits()
 
 
 _LABEL_SET: Final = frozenset(LABELS.values())
 
 
-def parse_limits(labels: Mapping[str, str]) -> Limits:
+def parse_limits(labels: Mapping[str, str]) -> QuotaLimits:
     """The quota a namespace's labels set. Values must be plain non-negative integers."""
     if not labels.keys() & _LABEL_SET:
         return UNLIMITED  # the namespace of nearly every review sets no quota (read up to 3 times a review)
@@ -283,7 +283,7 @@ def parse_limits(labels: Mapping[str, str]) -> Limits:
         else:
             values[resource] = None
             invalid.append((label, str(raw)))
-    return Limits(values["vgpu-number"], values["vgpu-memory"], values["vgpu-cores"], tuple(invalid))
+    return QuotaLimits(values["vgpu-number"], values["vgpu-memory"], values["vgpu-cores"], tuple(invalid))
 
 
 _UNITS: Final[dict[Resource, tuple[str, str]]] = {
@@ -299,7 +299,7 @@ def amount_text(resource: Resource, amount: int) -> str:
     return f"{amount}{singular if amount == 1 else plural}"
 
 
-def exceeded(request: Charge, usage: Charge, limits: Limits) -> list[Resource]:
+def exceeded(request: Charge, usage: Charge, limits: QuotaLimits) -> list[Resource]:
     """The resources whose limit `usage + request` passes, in label order."""
     out: list[Resource] = []
     for resource in RESOURCES:
@@ -318,7 +318,7 @@ def exceeded_message(
     resources: Iterable[Resource],
     request: Charge,
     usage: Charge,
-    limits: Limits,
+    limits: QuotaLimits,
     *,
     reasons: Mapping[Resource, Sequence[str]] | None = None,
 ) -> str:

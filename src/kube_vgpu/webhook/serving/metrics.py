@@ -18,7 +18,7 @@ from kube_vgpu.webhook.admission.pod_shape import is_unicode_text
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class CacheState(Protocol):
+class CacheHealth(Protocol):
     """What the cache gauges read (implemented by `webhook.cache.ClusterCache`)."""
 
     @property
@@ -107,7 +107,7 @@ class _Printable:
 
 
 class _CacheCollector(Collector):
-    def __init__(self, state: Callable[[], CacheState | None]) -> None:
+    def __init__(self, state: Callable[[], CacheHealth | None]) -> None:
         self._state = state
 
     def collect(self) -> Iterator[Metric]:
@@ -177,7 +177,7 @@ class WebhookMetrics:
             ["mechanism"],
             registry=self.registry,
         )
-        self._cache: CacheState | None = None
+        self._cache: CacheHealth | None = None
         self.registry.register(_CacheCollector(lambda: self._cache))
         self._connections: ConnectionState | None = None
         self.registry.register(_ConnectionCollector(lambda: self._connections))
@@ -187,7 +187,7 @@ class WebhookMetrics:
         self.caller_protection.labels("client-certificate").set(float(client_certificate))
         self.caller_protection.labels("network-policy").set(float(network_policy))
 
-    def track_cache(self, cache: CacheState) -> None:
+    def track_cache(self, cache: CacheHealth) -> None:
         """Report this cache's size, lag and readiness."""
         self._cache = cache
 
