@@ -16,6 +16,21 @@ from kube_vgpu.webhook.placement.inventory import GpuFilter, Inventory
 from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
 from tests.support.webhook import A10, A100, H100, gpu_node, gpu_uuid
 
+
+def apply_required(
+    pod: dict[str, Any],
+    alternatives: list[list[affinity.Requirement]],
+    previous: list[affinity.Requirement],
+) -> None:
+    """Rewrite `pod`'s required node affinity in place, as the mutation's patch would."""
+    after = affinity.required_with(pod, affinity.own_terms(pod, previous), alternatives, previous)
+    spec = pod.setdefault("spec", {})
+    if after is None:
+        spec.pop("affinity", None)
+    else:
+        spec["affinity"] = after
+
+
 ZONE = {"key": "zone", "operator": "In", "values": ["a"]}
 MODE = affinity.one_of("kube-vgpu.io/vgpu-mode", ["mig"])
 M1, M2 = affinity.exists("gpu-model.kube-vgpu.io/a"), affinity.exists("gpu-model.kube-vgpu.io/b")
@@ -43,7 +58,7 @@ def test_affinity_cross_product_keeps_user_terms_and_is_idempotent() -> None:
     ]
     pod = _pod(user)
     alternatives = [[MODE, M1], [MODE, M2]]
-    affinity.apply_required(pod, alternatives, [])
+    apply_required(pod, alternatives, [])
     first = json.loads(json.dumps(pod))
     assert len(_terms(pod)) == 4
     assert _terms(pod)[0]["matchExpressions"] == [ZONE, MODE, M1]
@@ -52,18 +67,18 @@ def test_affinity_cross_product_keeps_user_terms_and_is_idempotent() -> None:
         M2,
     ]
     marker = affinity.decode_marker(affinity.encode_marker(r for alt in alternatives for r in alt))
-    affinity.apply_required(pod, alternatives, marker)
+    apply_required(pod, alternatives, marker)
     assert pod == first
 
 
 def test_affinity_empty_user_term_is_never_widened_and_own_terms_vanish() -> None:
     pod = _pod([{}])
-    affinity.apply_required(pod, [[MODE]], [])
+    apply_required(pod, [[MODE]], [])
     assert _terms(pod) == [{}]  # an empty term matches no node; ANDing into it would match some
     created = _pod(None)
-    affinity.apply_required(created, [[MODE, M1]], [])
+    apply_required(created, [[MODE, M1]], [])
     assert _terms(created) == [{"matchExpressions": [MODE, M1]}]
-    affinity.apply_required(created, [], [MODE, M1])
+    apply_required(created, [], [MODE, M1])
     assert created == {"spec": {}}
 
 
