@@ -7,21 +7,7 @@ import json
 from typing import Any
 
 from kube_vgpu.webhook.placement import affinity
-
-
-def apply_required(
-    pod: dict[str, Any],
-    alternatives: list[list[affinity.Requirement]],
-    previous: list[affinity.Requirement],
-) -> None:
-    """Rewrite `pod`'s required node affinity in place, as the mutation's patch would."""
-    after = affinity.required_with(pod, affinity.own_terms(pod, previous), alternatives, previous)
-    spec = pod.setdefault("spec", {})
-    if after is None:
-        spec.pop("affinity", None)
-    else:
-        spec["affinity"] = after
-
+from tests.support.affinity import apply_required
 
 ZONE = {"key": "zone", "operator": "In", "values": ["a"]}
 MODE = affinity.one_of("kube-vgpu.io/vgpu-mode", ["mig"])
