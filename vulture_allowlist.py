@@ -3,7 +3,7 @@
 pynvml's surface, argparse, the `kubernetes` client, dataclass ordering, the tests that drive a
 stand-in. vulture's whitelist format: each line names one attribute (`_.name`) or global, with why.
 
-    .venv/bin/vulture src/kube_vgpu bench scripts vulture_allowlist.py --min-confidence 60 --exclude '*_pb2*.py'
+    .venv/bin/vulture src/kube_vgpu vulture_allowlist.py --min-confidence 60 --exclude '*_pb2*'
 """
 
 # gRPC servicer methods the kubelet calls (kubelet device plugin API v1beta1, node/deviceplugin/server.py).
@@ -87,3 +87,54 @@ tb  # __exit__ / __aexit__ parameter (standins/apiserver/server.py)
 # The chart's values.schema.json `config` section is held equal to it (tests/contract).
 config_schema  # contract/config_rules.py
 COMPONENTS  # kubeapi/permissions.py: the components the chart's RBAC is checked against (tests/helm)
+
+# Fields of wire formats (TypedDicts): read by the other end, written here.
+patchType  # AdmissionReview response field (webhook/admission/review.py), read by the API server
+apiVersion  # AdmissionReview field (webhook/admission/review.py)
+cdiVersion  # CDI spec field (node/dra/cdi.py), read by the container runtime
+containerEdits  # CDI spec field (node/dra/cdi.py)
+deviceNodes  # CDI containerEdits field (node/dra/cdi.py)
+hostPath  # CDI mount field (node/dra/cdi.py)
+containerPath  # CDI mount / device node field (node/dra/cdi.py)
+string  # ResourceSlice device attribute value field (node/dra/attributes.py), read by the scheduler
+registered  # kubelet plugin-registration status field (node/dra/registration.py)
+
+# Read by aiohttp: its request handler calls it for a request it could not frame.
+_.handle_error  # httpedge/edge.py
+
+# Counters and records that tests, the benchmarks or the metrics read.
+_.reads  # webhook/quota/shared_store.py SharedStats
+_.writes  # webhook/quota/shared_store.py SharedStats
+_.batches  # webhook/quota/shared_store.py SharedStats
+_.sweeps  # webhook/quota/shared_store.py SharedStats
+_.reloads  # webhook/serving/tls.py: how many times new certificate files were loaded
+sm_percent  # demo/workload.py Workload field: NVML's process utilisation, None on MIG
+
+# The decoder beside the encoder of a review's patch (webhook/admission/review.py): tests and bench
+# read what the webhook answered with it.
+decode_patch
+# The uncached fit check that `never_fits_in` memoises (webhook/placement/fit.py); tests compare them.
+never_fits
+# The cache's uid index, as tests observe it (webhook/cache.py).
+_.has_pod_uid
+
+# The DRA driver (node/dra/): entry points that tests/node/dra drive, not yet started by the node
+# plugin.
+serve_dra  # node/dra/server.py
+inventory_cards  # node/dra/server.py
+publisher_for  # node/dra/publisher.py
+_.collector  # node/dra/publisher.py
+_._options  # node/dra/publisher.py: the slice options a publisher was made with
+
+# More controls of the stand-ins that tests, the benchmarks and the demo drive.
+_.write_kubeconfig  # standins/apiserver/server.py
+_.clear_requests  # standins/apiserver/server.py
+_.of_release  # standins/apiserver/dra.py
+realistic_pod  # standins/apiserver/realistic.py
+_.resume  # standins/kubelet/admission.py
+DraKubelet  # standins/kubelet/dra.py
+_.register_all  # standins/kubelet/dra.py
+cdi_ids_for  # standins/kubelet/dra.py
+_.env_map  # standins/kubelet/dra.py
+_.mount_at  # standins/kubelet/dra.py
+_.inject_xid  # standins/nvml/core.py: an XID error event on a GPU

@@ -44,7 +44,7 @@ from kube_vgpu.webhook.admission.review import Verdict, encode_json, encode_resp
 from kube_vgpu.webhook.admission.validation import Validation  # noqa: E402
 from kube_vgpu.webhook.cache import CachedKind, ClusterCache  # noqa: E402
 from kube_vgpu.webhook.quota.charge import ZERO, Charge  # noqa: E402
-from kube_vgpu.webhook.quota.shared import Answer, Ask, CacheState, SharedBook  # noqa: E402
+from kube_vgpu.webhook.quota.shared import Answer, Ask, NamespaceSnapshot, SharedBook  # noqa: E402
 from kube_vgpu.webhook.service import build_quota, build_services  # noqa: E402
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics  # noqa: E402
 
@@ -77,7 +77,7 @@ class UnaskedBook:
         pass
 
 
-def _unasked_book(cache_state: Callable[[str], CacheState]) -> SharedBook:
+def _unasked_book(cache_state: Callable[[str], NamespaceSnapshot]) -> SharedBook:
     return UnaskedBook()
 
 

@@ -86,7 +86,7 @@ async def cache_child(kubeconfig: str) -> None:
     from kube_vgpu.contract.config import Config
     from kube_vgpu.kubeapi.client import Kube, load_api_client
     from kube_vgpu.webhook.cache import ClusterCache
-    from kube_vgpu.webhook.quota.shared import CacheState
+    from kube_vgpu.webhook.quota.shared import NamespaceSnapshot
     from kube_vgpu.webhook.quota.shared_store import SharedReservations
     from kube_vgpu.webhook.service import build_quota
     from kube_vgpu.webhook.serving.metrics import WebhookMetrics
@@ -96,7 +96,7 @@ async def cache_child(kubeconfig: str) -> None:
     kube = Kube(load_api_client(kubeconfig), component="webhook")
     cache = ClusterCache(kube, names=config.resource_names)
 
-    def book(cache_state: Callable[[str], CacheState]) -> SharedReservations:
+    def book(cache_state: Callable[[str], NamespaceSnapshot]) -> SharedReservations:
         # As the server wires it; it calls the API only to decide, which nothing here asks.
         lifetime = config.webhook.cache_staleness_seconds
         return SharedReservations(kube, "kube-vgpu", lifetime_seconds=lifetime, cache_state=cache_state)

@@ -111,7 +111,7 @@ def test_json_view_per_node_and_per_namespace(cluster: Path, capsys: pytest.Capt
     team_a = spaces["team-a"]
     assert team_a["pods"] == 3  # train, h, pending; the finished pod is not charged
     assert team_a["memory_mib"] == {"used": 10240 + 2048 + 1000, "limit": 30000}
-    # "h" states vgpu-cores 0: no SM limit, so it is charged a whole GPU's cores (SPEC §2.2 step 1).
+    # "h" states vgpu-cores 0: no SM limit, so it is charged a whole GPU's cores.
     assert team_a["cores"] == {"used": 30 + 100 + 10, "limit": 200}
     assert team_a["vgpus"] == {"used": 3, "limit": None}
     assert spaces["team-b"]["memory_mib"] == {"used": 4096, "limit": None}

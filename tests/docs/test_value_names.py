@@ -34,7 +34,7 @@ def _schema_paths(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> set[s
     found = {".".join(prefix)}
     for key, sub in (schema.get("properties") or {}).items():
         found |= _schema_paths(sub, (*prefix, key))
-    if isinstance(schema.get("items"), dict):  # a list's items: `node.groups.nodeSelector`
+    if isinstance(schema.get("items"), dict):  # a list's items: node.groups[].nodeSelector
         found |= _schema_paths(schema["items"], prefix)
     return found
 
@@ -80,7 +80,8 @@ def test_every_value_a_page_names_exists(page: Path) -> None:
 def test_the_checker_finds_a_value_that_does_not_exist() -> None:
     text = (
         "Set `webhook.clientCA`, `--set node.mig.privileged=false`, `webhook.metricsPort` (9395), "
-        "`webhook.cacheStalenessSeconds`, `node.groups`, `monitoring.grafanaDashboard.enabled=true`, "
+        "`webhook.cacheStalenessSeconds`, `webhook.annotationWriters`, "
+        "`monitoring.grafanaDashboard.enabled=true`, "
         "`node.metricPort`, `webhook.quota.gate`, `config.yaml`, `volcano.sh/vgpu-memory`.\n"
     )
     assert unknown_values(text) == ["webhook.clientCA", "node.metricPort"]

@@ -1,4 +1,4 @@
-"""The chart's two admission configurations and its RBAC, against the code (SPEC §4; issue 11).
+"""The chart's two admission configurations and its RBAC, against the code (issue 11).
 
 The ValidatingWebhookConfiguration sends CREATE and UPDATE to /validate with the mutating one's
 selectors; its UPDATE condition, evaluated with a real CEL implementation, lets through exactly the

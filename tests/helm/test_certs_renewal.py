@@ -111,7 +111,7 @@ def test_its_rbac_covers_the_secret_and_the_webhook_configuration_only(rendered:
 
 
 def test_its_pods_run_restricted(rendered: Rendered) -> None:
-    # No pod-level opt-out label: pods cannot opt out (SPEC §1), and these ask for no GPU anyway.
+    # No pod-level opt-out label: pods cannot opt out, and these ask for no GPU anyway.
     template = cronjob(rendered)["spec"]["jobTemplate"]["spec"]["template"]
     assert "kube-vgpu.io/webhook" not in template["metadata"]["labels"]
     spec = template["spec"]

@@ -222,7 +222,7 @@ def test_every_dashboard_query_names_metrics_the_program_exports(
         missing = names - exported_names
         assert not missing, f"{where}: {sorted(missing)} not exported (query {expr!r})"
         seen |= names
-    # the usage metrics (SPEC §3) are on the dashboard
+    # the usage metrics (docs/monitoring.md) are on the dashboard
     assert {
         "kube_vgpu_gpu_memory_used_mib",
         "kube_vgpu_container_memory_used_mib",

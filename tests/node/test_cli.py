@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -14,7 +13,7 @@ import pytest
 import yaml
 
 from kube_vgpu.cli import node as node_cli
-from kube_vgpu.cli.main import apply_env_defaults
+from kube_vgpu.cli.main import Parser, apply_env_defaults
 from kube_vgpu.contract.names import NODE_REGISTER
 from kube_vgpu.node.deviceplugin.server import socket_name
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -27,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # `kube-vgpu node` without the other subcommands' imports: the same flags, env defaults and run().
 NODE_MAIN = (
     "import argparse, os, sys\n"
-    "from kube_vgpu.cli.main import apply_env_defaults\n"
+    "from kube_vgpu.cli.main import Parser, apply_env_defaults\n"
     "from kube_vgpu.cli import node as cli\n"
-    "parser = argparse.ArgumentParser(prog='kube-vgpu node')\n"
+    "parser = Parser(prog='kube-vgpu node')\n"
     "cli.add_arguments(parser)\n"
     "apply_env_defaults(parser, os.environ)\n"
     "sys.exit(cli.run(parser.parse_args(sys.argv[1:])))\n"
@@ -38,7 +37,7 @@ NODE_MAIN = (
 
 def node_main(argv: list[str]) -> int:
     """Run `kube-vgpu node ARGV` in this process."""
-    parser = argparse.ArgumentParser(prog="kube-vgpu node")
+    parser = Parser(prog="kube-vgpu node")
     node_cli.add_arguments(parser)
     apply_env_defaults(parser, {})
     return node_cli.run(parser.parse_args(argv))

@@ -1,5 +1,6 @@
 """Builders the webhook tests share: GPU nodes as the node plugin publishes them, pods, reviews, and
-Volcano's own type rule (protocol §3.1) to check what the patched annotations mean to the scheduler.
+Volcano's own type rule (`pkg/scheduler/api/devices/nvidia/vgpu/type.go`) to check what the patched
+annotations mean to the scheduler.
 
 It holds no tests; it is named like a test module so it lives among the webhook's test files.
 """
@@ -151,7 +152,8 @@ def apply(obj: Mapping[str, Any], patch: Sequence[Mapping[str, Any]]) -> dict[st
 
 
 def volcano_type_allows(annotations: Mapping[str, str], type_field: str) -> bool:
-    """Volcano's type check for one GPU (protocol §3.1): case-insensitive substrings, items untrimmed."""
+    """Volcano's type check for one GPU (`pkg/scheduler/api/devices/nvidia/vgpu/type.go`): case-insensitive
+    substrings, items untrimmed."""
     if "NVIDIA" not in type_field:
         return False
     if USE_GPUTYPE in annotations:

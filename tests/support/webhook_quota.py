@@ -18,7 +18,7 @@ from kube_vgpu.contract.resources import parse_pod
 from kube_vgpu.webhook.admission.gates import QuotaRequest
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.ledger import QuotaLedger
-from kube_vgpu.webhook.quota.shared import MAX_ENTRIES, CacheState
+from kube_vgpu.webhook.quota.shared import MAX_ENTRIES, NamespaceSnapshot
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
 from tests.support.memory_store import MemoryStore
 
@@ -123,10 +123,10 @@ def make_gate(
 
 def memory_book(
     store: MemoryStore | None = None, lifetime_seconds: float = PENDING
-) -> Callable[[Callable[[str], CacheState]], SharedReservations]:
+) -> Callable[[Callable[[str], NamespaceSnapshot]], SharedReservations]:
     """A `build_quota` book: the shared reservations over an in-memory store (a fresh one when not given)."""
 
-    def book(cache_state: Callable[[str], CacheState]) -> SharedReservations:
+    def book(cache_state: Callable[[str], NamespaceSnapshot]) -> SharedReservations:
         return SharedReservations(
             store or MemoryStore(), RELEASE, lifetime_seconds=lifetime_seconds, cache_state=cache_state
         )

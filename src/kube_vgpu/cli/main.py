@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 ENV_PREFIX = "KUBE_VGPU_"
 
@@ -48,13 +48,11 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def _use_defaults_formatter(parser: argparse.ArgumentParser) -> None:
+def _use_defaults_formatter(parser: Parser) -> None:
     # Subparsers do not inherit the formatter: set it on every level.
     parser.formatter_class = DefaultsHelpFormatter
-    for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
-        if action.nargs == argparse.PARSER and isinstance(action.choices, dict):
-            for sub in action.choices.values():
-                _use_defaults_formatter(sub)
+    for sub in parser.subparsers():
+        _use_defaults_formatter(sub)
 
 
 class Subcommand(Protocol):
@@ -131,13 +129,13 @@ def _env_reader(action: argparse.Action) -> Callable[[str], object]:
     return read
 
 
-def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str] | dict[str, str]) -> None:
+def apply_env_defaults(parser: Parser, environ: os._Environ[str] | dict[str, str]) -> None:
     """Make every optional flag of `parser` (and its subparsers) default to its environment variable,
     read (and checked) only when the flag is not given."""
-    for action in parser._actions:  # noqa: SLF001 (argparse has no public list of a parser's actions)
-        if action.nargs == argparse.PARSER and isinstance(action.choices, dict):
-            for sub in action.choices.values():
-                apply_env_defaults(sub, environ)
+    for sub in parser.subparsers():
+        apply_env_defaults(sub, environ)
+    for action in parser.actions:
+        if action.nargs == argparse.PARSER:
             continue
         long_flags = [s for s in action.option_strings if s.startswith("--")]
         if not long_flags or action.dest in ("help", "version"):
@@ -154,13 +152,43 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: the error and where to read more, not the whole usage."""
+    """argparse with one-line errors (the error and where to read more, not the whole usage), and a
+    record of the actions `add_argument` and `add_subparsers` made: argparse keeps its own list
+    private, and the environment defaults and the help formatter walk every flag of every level.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Set before argparse's own __init__, which adds --help through add_argument.
+        self.actions: list[argparse.Action] = []
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.actions.append(action)
+        return action
+
+    def add_subparsers(self, *args: Any, **kwargs: Any) -> Any:
+        # Subparsers are made with the parent's class (argparse's default parser_class), so they
+        # keep their own record too.
+        action = super().add_subparsers(*args, **kwargs)
+        self.actions.append(action)
+        return action
+
+    def subparsers(self) -> list[Parser]:
+        """The parsers of this parser's subcommands."""
+        return [
+            sub
+            for action in self.actions
+            if action.nargs == argparse.PARSER and isinstance(action.choices, dict)
+            for sub in action.choices.values()
+            if isinstance(sub, Parser)
+        ]
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> Parser:
     """The parser; with `only`, just that subcommand's module is imported (the others stay listed).
 
     Importing one part per run keeps start-up light (`certs` need not load gRPC) and keeps one

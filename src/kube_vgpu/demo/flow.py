@@ -1,6 +1,6 @@
 """One example pod from CREATE to Allocate, the way a cluster would carry it.
 
-1. Admission in the API server's order (`standins.admission_chain`): the mutating webhook over
+1. Admission in the API server's order (`standins.apiserver.admission_chain`): the mutating webhook over
    HTTPS, its JSONPatch applied with `jsonpatch`; the name, uid and creationTimestamp filled in;
    the validating webhook once with that final object (or the denial recorded).
 2. The pod is created in the (stand-in) API server, with that uid.
@@ -23,8 +23,8 @@ from kube_vgpu.contract.names import DEVICES_TO_ALLOCATE, VGPU_IDS_NEW
 from kube_vgpu.demo.cluster import DemoError, LocalCluster
 from kube_vgpu.demo.examples import ExampleError, ExamplePod
 from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain, WebhookHttpError
-from kube_vgpu.standins.apiserver.errors import ApiError
-from kube_vgpu.standins.volcano.scheduler import Placement
+from kube_vgpu.standins.apiserver.errors import StatusError
+from kube_vgpu.standins.volcano.scheduler import VolcanoBinding
 
 
 @dataclass
@@ -75,7 +75,7 @@ class PodFlow:
             return outcome
         try:
             created = self.cluster.apiserver.put(final)
-        except ApiError as exc:
+        except StatusError as exc:
             # What kubectl would print: the object itself is invalid, a mistake in the example file.
             raise ExampleError(f"pods/{example.source}: the API server refuses this pod: {exc}") from None
         await self._schedule(created, outcome)
@@ -92,7 +92,7 @@ class PodFlow:
             admitted = await chain.create(pod)
         except WebhookHttpError as exc:
             raise DemoError(str(exc)) from None
-        except ApiError as exc:
+        except StatusError as exc:
             # The API server decodes a pod before any webhook: a quantity it cannot read fails here.
             source = outcome.example.source
             raise ExampleError(f"pods/{source}: the API server refuses this pod: {exc}") from None
@@ -107,7 +107,7 @@ class PodFlow:
         assert self.cluster.volcano is not None
         results = await asyncio.to_thread(self.cluster.volcano.schedule_once)
         result = results.get(outcome.example.key)
-        if isinstance(result, Placement):
+        if isinstance(result, VolcanoBinding):
             outcome.node, outcome.devices = result.node, result.devices
         else:
             outcome.waiting = result or "not considered by the scheduler"

@@ -21,14 +21,14 @@ from aiohttp.http_exceptions import HttpProcessingError
 if TYPE_CHECKING:
     from kube_vgpu.httpedge.listener import Slot
 
-log = logging.getLogger("kube_vgpu.webhook.http")
+log = logging.getLogger(__name__)
 
 JSON = "application/json"
 # A request line, one header's name or value, and the header count. The API server's heads are a few
 # hundred bytes in under ten headers (a bearer token, where its kubeconfig sends one, 1-2 kB).
 # aiohttp holds an unfinished head until the request deadline, and the connection's TLS buffers grow
-# to its reads: at aiohttp's defaults (8,190 bytes, 100 headers) 1,000 connections each holding
-# one put the webhook over 1 GiB (`bench/hostile.py --held-heads`).
+# to its reads: at aiohttp's defaults (8,190 bytes, 100 headers) a flood of connections each holding
+# one takes the webhook past the chart's memory limit (`bench/hostile.py --held-heads`).
 MAX_LINE_BYTES = 4096
 MAX_FIELD_BYTES = 4096
 MAX_HEADERS = 16

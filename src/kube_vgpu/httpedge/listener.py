@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from kube_vgpu.httpedge.edge import EdgeProtocol, EdgeServer
 
-log = logging.getLogger("kube_vgpu.webhook.listener")
+log = logging.getLogger(__name__)
 
 # Connections the kernel queues while the accept loop is busy.
 _BACKLOG = 512
@@ -36,8 +36,8 @@ class ConnectionLimits:
 
     # Open connections (TLS handshakes included); at the cap the one longest without progress closes.
     # The API server keeps a few dozen at most. Each may hold buffers as large as its reads (an
-    # unfinished head at aiohttp's bounds, about 130 kB, costs about 0.45 MiB), so 500 keeps a
-    # flood within the chart's 512 Mi beside a large cluster's cache (`bench/hostile.py`).
+    # unfinished head at aiohttp's bounds included), so 500 keeps a flood within the chart's 512 Mi
+    # beside a large cluster's cache (`bench/hostile.py`; figures in docs/benchmarks.md).
     max_connections: int = 500
     # From a connection's accept (TLS handshake included), or a request's first bytes, until the
     # request has arrived whole.

@@ -16,7 +16,7 @@ from aiohttp import web
 from kube_vgpu.httpedge.edge import EdgeProtocol, EdgeServer, error_response
 from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
 
-log = logging.getLogger("kube_vgpu.httpedge.metrics")
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Prometheus keeps one or two connections per target.

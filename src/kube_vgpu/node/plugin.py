@@ -2,7 +2,9 @@
 
 Start order matters: the GPUs are discovered, the Node is published (register annotation, labels,
 capacity) and only then is the device plugin registered with the kubelet, so the scheduler never sees
-resources without the annotation that says what they are (protocol §8 item 10). The kubelet's socket
+resources without the annotation that says what they are (Volcano's
+`pkg/scheduler/api/devices/nvidia/vgpu/device_info.go` `NewGPUDevices` counts such a node's
+resources as GPUs it cannot decode). The kubelet's socket
 is watched by identity (inode and change times: a recreated socket may reuse the inode) and our own
 socket's presence; either changing means a kubelet restart, and the plugin serves and registers again.
 """
@@ -65,7 +67,7 @@ class PluginSettings:
     kubelet_dir: Path
     config: Config
     lock_dir: str = DEFAULT_LOCK_DIR
-    # How often the kubelet's socket is checked: a restart is noticed within this (SPEC: 5 s).
+    # How often the kubelet's socket is checked: a restart is noticed within this (5 s).
     kubelet_poll_seconds: float = 0.5
     register_deadline_seconds: float = 5.0
     xid_wait_ms: int = 5000

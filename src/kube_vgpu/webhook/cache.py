@@ -1,4 +1,4 @@
-"""The webhook's copy of the cluster: GPU nodes, namespaces and vGPU pods, kept by list+watch (SPEC §2).
+"""The webhook's copy of the cluster: GPU nodes, namespaces and vGPU pods, kept by list+watch.
 
 One thread per kind runs `kubeapi.listwatch.Reflector` (paged lists, bookmarks, resume, 410 relist,
 backoff) and reduces each object as it arrives (`webhook.reduced`: pods that ask for no vGPU are

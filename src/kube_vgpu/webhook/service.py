@@ -30,7 +30,7 @@ from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics, SharedBookMetrics
-from kube_vgpu.webhook.quota.shared import CacheState, SharedBook
+from kube_vgpu.webhook.quota.shared import NamespaceSnapshot, SharedBook
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
 from kube_vgpu.webhook.quota.sizing import pod_ledger
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
@@ -66,7 +66,7 @@ class Options:
 
 
 # Given the ledger's view of one namespace, the shared reservations decided against it.
-BookFactory = Callable[[Callable[[str], CacheState]], SharedBook]
+BookFactory = Callable[[Callable[[str], NamespaceSnapshot]], SharedBook]
 
 
 def build_quota(
@@ -199,7 +199,7 @@ class WebhookServer:
         self.geometry: DeviceConfig = default_device_config()
         self.reservations: SharedReservations | None = None
 
-        def shared(cache_state: Callable[[str], CacheState]) -> SharedBook:
+        def shared(cache_state: Callable[[str], NamespaceSnapshot]) -> SharedBook:
             book = SharedReservations(
                 self.kube,
                 options.release_namespace,

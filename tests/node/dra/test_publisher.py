@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.dra.attributes import GpuFacts
-from kube_vgpu.node.dra.publisher import NodeMissing, SlicePublisher
+from kube_vgpu.node.dra.publisher import SliceNodeMissing, SlicePublisher
 from kube_vgpu.node.dra.slices import DRIVER, UNHEALTHY_TAINT_KEY
 from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.node.nvml.inventory import LiveGpus
@@ -213,7 +213,7 @@ async def test_remove_deletes_only_this_nodes_slices(api: ApiServerStandin, kube
 async def test_no_node_no_slices(apiserver: ApiServerStandin) -> None:
     k = Kube(apiserver.api_client(), component="node")
     try:
-        with pytest.raises(NodeMissing, match=f"node {NODE} does not exist"):
+        with pytest.raises(SliceNodeMissing, match=f"node {NODE} does not exist"):
             await publisher(k, LiveGpus(GPUS, 10, NODE)).publish()
     finally:
         k.close()

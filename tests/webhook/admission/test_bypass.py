@@ -1,7 +1,7 @@
 """Every way a pod author tried to get around the rules (issue 11), through the real HTTPS webhook.
 
 Each attempt goes the way the API server would send it: a CREATE through /mutate, then the name,
-uid and creationTimestamp filled in, then /validate once (facts `apiserver-admission.md` §2); an
+uid and creationTimestamp filled in, then /validate once (the order of k8s.io/apiserver's admission chain); an
 edit of a running pod as an UPDATE to /validate with `oldObject` and the writer's `userInfo`. Each
 is refused with a message naming what was refused; the legitimate variants (a harmless env var or
 volume, a label change by the author, a booking written by the scheduler's identity) still pass.

@@ -14,7 +14,7 @@ from kube_vgpu.webhook.admission.patch import pointer
 from kube_vgpu.webhook.placement.fit import never_fits, never_fits_in
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.selectors import ORIGINAL_NOUSE_GPUTYPE, SelectorError, parse_selectors
-from kube_vgpu.webhook.quota.charge import LABELS, Limits, parse_limits
+from kube_vgpu.webhook.quota.charge import LABELS, QuotaLimits, parse_limits
 from kube_vgpu.webhook.quota.sizing import mig_slot_sizer
 from tests.support.webhook import A100, H100, container, gpu_node, pod
 
@@ -45,8 +45,8 @@ def test_the_mig_slot_sizer_skips_only_pods_it_would_not_size(
 
 
 def test_labels_without_quota_keys_are_unlimited_and_quota_keys_are_still_read() -> None:
-    assert parse_limits({}) == parse_limits({"team": "ml"}) == Limits()
-    assert parse_limits({LABELS["vgpu-number"]: "2", "team": "ml"}) == Limits(number=2)
+    assert parse_limits({}) == parse_limits({"team": "ml"}) == QuotaLimits()
+    assert parse_limits({LABELS["vgpu-number"]: "2", "team": "ml"}) == QuotaLimits(number=2)
     assert parse_limits({LABELS["vgpu-cores"]: "x"}).invalid == ((LABELS["vgpu-cores"], "x"),)
 
 

@@ -1,4 +1,4 @@
-"""`webhook.isolation` as plain function calls: how mount paths are resolved and compared."""
+"""`webhook.admission.isolation` as plain function calls: how mount paths are resolved and compared."""
 
 from __future__ import annotations
 

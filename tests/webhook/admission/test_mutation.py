@@ -1,4 +1,4 @@
-"""The pure mutating pipeline (SPEC §2.1; safety as in §2.2): each rule with a pod that triggers it
+"""The pure mutating pipeline: each rule with a pod that triggers it
 and one that must not; every patch applied with jsonpatch and admitted again to check idempotence.
 """
 
@@ -121,7 +121,7 @@ def test_other_kinds_and_operations_pass_untouched(operation: str, kind: str) ->
 def test_opt_out_label_on_a_namespace_passes_untouched_but_not_on_a_pod() -> None:
     forged = {VGPU_NODE: "x"}
     opted = pod(container(memory=100), annotations=forged, labels={"kube-vgpu.io/webhook": "ignore"})
-    # A pod's labels are its author's (SPEC §1): the label exempts nothing.
+    # A pod's labels are its author's: the label exempts nothing.
     verdict, _ = admit(opted)
     assert not verdict.allowed and verdict.reason == "forged-annotation"
     in_ns = pod(container(memory=100), namespace="batch")

@@ -1,4 +1,5 @@
-"""Property: the JSONPatch the rules write (`webhook.patch`) does what the diff of the pod before and after
+"""Property: the JSONPatch the rules write (`webhook.admission.patch`) does what the diff of the pod before
+and after
 did, on the fuzz corpus of pods, and admitting the webhook's own output again yields an empty patch.
 
 The reference below is the mutating phase as it was before issue 14: deep-copy the pod, edit the copy
@@ -27,6 +28,7 @@ from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.resolve import resolve_placement, rewrite_gputype
 from kube_vgpu.webhook.placement.selectors import AFFINITY_MARKER, canonical_annotations, parse_selectors
 from tests.support.admission_view import StaticView
+from tests.support.affinity import apply_required
 from tests.support.webhook import A10, A100, CORES, H100, MEMORY, container, gpu_node, pod, review
 from tests.webhook.admission.test_fuzz import _pod as fuzz_pods
 
@@ -71,9 +73,7 @@ def _diff_reference(admission: Admission, obj: Mapping[str, Any]) -> list[dict[s
     new_annotations = dict(canonical_annotations(annotations))
     new_annotations[VGPU_MODE] = placement.mode
     rewrite_gputype(new_annotations, selectors, placement, INVENTORY)
-    affinity.apply_required(
-        after, placement.alternatives, affinity.decode_marker(annotations.get(AFFINITY_MARKER))
-    )
+    apply_required(after, placement.alternatives, affinity.decode_marker(annotations.get(AFFINITY_MARKER)))
     added = [r for alt in placement.alternatives for r in alt]
     if added:
         new_annotations[AFFINITY_MARKER] = affinity.encode_marker(added)

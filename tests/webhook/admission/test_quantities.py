@@ -1,5 +1,5 @@
-"""Every row of the facts' quantity table through the webhook over real HTTPS (SPEC §1, facts
-`apiserver-admission.md` §1): the pod is decoded by the stand-in API server first, as the real one
+"""Quantities in every form a user may write them, through the webhook over real HTTPS: the pod is decoded by
+the stand-in API server first, as the real one
 decodes it before any webhook sees it, so the webhook meets `3k`, never `3000`."""
 
 from __future__ import annotations

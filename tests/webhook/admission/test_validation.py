@@ -1,4 +1,5 @@
-"""The pure validating pipeline (`webhook.validation`): what reaches the quota step, and when not."""
+"""The pure validating pipeline (`webhook.admission.validation`): what reaches the quota step, and when
+not."""
 
 from __future__ import annotations
 

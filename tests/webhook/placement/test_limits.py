@@ -1,4 +1,4 @@
-"""Bounded work per review (SPEC §2.1 step 3; issue 12): selector lists and the affinity they multiply into.
+"""Bounded work per review (issue 12): selector lists and the affinity they multiply into.
 
 The hostile pods of issue 12 (100 of their own nodeSelectorTerms x 1,000 UUIDs, unknown ones
 included) are refused with a message naming the limit and the value, or answered with a small

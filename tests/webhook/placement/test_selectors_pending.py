@@ -1,7 +1,8 @@
-"""Selectors that match no GPU today keep the pod pending (SPEC §2.1 step 3; issue 10 item 4).
+"""Selectors that match no GPU today keep the pod pending (issue 10 item 4).
 
 The pod gets a required term naming the asked model or UUID, so no node takes it now, Volcano's
-substring rule never sees a raw token (protocol Appendix C.2: `A10` picks an A100), and the same
+substring rule never sees a raw token (Volcano's `nvidia/vgpu/type.go` matches substrings: `A10` picks an
+A100), and the same
 pod is placed, on exactly the asked GPU, once such a GPU joins. Checked on the pure decision, over
 the real HTTPS webhook, and through the Volcano stand-in.
 """
@@ -29,9 +30,9 @@ from kube_vgpu.contract.names import (
     UUID_LABEL_PREFIX,
 )
 from kube_vgpu.kubeapi.client import Kube
-from kube_vgpu.standins.apiserver.selectors import LabelSelector, SelectorError
+from kube_vgpu.standins.apiserver.selectors import LabelSelector, SelectorParseError
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.standins.volcano.scheduler import Placement, VolcanoStandin, place
+from kube_vgpu.standins.volcano.scheduler import VolcanoBinding, VolcanoStandin, place
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import Verdict, decode_patch, parse_review
 from kube_vgpu.webhook.placement.inventory import Inventory
@@ -87,7 +88,7 @@ def admit(
     return verdict, patched
 
 
-def volcano(obj: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> Placement | str:
+def volcano(obj: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> VolcanoBinding | str:
     """The Volcano stand-in's placement of `obj` on `nodes` (a string: why it fits none)."""
     return place(obj, nodes, [], ResourceNames())
 
@@ -105,7 +106,7 @@ def assert_valid_label_keys(obj: Mapping[str, Any]) -> None:
     for key in label_keys(obj):
         try:
             LabelSelector.parse(key)
-        except SelectorError as exc:
+        except SelectorParseError as exc:
             raise AssertionError(f"the apiserver would reject the pod: {exc}") from None
 
 
@@ -131,7 +132,7 @@ def test_a_model_not_in_the_cluster_waits_and_never_takes_an_a100(token: str) ->
     # The same pod, unchanged, is placed on the A10 once it joins, beside an A100 it never takes.
     assert node_matches(MIXED_NODE, required_terms(patched))
     placed = volcano(patched, [*CLUSTER, MIXED_NODE])
-    assert isinstance(placed, Placement) and placed.node == "mixed"
+    assert isinstance(placed, VolcanoBinding) and placed.node == "mixed"
     assert placed.devices.startswith(gpu_uuid("mixed", 1) + ",")  # the A10, not the A100 (index 0)
 
 
@@ -140,7 +141,7 @@ def test_a_full_model_name_with_dashes_finds_its_nvml_spelling_when_it_joins() -
     assert not any(node_matches(n, required_terms(patched)) for n in CLUSTER)
     assert MODEL_LABEL_PREFIX + "NVIDIA-A100-SXM4-80GB" in label_keys(patched)
     placed = volcano(patched, [*CLUSTER, SXM_NODE])
-    assert isinstance(placed, Placement) and placed.node == "sxm"
+    assert isinstance(placed, VolcanoBinding) and placed.node == "sxm"
 
 
 def test_strict_selectors_deny_what_matches_nothing() -> None:
@@ -173,7 +174,7 @@ def test_an_unmatchable_token_beside_a_valid_one_leaves_the_valid_one_to_wait_fo
     assert verdict.allowed and "so those never match" in verdict.warnings[0]
     assert "never be scheduled" not in verdict.warnings[0]
     placed = volcano(patched, [*CLUSTER, MIXED_NODE])
-    assert isinstance(placed, Placement) and placed.devices.startswith(gpu_uuid("mixed", 1) + ",")
+    assert isinstance(placed, VolcanoBinding) and placed.devices.startswith(gpu_uuid("mixed", 1) + ",")
 
 
 def test_a_huge_unmatchable_token_is_not_copied_into_the_volcano_annotation() -> None:
@@ -224,7 +225,7 @@ def test_nouse_refusing_every_known_model_waits_for_another_model() -> None:
     l4 = ready(gpu_node("l4", "hami-core", [("NVIDIA L4", 23034)]))
     assert node_matches(l4, required_terms(patched))
     placed = volcano(patched, [*CLUSTER, MIXED_NODE, l4])
-    assert isinstance(placed, Placement) and placed.node == "l4"
+    assert isinstance(placed, VolcanoBinding) and placed.node == "l4"
 
 
 # --- UUIDs ---------------------------------------------------------------------------------------
@@ -242,7 +243,7 @@ def test_one_unknown_uuid_waits_for_that_gpu() -> None:
     assert label_keys(patched).count(UUID_LABEL_PREFIX + uuid) == 1
     assert isinstance(volcano(patched, CLUSTER), str)
     placed = volcano(patched, [*CLUSTER, joining])
-    assert isinstance(placed, Placement) and placed.devices.startswith(uuid + ",")
+    assert isinstance(placed, VolcanoBinding) and placed.devices.startswith(uuid + ",")
 
 
 def test_several_unknown_uuids_add_one_alternative_and_volcano_keeps_the_pod_pending() -> None:
@@ -298,7 +299,7 @@ def test_over_https_the_pod_stays_unscheduled_until_its_gpu_joins(
         assert stored is not None and not stored["spec"].get("nodeName")
         apiserver.put(MIXED_NODE)
         placed = scheduler.schedule_once()["default/p"]
-        assert isinstance(placed, Placement) and placed.devices.startswith(gpu_uuid("mixed", 1) + ",")
+        assert isinstance(placed, VolcanoBinding) and placed.devices.startswith(gpu_uuid("mixed", 1) + ",")
         bound = apiserver.get("Pod", "p", "default")
         assert bound is not None and bound["spec"]["nodeName"] == "mixed"
     finally:

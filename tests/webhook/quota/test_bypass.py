@@ -85,7 +85,8 @@ def test_a_mig_pod_is_charged_the_slot_it_will_hold(cluster: Cluster) -> None:
 
 
 def test_a_booked_mig_pod_still_costs_its_slot(cluster: Cluster) -> None:
-    # Volcano records the MiB asked in a mig booking (protocol §4.2), not the slot's size: once the
+    # Volcano records the MiB asked in a mig booking (Volcano's `nvidia/vgpu/utils.go`
+    # `encodeContainerDevices`), not the slot's size: once the
     # first pod is booked it must still cost 9984 MiB, or every 1 MiB pod would fit after booking.
     tiny = gpu_pod("mem-15000", "a", memory=1)
     tiny["metadata"]["annotations"] = {"volcano.sh/vgpu-mode": "mig"}

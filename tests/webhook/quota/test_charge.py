@@ -1,4 +1,4 @@
-"""Quota arithmetic (SPEC §2.2 step 1): a pod's charge, the namespace labels, the denial wording."""
+"""Quota arithmetic: a pod's charge, the namespace labels, the denial wording."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from kube_vgpu.contract.resources import parse_pod
 from kube_vgpu.webhook.quota.charge import (
     Charge,
     GpuSizeUnknown,
-    Limits,
+    QuotaLimits,
     Resource,
     booked_memory,
     charge_reasons,
@@ -164,7 +164,7 @@ def test_a_booking_that_does_not_fit_the_spec_is_ignored(booking: str) -> None:
 
 
 def test_limits_parse_absent_zero_and_values() -> None:
-    assert parse_limits({}) == Limits()
+    assert parse_limits({}) == QuotaLimits()
     assert not parse_limits({"other": "x"}).any
     limits = parse_limits({QUOTA_NUMBER_LABEL: "0", QUOTA_MEMORY_LABEL: "81920", QUOTA_CORES_LABEL: "400"})
     assert (limits.number, limits.memory_mib, limits.cores, limits.invalid) == (0, 81920, 400, ())
@@ -174,7 +174,9 @@ def test_limits_parse_absent_zero_and_values() -> None:
 def test_a_label_that_is_not_a_non_negative_integer_is_reported(value: str) -> None:
     limits = parse_limits({QUOTA_MEMORY_LABEL: value, QUOTA_NUMBER_LABEL: "2"})
     # The label that does not parse sets no limit; the one that does keeps its own.
-    assert limits == Limits(number=2, memory_mib=None, cores=None, invalid=((QUOTA_MEMORY_LABEL, value),))
+    assert limits == QuotaLimits(
+        number=2, memory_mib=None, cores=None, invalid=((QUOTA_MEMORY_LABEL, value),)
+    )
     assert invalid_label_message("team-a", limits.invalid) == (
         f"namespace team-a: GPU quota label {QUOTA_MEMORY_LABEL}={value!r} is not a non-negative integer; "
         "vGPU pods in this namespace are refused until the label is fixed or removed"
@@ -183,7 +185,7 @@ def test_a_label_that_is_not_a_non_negative_integer_is_reported(value: str) -> N
 
 def test_every_label_that_does_not_parse_is_named_in_one_message() -> None:
     limits = parse_limits({QUOTA_NUMBER_LABEL: "two", QUOTA_MEMORY_LABEL: "1024", QUOTA_CORES_LABEL: "50%"})
-    assert limits == Limits(
+    assert limits == QuotaLimits(
         number=None,
         memory_mib=1024,
         cores=None,
@@ -224,7 +226,7 @@ def test_a_container_without_a_vgpu_states_no_sm_limit_to_charge() -> None:
 
 
 def test_exceeded_names_only_limited_resources_the_request_uses() -> None:
-    limits = Limits(number=4, memory_mib=1000, cores=None)
+    limits = QuotaLimits(number=4, memory_mib=1000, cores=None)
     assert exceeded(Charge(1, 500, 900), Charge(3, 500, 0), limits) == []  # exactly at the limits
     assert exceeded(Charge(2, 501, 900), Charge(3, 500, 0), limits) == ["vgpu-number", "vgpu-memory"]
     # A request that adds nothing to a resource never trips it, even when usage is over.
@@ -233,12 +235,16 @@ def test_exceeded_names_only_limited_resources_the_request_uses() -> None:
 
 def test_denial_message_is_worded_as_the_issue_says() -> None:
     usage, request = Charge(4, 65536, 0), Charge(1, 24576, 0)
-    limits = Limits(memory_mib=81920)
+    limits = QuotaLimits(memory_mib=81920)
     assert exceeded_message("team-a", ["vgpu-memory"], request, usage, limits) == (
         "namespace team-a: vgpu-memory quota exceeded: requested 24576 MiB, in use 65536 MiB of 81920 MiB"
     )
     both = exceeded_message(
-        "team-a", ["vgpu-number", "vgpu-cores"], Charge(1, 0, 50), Charge(4, 0, 380), Limits(4, None, 400)
+        "team-a",
+        ["vgpu-number", "vgpu-cores"],
+        Charge(1, 0, 50),
+        Charge(4, 0, 380),
+        QuotaLimits(4, None, 400),
     )
     assert both == (
         "namespace team-a: vgpu-number quota exceeded: requested 1 vGPU, in use 4 vGPUs of 4 vGPUs; "
@@ -247,7 +253,7 @@ def test_denial_message_is_worded_as_the_issue_says() -> None:
 
 
 def test_each_resource_is_checked_by_what_the_request_asks_of_it_alone() -> None:
-    limits = Limits(number=4, memory_mib=1000, cores=None)
+    limits = QuotaLimits(number=4, memory_mib=1000, cores=None)
     # Asks cores only: the namespace being over its vGPU count does not refuse it.
     assert exceeded(Charge(0, 0, 10), Charge(9, 9000, 0), limits) == []
     # Asks one vGPU and nothing else, with the count at its limit: refused on the count alone.
@@ -356,7 +362,7 @@ def test_every_sidecar_adds_up_and_init_containers_are_sized_and_slotted_like_ap
 
 
 def test_labels_left_out_are_unlimited_next_to_one_that_is_set() -> None:
-    assert parse_limits({QUOTA_NUMBER_LABEL: "2"}) == Limits(number=2, memory_mib=None, cores=None)
+    assert parse_limits({QUOTA_NUMBER_LABEL: "2"}) == QuotaLimits(number=2, memory_mib=None, cores=None)
 
 
 # -- why a charge is what it is (issue 34) ----------------------------------------------------------------
@@ -373,7 +379,7 @@ def test_a_refusal_gives_its_reasons_per_resource_after_the_figures() -> None:
         ["vgpu-number", "vgpu-cores"],
         Charge(1, 0, 50),
         Charge(4, 0, 380),
-        Limits(4, None, 400),
+        QuotaLimits(4, None, 400),
         reasons=reasons,
     )
     assert both == (

@@ -25,7 +25,7 @@ from kube_vgpu.contract.names import (
 from kube_vgpu.kubeapi.client import ApiUnavailable
 from kube_vgpu.webhook.admission import gates
 from kube_vgpu.webhook.placement.inventory import Inventory
-from kube_vgpu.webhook.quota.charge import Charge, Limits
+from kube_vgpu.webhook.quota.charge import Charge, QuotaLimits
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.shared import Entry, decode_entries, object_name
 from kube_vgpu.webhook.quota.sizing import mig_slot_sizer, placement_sizer, pod_ledger
@@ -289,7 +289,10 @@ async def test_usage_is_the_cache_plus_the_shared_reservations_per_namespace() -
     gate.ledger.pod_seen(in_cache(make_pod(2048, name="old")))
     assert await gate.admit(request_for(make_pod(1024, name="new"), MEM_80G)) is None
     assert await gate.admit(request_for(make_pod(4096, name="new", namespace="team-b"), MEM_80G)) is None
-    assert gate.last_limits == {"team-a": Limits(memory_mib=81920), "team-b": Limits(memory_mib=81920)}
+    assert gate.last_limits == {
+        "team-a": QuotaLimits(memory_mib=81920),
+        "team-b": QuotaLimits(memory_mib=81920),
+    }
     assert (gate.reserved("team-a"), gate.usage("team-a")) == (Charge(1, 1024, 100), Charge(2, 3072, 200))
     assert (gate.reserved("team-b"), gate.usage("team-b")) == (Charge(1, 4096, 100), Charge(1, 4096, 100))
     gate.forget_namespace("team-a")

@@ -1,4 +1,5 @@
-"""`webhook.mig_charge`: a `mig` pod is charged the slot Volcano would give it (protocol §6.2)."""
+"""`webhook.quota.mig_charge`: a `mig` pod is charged the slot Volcano would give it (Volcano's
+`nvidia/vgpu/mig.go`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Namespace quotas through the real webhook: HTTPS AdmissionReviews, the cache fed by the stand-in API.
 
 200 pod creates fired at once, each through both phases as the API server runs them (mutate, then
-name and uid, then validate: `standins.admission_chain`), at a namespace with room for exactly 37
+name and uid, then validate: `standins.apiserver.admission_chain`), at a namespace with room for exactly 37
 admit exactly 37; the admitted pods, once created, are counted once (their reservations retire by
 uid); deleting pods and relabelling the namespace take effect through the watch, without a restart.
 """

@@ -1,4 +1,4 @@
-"""The pure part of shared quota reservations (`webhook.quota_shared`): the object's name and codec,
+"""The pure part of shared quota reservations (`webhook.quota.shared`): the object's name and codec,
 pruning, and the decision for a batch of asks against one version of the object plus the cache."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from collections.abc import Mapping
 
 import pytest
 
-from kube_vgpu.webhook.quota.charge import ZERO, Charge, Limits
+from kube_vgpu.webhook.quota.charge import ZERO, Charge, QuotaLimits
 from kube_vgpu.webhook.quota.shared import (
     MAX_ENTRIES,
     NAMESPACE_LABEL,
     NEVER_CREATED_AFTER,
     Answer,
     Ask,
-    CacheState,
     Entry,
+    NamespaceSnapshot,
     SharedStateError,
     Sightings,
     decide,
@@ -31,7 +31,7 @@ from kube_vgpu.webhook.quota.shared import (
 LIFETIME = 120.0
 NOW = 1_000_000.0
 ONE = Charge(1, 1024, 10)
-LIMITS = Limits(memory_mib=4 * 1024)
+LIMITS = QuotaLimits(memory_mib=4 * 1024)
 
 
 def cache(
@@ -40,9 +40,9 @@ def cache(
     gone: frozenset[str] = frozenset(),
     terminal: frozenset[str] = frozenset(),
     current_at: float | None = None,
-) -> CacheState:
+) -> NamespaceSnapshot:
     shown = dict(shown or {})
-    return CacheState(
+    return NamespaceSnapshot(
         pods=pods,
         accounts_for=lambda uid: uid in shown or uid in gone or uid in terminal,
         released=lambda uid: uid in gone or uid in terminal,
@@ -51,7 +51,7 @@ def cache(
     )
 
 
-def ask(uid: str, charge: Charge = ONE, *, reserve: bool = True, limits: Limits = LIMITS) -> Ask:
+def ask(uid: str, charge: Charge = ONE, *, reserve: bool = True, limits: QuotaLimits = LIMITS) -> Ask:
     return Ask(uid, charge, limits, reserve)
 
 
@@ -184,7 +184,7 @@ def test_dry_runs_and_existing_names_are_decided_but_book_nothing() -> None:
 
 def test_a_full_object_refuses_new_reservations_but_not_retries() -> None:
     entries = {f"u{i}": Entry(Charge(), int(NOW) + 10) for i in range(3)}
-    unlimited = Limits(number=1000)
+    unlimited = QuotaLimits(number=1000)
     kept, answers = decide(
         entries,
         [
@@ -231,7 +231,7 @@ def test_an_entry_whose_pod_was_never_created_goes_once_the_watch_is_past_the_re
     assert in_flight(entries, state, NOW, LIFETIME, first_seen) == (ONE if "forged" in kept else ZERO)
     after, answers = decide(
         entries,
-        [ask("next", limits=Limits(number=1))],
+        [ask("next", limits=QuotaLimits(number=1))],
         state,
         now=NOW,
         lifetime=LIFETIME,
@@ -292,12 +292,12 @@ def test_a_pod_the_cache_counts_is_not_discounted_when_it_is_decided_again() -> 
     # forgery) is decided against usage that already holds the pod, so it can only be refused.
     entries = {"p": Entry(ONE, int(NOW) + 60)}
     state = cache(pods=ONE, shown={"p": 1.0})
-    _, answers = decide(entries, [ask("p", limits=Limits(number=1))], state, now=NOW, lifetime=LIFETIME)
+    _, answers = decide(entries, [ask("p", limits=QuotaLimits(number=1))], state, now=NOW, lifetime=LIFETIME)
     assert not answers[0].fits and answers[0].usage == ONE
     # Deciding it again adds nothing to what later asks of the batch see.
     _, answers = decide(
         entries,
-        [ask("p", limits=Limits(number=2)), ask("q", limits=Limits(number=2))],
+        [ask("p", limits=QuotaLimits(number=2)), ask("q", limits=QuotaLimits(number=2))],
         state,
         now=NOW,
         lifetime=LIFETIME,

@@ -1,4 +1,4 @@
-"""Shared quota reservations through the API (`webhook.quota_shared_store`), against the stand-in
+"""Shared quota reservations through the API (`webhook.quota.shared_store`), against the stand-in
 API server: several replicas' writers on one namespace never over-book, a stale version is re-read
 and decided again (409), and a slow, refusing or absent API refuses instead of admitting."""
 
@@ -12,11 +12,11 @@ import pytest
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota import shared_store
-from kube_vgpu.webhook.quota.charge import Charge, Limits
+from kube_vgpu.webhook.quota.charge import Charge, QuotaLimits
 from kube_vgpu.webhook.quota.shared import (
     NEVER_CREATED_AFTER,
     Ask,
-    CacheState,
+    NamespaceSnapshot,
     Unrecorded,
     decode_entries,
     encode_object,
@@ -30,8 +30,8 @@ RELEASE = "default"
 ONE = Charge(1, 1024, 10)
 
 
-def empty_cache(namespace: str) -> CacheState:
-    return CacheState(
+def empty_cache(namespace: str) -> NamespaceSnapshot:
+    return NamespaceSnapshot(
         pods=Charge(), accounts_for=lambda uid: False, released=lambda uid: False, shown_for=lambda uid: None
     )
 
@@ -60,7 +60,7 @@ def stored(apiserver: ApiServerStandin) -> dict[str, object]:
 
 
 def ask(uid: str, memory_room: int, *, reserve: bool = True) -> Ask:
-    return Ask(uid, ONE, Limits(memory_mib=memory_room * 1024), reserve)
+    return Ask(uid, ONE, QuotaLimits(memory_mib=memory_room * 1024), reserve)
 
 
 async def test_three_replicas_book_exactly_the_room_between_them(
@@ -198,7 +198,7 @@ async def test_a_review_waits_no_longer_than_the_budget_even_behind_a_write(
 async def test_a_bug_in_a_write_refuses_the_reviews_instead_of_leaving_them_waiting(
     apiserver: ApiServerStandin, clients: list[Kube]
 ) -> None:
-    def broken(namespace: str) -> CacheState:
+    def broken(namespace: str) -> NamespaceSnapshot:
         raise ZeroDivisionError
 
     r = SharedReservations(clients[0], RELEASE, lifetime_seconds=120.0, cache_state=broken)
@@ -230,8 +230,8 @@ class ReplicaCache:
         self.shown: set[str] = set()
         self.current_at: float | None = None
 
-    def state(self, namespace: str) -> CacheState:
-        return CacheState(
+    def state(self, namespace: str) -> NamespaceSnapshot:
+        return NamespaceSnapshot(
             pods=Charge(),
             accounts_for=lambda uid: uid in self.shown,
             released=lambda uid: False,

@@ -46,7 +46,7 @@ _RETRY_SECONDS = 2.0
 _ALL_ON = SliceOptions()
 
 
-class NodeMissing(KubeError):
+class SliceNodeMissing(KubeError):
     """The Node object does not exist (yet): slices are owned by it, so there is nothing to publish on."""
 
 
@@ -298,7 +298,9 @@ class SlicePublisher:
         if self._node_uid is None:
             items = self._kube.list("node", field_selector=f"metadata.name={self._node}").get("items") or []
             if not items:
-                raise NodeMissing(f"node {self._node} does not exist: its ResourceSlices would have no owner")
+                raise SliceNodeMissing(
+                    f"node {self._node} does not exist: its ResourceSlices would have no owner"
+                )
             self._node_uid = str(items[0]["metadata"]["uid"])
         return self._node_uid
 

@@ -1,6 +1,6 @@
 """Kubernetes API errors as the real server reports them: `Status` objects with reason and code.
 
-Every failure the stand-in API server answers is an `ApiError`; `status_body()` renders it in the
+Every failure the stand-in API server answers is an `StatusError`; `status_body()` renders it in the
 exact shape kube-apiserver uses, so client code that inspects `reason` or `code` behaves as in production.
 """
 
@@ -36,7 +36,7 @@ class StatusDetails(TypedDict, total=False):
     uid: str
 
 
-class ApiError(Exception):
+class StatusError(Exception):
     """A request the API server refuses; carries everything needed for the `Status` reply."""
 
     def __init__(self, code: int, reason: Reason, message: str, details: StatusDetails | None = None) -> None:
@@ -79,16 +79,16 @@ def _qualified(resource: str, group: str) -> str:
     return f"{resource}.{group}" if group else resource
 
 
-def not_found(resource: str, name: str, group: str = "") -> ApiError:
+def not_found(resource: str, name: str, group: str = "") -> StatusError:
     """`<resource> "<name>" not found` (404)."""
-    return ApiError(
+    return StatusError(
         404, "NotFound", f'{_qualified(resource, group)} "{name}" not found', _details(resource, name, group)
     )
 
 
-def already_exists(resource: str, name: str, group: str = "") -> ApiError:
+def already_exists(resource: str, name: str, group: str = "") -> StatusError:
     """`<resource> "<name>" already exists` (409)."""
-    return ApiError(
+    return StatusError(
         409,
         "AlreadyExists",
         f'{_qualified(resource, group)} "{name}" already exists',
@@ -96,11 +96,11 @@ def already_exists(resource: str, name: str, group: str = "") -> ApiError:
     )
 
 
-def conflict(resource: str, name: str, group: str = "", why: str | None = None) -> ApiError:
+def conflict(resource: str, name: str, group: str = "", why: str | None = None) -> StatusError:
     """Optimistic-concurrency failure (409), by default the stale-resourceVersion message."""
     if why is None:
         why = "the object has been modified; please apply your changes to the latest version and try again"
-    return ApiError(
+    return StatusError(
         409,
         "Conflict",
         f'Operation cannot be fulfilled on {_qualified(resource, group)} "{name}": {why}',
@@ -108,7 +108,7 @@ def conflict(resource: str, name: str, group: str = "", why: str | None = None) 
     )
 
 
-def invalid(kind: str, name: str, causes: list[str], group: str = "") -> ApiError:
+def invalid(kind: str, name: str, causes: list[str], group: str = "") -> StatusError:
     """Validation failure (422): `<Kind> "<name>" is invalid: <field>: <problem>`."""
     qualified_kind = f"{kind}.{group}" if group else kind
     message = f'{qualified_kind} "{name}" is invalid: ' + ", ".join(causes)
@@ -117,26 +117,26 @@ def invalid(kind: str, name: str, causes: list[str], group: str = "") -> ApiErro
         details["name"] = name
     if group:
         details["group"] = group
-    return ApiError(422, "Invalid", message, details)
+    return StatusError(422, "Invalid", message, details)
 
 
-def unprocessable(message: str) -> ApiError:
+def unprocessable(message: str) -> StatusError:
     """A patch that cannot be applied (422), as the server answers a failed JSON-patch `test`."""
-    return ApiError(422, "Invalid", message)
+    return StatusError(422, "Invalid", message)
 
 
-def bad_request(message: str) -> ApiError:
+def bad_request(message: str) -> StatusError:
     """Malformed request (400)."""
-    return ApiError(400, "BadRequest", message)
+    return StatusError(400, "BadRequest", message)
 
 
-def expired(message: str, *, continue_after: tuple[str, str] | None = None) -> ApiError:
+def expired(message: str, *, continue_after: tuple[str, str] | None = None) -> StatusError:
     """A resourceVersion or continue token older than the retained history (410 Gone, reason Expired).
 
     With `continue_after` (the last key the expired token had read), the Status carries a new
     continue token at resourceVersion -1, as kube-apiserver's paging does, for a caller that accepts
     an inconsistent remainder."""
-    error = ApiError(410, "Expired", message)
+    error = StatusError(410, "Expired", message)
     if continue_after is not None:
         namespace, name = continue_after
         token = json.dumps({"v": "meta.k8s.io/v1", "rv": -1, "start": [namespace, name]})
@@ -144,29 +144,29 @@ def expired(message: str, *, continue_after: tuple[str, str] | None = None) -> A
     return error
 
 
-def forbidden(message: str, resource: str, name: str, group: str) -> ApiError:
+def forbidden(message: str, resource: str, name: str, group: str) -> StatusError:
     """RBAC refusal (403)."""
-    return ApiError(403, "Forbidden", message, _details(resource, name, group))
+    return StatusError(403, "Forbidden", message, _details(resource, name, group))
 
 
-def unauthorized() -> ApiError:
+def unauthorized() -> StatusError:
     """Missing or wrong bearer token (401)."""
-    return ApiError(401, "Unauthorized", "Unauthorized")
+    return StatusError(401, "Unauthorized", "Unauthorized")
 
 
-def page_not_found() -> ApiError:
+def page_not_found() -> StatusError:
     """A path under /api or /apis that names no known resource (404)."""
-    return ApiError(404, "NotFound", "the server could not find the requested resource")
+    return StatusError(404, "NotFound", "the server could not find the requested resource")
 
 
-def method_not_allowed(method: str, what: str) -> ApiError:
+def method_not_allowed(method: str, what: str) -> StatusError:
     """A verb the resource does not support (405)."""
-    return ApiError(405, "MethodNotAllowed", f"{method} is not supported on {what}")
+    return StatusError(405, "MethodNotAllowed", f"{method} is not supported on {what}")
 
 
-def unsupported_media_type(content_type: str, accepted: list[str]) -> ApiError:
+def unsupported_media_type(content_type: str, accepted: list[str]) -> StatusError:
     """A body in a media type the endpoint does not take (415)."""
-    return ApiError(
+    return StatusError(
         415,
         "UnsupportedMediaType",
         f"the body of the request was in an unknown format ({content_type!r}) - "

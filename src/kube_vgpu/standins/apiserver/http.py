@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from kube_vgpu.standins.apiserver import dra, errors
-from kube_vgpu.standins.apiserver.errors import ApiError
+from kube_vgpu.standins.apiserver.errors import StatusError
 from kube_vgpu.standins.apiserver.faults import Faults, RequestRecord
 from kube_vgpu.standins.apiserver.ops import Operations, Scope, selected
 from kube_vgpu.standins.apiserver.resources import ResourceType
@@ -31,7 +31,7 @@ from kube_vgpu.standins.apiserver.routes import (
     verb_of,
     version_info,
 )
-from kube_vgpu.standins.apiserver.selectors import FieldSelector, LabelSelector, SelectorError
+from kube_vgpu.standins.apiserver.selectors import FieldSelector, LabelSelector, SelectorParseError
 from kube_vgpu.standins.apiserver.store import Bookmark, Change, Stored, Subscription, encode
 
 log = logging.getLogger("standins.apiserver")
@@ -80,12 +80,12 @@ class ApiHttp:
             raise asyncio.CancelledError
         try:
             response = await self._answer(request, body)
-        except ApiError as exc:
+        except StatusError as exc:
             response = _json(exc.status_body(), exc.code)
         except Exception as exc:  # the real server answers 500 with a Status; so does the stand-in
             log.exception("event=internal_error method=%s path=%s", request.method, request.path)
             response = _json(
-                ApiError(500, "InternalError", f"Internal error occurred: {exc}").status_body(), 500
+                StatusError(500, "InternalError", f"Internal error occurred: {exc}").status_body(), 500
             )
         record.status = response.status
         log.debug("event=request method=%s path=%s status=%s", request.method, request.path, response.status)
@@ -208,7 +208,7 @@ class ApiHttp:
         store = self.ops.store
         try:
             subscription, backlog = store.subscribe(target.rt, params.from_rv, asyncio.get_running_loop())
-        except ApiError as exc:
+        except StatusError as exc:
             # The real server answers an expired resourceVersion with 200 and one ERROR event.
             await response.prepare(request)
             await response.write(encode({"type": "ERROR", "object": exc.status_body()}) + b"\n")
@@ -308,7 +308,7 @@ def _selectors(target: Target, query: Any) -> tuple[LabelSelector, FieldSelector
     try:
         labels = LabelSelector.parse(query.get("labelSelector", ""))
         fields = FieldSelector.parse(query.get("fieldSelector", ""), target.rt.field_selectable)
-    except SelectorError as exc:
+    except SelectorParseError as exc:
         raise errors.bad_request(str(exc)) from exc
     return labels, fields
 

@@ -49,7 +49,7 @@ PRIMITIVE_MERGE_LISTS: Final = frozenset({"finalizers"})
 
 
 def apply_patch(content_type: str, current: dict[str, Any], body: bytes) -> dict[str, Any]:
-    """Apply a PATCH body of the given media type to `current` (not modified); raises ApiError."""
+    """Apply a PATCH body of the given media type to `current` (not modified); raises StatusError."""
     media_type = content_type.split(";", 1)[0].strip().lower()
     if media_type not in PATCH_TYPES:
         raise unsupported_media_type(content_type, list(PATCH_TYPES))

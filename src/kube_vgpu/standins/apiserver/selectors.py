@@ -20,13 +20,13 @@ _LABEL_VALUE = re.compile(rf"^({_NAME})?$")
 _TOKEN = re.compile(r"\s*(==|!=|=|!|\(|\)|,|<|>|[^\s!=(),<>]+)")
 
 
-class SelectorError(ValueError):
+class SelectorParseError(ValueError):
     """A selector string that does not parse; the message says what was expected."""
 
 
 def _check_key(key: str) -> str:
     if len(key.rsplit("/", 1)[-1]) > 63 or not _LABEL_KEY.match(key):
-        raise SelectorError(
+        raise SelectorParseError(
             f'unable to parse requirement: key: Invalid value: "{key}": name part must consist of '
             "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
         )
@@ -35,7 +35,7 @@ def _check_key(key: str) -> str:
 
 def _check_value(key: str, value: str) -> str:
     if len(value) > 63 or not _LABEL_VALUE.match(value):
-        raise SelectorError(
+        raise SelectorParseError(
             f'unable to parse requirement: values[0][{key}]: Invalid value: "{value}": a valid label must be '
             "an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end "
             "with an alphanumeric character"
@@ -99,10 +99,10 @@ class LabelSelector:
 
     @classmethod
     def parse(cls, text: str) -> LabelSelector:
-        """Parse the `labelSelector` query parameter; raises SelectorError naming the problem."""
+        """Parse the `labelSelector` query parameter; raises SelectorParseError naming the problem."""
         tokens = [m.group(1) for m in _TOKEN.finditer(text)]
         if "".join(tokens) != re.sub(r"\s+", "", text):
-            raise SelectorError(f"unable to parse requirement: unexpected characters in {text!r}")
+            raise SelectorParseError(f"unable to parse requirement: unexpected characters in {text!r}")
         parser = _LabelParser(tokens, text)
         return cls(tuple(parser.parse()))
 
@@ -129,7 +129,9 @@ class _LabelParser:
     def _take(self, expected: str) -> str:
         token = self._peek()
         if token is None:
-            raise SelectorError(f"unable to parse requirement: found end of selector, expected: {expected}")
+            raise SelectorParseError(
+                f"unable to parse requirement: found end of selector, expected: {expected}"
+            )
         self._pos += 1
         return token
 
@@ -143,13 +145,13 @@ class _LabelParser:
             if token is None:
                 return requirements
             if token != ",":
-                raise SelectorError(f"found '{token}', expected: ',' or 'end of string'")
+                raise SelectorParseError(f"found '{token}', expected: ',' or 'end of string'")
             self._pos += 1
 
     def _identifier(self, what: str) -> str:
         token = self._take(what)
         if token in ("==", "!=", "=", "!", "(", ")", ",", "<", ">"):
-            raise SelectorError(f"unable to parse requirement: found '{token}', expected: {what}")
+            raise SelectorParseError(f"unable to parse requirement: found '{token}', expected: {what}")
         return token
 
     def _requirement(self) -> LabelRequirement:
@@ -168,14 +170,14 @@ class _LabelParser:
         if op in ("<", ">"):
             value = self._value()
             if not re.fullmatch(r"-?\d+", value):
-                raise SelectorError(
+                raise SelectorParseError(
                     f"unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer, "
                     f"got {value!r}"
                 )
             return LabelRequirement(key, op, (value,))  # type: ignore[arg-type]
         if op in ("in", "notin"):
             return LabelRequirement(key, op, self._set(key))  # type: ignore[arg-type]
-        raise SelectorError(
+        raise SelectorParseError(
             f"unable to parse requirement: found '{op}', expected: in, notin, =, ==, !=, gt, lt"
         )
 
@@ -188,7 +190,7 @@ class _LabelParser:
 
     def _set(self, key: str) -> tuple[str, ...]:
         if self._take("'('") != "(":
-            raise SelectorError("unable to parse requirement: expected '(' after set operator")
+            raise SelectorParseError("unable to parse requirement: expected '(' after set operator")
         values: list[str] = []
         while True:
             token = self._take("',' or ')'")
@@ -203,9 +205,9 @@ class _LabelParser:
             if token == ")":
                 break
             if token != ",":
-                raise SelectorError(f"unable to parse requirement: found '{token}', expected: ',', ')'")
+                raise SelectorParseError(f"unable to parse requirement: found '{token}', expected: ',', ')'")
         if not values:
-            raise SelectorError(
+            raise SelectorParseError(
                 "unable to parse requirement: for 'in', 'notin' operators, values set can't be empty"
             )
         return tuple(values)
@@ -266,11 +268,11 @@ def _field_term(term: str, allowed: Callable[[str], bool]) -> FieldRequirement:
         if len(parts) == 2:
             name, raw_value = parts[0].strip(), parts[1]
             if not allowed(name):
-                raise SelectorError(
+                raise SelectorParseError(
                     f'"{name}" is not a known field selector: field label not supported: {name}'
                 )
             return FieldRequirement(name, op, _unescape(raw_value))  # type: ignore[arg-type]
-    raise SelectorError(f"invalid selector: '{term}'; can't understand '{term}'")
+    raise SelectorParseError(f"invalid selector: '{term}'; can't understand '{term}'")
 
 
 def _split_unescaped(text: str, sep: str, limit: int = -1) -> list[str]:

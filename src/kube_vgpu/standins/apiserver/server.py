@@ -382,7 +382,7 @@ class ApiServerStandin:
         namespace: str | None = None,
         patch_type: Literal["strategic", "merge", "json"] = "strategic",
     ) -> dict[str, Any]:
-        """Patch a whole object, status included; raises ApiError (404, 409, 422) as the API would."""
+        """Patch a whole object, status included; raises StatusError (404, 409, 422) as the API would."""
         rt = lookup(kind)
         if patch_type not in _PATCH_TYPES:
             raise ValueError(f"patch_type must be one of {sorted(_PATCH_TYPES)}, got {patch_type!r}")

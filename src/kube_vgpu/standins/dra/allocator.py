@@ -184,7 +184,7 @@ class _Pick:
 
 
 @dataclass
-class Allocator:
+class ClaimAllocator:
     """Allocates claims from the given slices and classes, given the claims allocated already."""
 
     slices: Sequence[Mapping[str, Any]]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.standins.dra.allocator import Allocator, Selector, Unschedulable, cel_selector
+from kube_vgpu.standins.dra.allocator import ClaimAllocator, Selector, Unschedulable, cel_selector
 
 __all__ = ["DraScheduler", "Unschedulable"]
 
@@ -37,7 +37,7 @@ class DraScheduler:
                 if (c.get("status") or {}).get("allocation") is not None
                 and c["metadata"]["uid"] != claim["metadata"]["uid"]
             ]
-            allocator = Allocator(
+            allocator = ClaimAllocator(
                 self.api.list("ResourceSlice"),
                 {c["metadata"]["name"]: c for c in self.api.list("DeviceClass")},
                 others,

@@ -61,7 +61,7 @@ def _vgpu_ready(node: Mapping[str, Any]) -> bool:
 
 
 @dataclass(frozen=True)
-class Placement:
+class VolcanoBinding:
     """Where a pod goes and the device list it carries."""
 
     node: str
@@ -74,7 +74,7 @@ def place(
     pods: Sequence[Mapping[str, Any]],
     names: ResourceNames,
     mig_chooser: MigChooser | None = None,
-) -> Placement | str:
+) -> VolcanoBinding | str:
     """The first node (by name) the pod fits, or the reasons it fits none."""
     reasons: list[str] = []
     for node in sorted(nodes, key=lambda x: x["metadata"]["name"]):
@@ -91,7 +91,7 @@ def place(
         except NoFit as exc:
             reasons.append(f"{name}: {exc}")
             continue
-        return Placement(name, encode_pod_devices(plan))
+        return VolcanoBinding(name, encode_pod_devices(plan))
     return "; ".join(reasons) or "no nodes"
 
 
@@ -116,11 +116,11 @@ class VolcanoStandin:
         self.node_lock = node_lock
         self.clock = clock
 
-    def schedule_once(self) -> dict[str, Placement | str]:
+    def schedule_once(self) -> dict[str, VolcanoBinding | str]:
         """Bind every pending pod that fits; returns pod key -> placement or the reason it waits."""
         nodes = self.kube.list("node")["items"]
         pods = self.kube.list("pod")["items"]
-        outcome: dict[str, Placement | str] = {}
+        outcome: dict[str, VolcanoBinding | str] = {}
         for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", "")):
             spec = pod.get("spec") or {}
             if spec.get("nodeName") or spec.get("schedulerName") != self.scheduler_name:
@@ -174,7 +174,7 @@ class VolcanoStandin:
                 time.sleep(0.1)
         return f"node {node_name} lock not taken: {LOCK_TRIES} conflicts"
 
-    def _bind(self, namespace: str, name: str, placement: Placement) -> None:
+    def _bind(self, namespace: str, name: str, placement: VolcanoBinding) -> None:
         now = str(int(time.time()))
         annotations = {
             n.VGPU_NODE: placement.node,

@@ -1,4 +1,5 @@
-"""Bounded work per review (SPEC §2.3): limits on a pod's containers, volumes, mounts and env entries,
+"""Bounded work per review (docs/webhook.md, "Bounded work per review"): limits on a pod's containers,
+volumes, mounts and env entries,
 checked before anything walks them.
 
 Every rule of admission walks these lists (the shape check, the limits parser, the isolation check,

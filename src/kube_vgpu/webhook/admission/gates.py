@@ -14,7 +14,7 @@ from kube_vgpu.contract.resources import PodRequest
 from kube_vgpu.webhook.placement.inventory import Inventory
 
 
-class ClusterView(Protocol):
+class AdmissionView(Protocol):
     """What admission knows about the cluster: the GPU inventory and namespace labels."""
 
     @property
@@ -27,7 +27,7 @@ class ClusterView(Protocol):
         ...
 
 
-class ValidationView(ClusterView, Protocol):
+class ValidationView(AdmissionView, Protocol):
     """What the validating phase also needs: whether the view is fresh."""
 
     def fresh(self) -> bool:

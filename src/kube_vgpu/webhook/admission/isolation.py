@@ -1,4 +1,4 @@
-"""Ways out of the HAMi-core limits that a pod spec can ask for, refused at admission (SPEC §2.2 step 3).
+"""Ways out of the HAMi-core limits that a pod spec can ask for, refused at admission.
 
 Pure: a pod dict and the configuration in, the first escape found (or None) out. The node plugin hands
 a vGPU container its limits through environment variables and bind mounts; a container that sets

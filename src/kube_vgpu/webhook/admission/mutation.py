@@ -1,12 +1,12 @@
-"""The mutating decision for one pod CREATE (SPEC §2.1): pure, no I/O, the pod before in and a verdict out.
+"""The mutating decision for one pod CREATE: pure, no I/O, the pod before in and a verdict out.
 
 The pod is only read: each rule writes the JSONPatch operation for the field it sets
-(`webhook.patch`), and writes nothing when the pod already holds that value, so a second admission
+(`webhook.admission.patch`), and writes nothing when the pod already holds that value, so a second admission
 of the output is an empty patch; property tests keep the patch equal in effect to the diff of the
-pod before and after. The order of the rules is the SPEC's: malformed values and safety first (a denial
+pod before and after. The order of the rules is docs/webhook.md's: malformed values and safety first (a denial
 names what to fix), then defaults, scheduler, mode and selectors. Quota is not here: this phase may
 be called twice for one pod and sees no name or uid for a `generateName` pod, so quota is decided
-once, on the final object, by the validating phase (`webhook.validation`).
+once, on the final object, by the validating phase (`webhook.admission.validation`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from kube_vgpu.contract.names import (
 )
 from kube_vgpu.contract.resources import PodRequest
 from kube_vgpu.webhook.admission.bounds import WorkBounds
-from kube_vgpu.webhook.admission.gates import ClusterView
+from kube_vgpu.webhook.admission.gates import AdmissionView
 from kube_vgpu.webhook.admission.patch import PatchBuilder, pointer
 from kube_vgpu.webhook.admission.review import ALLOWED, AdmissionRequest, Verdict
 from kube_vgpu.webhook.admission.safety import (
@@ -42,7 +42,7 @@ from kube_vgpu.webhook.admission.safety import (
 )
 from kube_vgpu.webhook.placement import affinity
 from kube_vgpu.webhook.placement.fit import never_fits_in
-from kube_vgpu.webhook.placement.limits import LimitExceeded, Limits, check_affinity, check_selectors
+from kube_vgpu.webhook.placement.limits import LimitExceeded, SelectorBounds, check_affinity, check_selectors
 from kube_vgpu.webhook.placement.resolve import (
     Placement,
     clip,
@@ -113,7 +113,7 @@ class Admission:
     """The mutating pipeline with its configuration and cluster view."""
 
     config: Config
-    view: ClusterView
+    view: AdmissionView
 
     @functools.cached_property
     def bounds(self) -> WorkBounds:
@@ -121,9 +121,9 @@ class Admission:
         return WorkBounds.of(self.config.webhook)
 
     @functools.cached_property
-    def _limits(self) -> Limits:
+    def _limits(self) -> SelectorBounds:
         """The work limits, read from the configuration once rather than per review."""
-        return Limits.of(self.config.webhook)
+        return SelectorBounds.of(self.config.webhook)
 
     def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
@@ -138,7 +138,7 @@ class Admission:
             )
         pod = request.object
         namespace = request.namespace or str((pod.get("metadata") or {}).get("namespace", ""))
-        # Only the namespace can opt out: a pod's labels are written by its author (SPEC §1).
+        # Only the namespace can opt out: a pod's labels are written by its author.
         namespace_labels = self.view.namespace_labels(namespace) or {}
         if namespace_labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             return ALLOWED
@@ -245,9 +245,10 @@ class Admission:
     def _default_resources(
         self, pod: Mapping[str, Any], pod_request: PodRequest, patch: PatchBuilder
     ) -> None:
-        """Defaults for a vGPU container's limits and requests (SPEC §2.1 step 0 and §2.2 step 1).
+        """Defaults for a vGPU container's limits and requests.
 
-        Step 0: a container asking only memory/percentage/cores gets `vgpu-number: 1`. Step 1: with
+        Step 0: a container asking only memory/percentage/cores gets `vgpu-number: 1` (the kubelet
+        calls the node plugin only for `vgpu-number`). Step 1: with
         `defaultCores` set, one stating no cores gets that limit; without it HAMi-core runs the
         container with no SM limit, and quota charges it a whole GPU.
         """
@@ -283,7 +284,7 @@ class Admission:
                     patch.set(amounts, (*path, "resources", part, name), value)
 
     def _set_scheduler(self, pod: Mapping[str, Any], patch: PatchBuilder) -> None:
-        """SPEC §2.1 step 1."""
+        """The scheduler: an empty or `default-scheduler` name becomes the configured one."""
         spec: Mapping[str, Any] = pod["spec"]
         ours = self.config.webhook.scheduler_name
         current = spec.get("schedulerName") or ""

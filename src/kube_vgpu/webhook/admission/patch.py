@@ -3,7 +3,7 @@
 Diffing the whole pod before and after (and deep-copying it to have an "after") cost most of a
 review's time; each rule knows the one field it sets, so it says so here. `set` skips a value the
 pod already holds, which keeps a second admission of the webhook's own output an empty patch.
-The diff (`webhook.review.make_patch`) stays as the reference the property tests compare against.
+The diff (`webhook.admission.review.make_patch`) stays as the reference the property tests compare against.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The safety rules of admission (SPEC §2.2 steps 2-3): pure checks that raise `Denied` naming the fix.
+"""The safety rules of admission: pure checks that raise `Denied` naming the fix.
 
 Used by the validating phase on the final object, and by the mutating phase too, so a pod that can
 never be admitted is told so before any rewrite. Nothing here reads pod labels: a pod's labels are its

@@ -1,10 +1,12 @@
-"""The validating decision for one pod CREATE or UPDATE (SPEC §2.2): no I/O of its own, a verdict out.
+"""The validating decision for one pod CREATE or UPDATE: no I/O of its own, a verdict out.
 
 Awaitable only because the quota step it calls last records a reservation through the API
 (`kube_vgpu.webhook.quota.shared`); every rule here is plain computation on the request.
 
 The API server calls this phase exactly once per write, after every mutation, with the final object:
-name, uid and creationTimestamp filled in (facts `apiserver-admission.md` §2). So quota is decided
+name, uid and creationTimestamp filled in (the order of
+k8s.io/apiserver's admission chain: mutating webhooks, then defaults and names, then validating ones). So
+quota is decided
 here, keyed by the pod's uid, and the safety rules judge what will really be stored. It never
 patches. Pod labels exempt nothing; only a namespace label opts a namespace out.
 """

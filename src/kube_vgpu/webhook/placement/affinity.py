@@ -230,24 +230,15 @@ def own_terms(pod: Mapping[str, Any], previous: Sequence[Requirement]) -> list[T
     return _strip([t for t in existing if isinstance(t, dict)], previous)
 
 
-def required_after(
-    pod: Mapping[str, Any], alternatives: Sequence[Sequence[Requirement]], previous: Sequence[Requirement]
-) -> Any:
-    """`spec.affinity` once `previous` is taken off the required node affinity and `alternatives` ANDed in.
-
-    None stands for no affinity at all; the pod is not changed.
-    """
-    return required_with(pod, own_terms(pod, previous), alternatives, previous)
-
-
 def required_with(
     pod: Mapping[str, Any],
     own: list[Term] | None,
     alternatives: Sequence[Sequence[Requirement]],
     previous: Sequence[Requirement],
 ) -> Any:
-    """`required_after` for a caller that already has `own_terms(pod, previous)` (admission checks
-    its size first), so the pod's terms are not read and stripped twice."""
+    """`spec.affinity` once `previous` is taken off the required node affinity and `alternatives` ANDed
+    in; None stands for no affinity at all, and the pod is not changed. `own` is
+    `own_terms(pod, previous)`, which admission reads first to check its size."""
     spec = pod.get("spec") or {}
     affinity, node_affinity, required = _required(pod)
     terms = combine(own, alternatives)
@@ -273,15 +264,3 @@ def required_with(
             "requiredDuringSchedulingIgnoredDuringExecution": {**required, "nodeSelectorTerms": terms},
         },
     }
-
-
-def apply_required(
-    pod: dict[str, Any], alternatives: Sequence[Sequence[Requirement]], previous: Sequence[Requirement]
-) -> None:
-    """Rewrite `pod`'s required node affinity in place (`required_after`, written back)."""
-    after = required_after(pod, alternatives, previous)
-    spec = pod.setdefault("spec", {})
-    if after is None:
-        spec.pop("affinity", None)
-    else:
-        spec["affinity"] = after

@@ -1,6 +1,6 @@
 """Whether a vGPU pod can ever fit the GPUs the cluster has: pure, inventory in, warnings out.
 
-Each vGPU of a container sits on a different GPU of one node (SPEC §1), so a container asking
+Each vGPU of a container sits on a different GPU of one node, so a container asking
 N vGPUs of M MiB needs a node with N GPUs of at least M MiB each. Checked against every GPU node
 the webhook knows, whatever the pod's selectors (a pod that fits nowhere fits none of its selected
 GPUs either). The answer is a warning, not a denial: an autoscaled cluster may add a bigger node

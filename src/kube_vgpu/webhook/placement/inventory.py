@@ -1,4 +1,4 @@
-"""The cluster's GPUs as the webhook resolves selectors against them, kept from Node objects (SPEC §1, §2).
+"""The cluster's GPUs as the webhook resolves selectors against them, kept from Node objects.
 
 Models, UUIDs and mode come from the labels the node plugin publishes; each GPU's memory and register
 TYPE from Volcano's register annotation, matched by UUID. Nodes are added and removed one at a time as

@@ -1,4 +1,4 @@
-"""Bounded work per review (SPEC §2.1 step 3): limits on selector lists and on the affinity they build.
+"""Bounded work per review: limits on selector lists and on the affinity they build.
 
 The affinity rewrite multiplies the pod's own `nodeSelectorTerms` by the selectors' alternatives.
 Unchecked, one small pod (100 terms x 1,000 UUIDs) kept the event loop busy for seconds and built
@@ -22,7 +22,7 @@ class LimitExceeded(ValueError):
 
 
 @dataclass(frozen=True)
-class Limits:
+class SelectorBounds:
     """The three limits, as configured."""
 
     selector_items: int
@@ -30,12 +30,12 @@ class Limits:
     affinity_expressions: int
 
     @classmethod
-    def of(cls, config: WebhookConfig) -> Limits:
+    def of(cls, config: WebhookConfig) -> SelectorBounds:
         """The limits a webhook configuration sets."""
         return cls(config.max_selector_items, config.max_affinity_terms, config.max_affinity_expressions)
 
 
-def check_selectors(sel: Selectors, limits: Limits) -> None:
+def check_selectors(sel: Selectors, limits: SelectorBounds) -> None:
     """Refuse a selector list longer than `webhook.maxSelectorItems` (items as written, duplicates too)."""
     if not sel.any:
         return  # no list at all, as on most pods
@@ -55,7 +55,7 @@ def check_selectors(sel: Selectors, limits: Limits) -> None:
 def check_affinity(
     own_terms: Sequence[affinity.Term] | None,
     alternatives: Sequence[Sequence[affinity.Requirement]],
-    limits: Limits,
+    limits: SelectorBounds,
 ) -> None:
     """Refuse a rewrite whose required node affinity would pass `maxAffinityTerms` or `...Expressions`."""
     size = affinity.combined_size(own_terms, alternatives)

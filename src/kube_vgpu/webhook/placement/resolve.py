@@ -1,4 +1,4 @@
-"""Where a vGPU pod may go: its mode and GPU selectors resolved against the inventory (SPEC §2.1 steps 2-3).
+"""Where a vGPU pod may go: its mode and GPU selectors resolved against the inventory.
 
 Pure: selectors, the pod's request and the inventory in; node-affinity alternatives and the Volcano
 type annotation out. A selector that matches no GPU today still constrains the pod, with a term that
@@ -71,7 +71,7 @@ class Placement:
 def token_label(token: str) -> str | None:
     """The model label name `token` spells, or None if no label name can hold it.
 
-    Nodes label a model by its NVML name with spaces as `-` (SPEC §1). A token whose characters
+    Nodes label a model by its NVML name with spaces as `-`. A token whose characters
     would have to be replaced or cut to fit a label name names no label a node publishes.
     """
     wanted = token.strip().replace(" ", "-")
@@ -124,7 +124,8 @@ def _uuid_alternatives(
 ) -> list[list[affinity.Requirement]]:
     """`Exists` on the `gpu-uuid.kube-vgpu.io/` label of the wanted GPUs, one alternative per node.
 
-    One GPU's label already picks its node, and Volcano's own allowlist (exact, protocol §3.1) then
+    One GPU's label already picks its node, and Volcano's own allowlist (exact:
+    `pkg/scheduler/api/devices/nvidia/vgpu/type.go`) then
     picks among that node's GPUs, so a long list never gives more alternatives than nodes. UUIDs no
     node holds today multiply nothing: beside a known one they add nothing; alone, a single one is
     waited for by its label, and several by Volcano's exact allowlist (one alternative in all).
@@ -163,7 +164,7 @@ def _future_model_alternatives(sel: Selectors, inv: Inventory) -> list[list[affi
 
 
 def resolve_placement(sel: Selectors, request: PodRequest, inv: Inventory, default_mode: Mode) -> Placement:
-    """Resolve selectors and mode against the inventory into node requirements (SPEC §2.1 steps 2-3).
+    """Resolve selectors and mode against the inventory into node requirements.
 
     The answer depends on the pod only through its selectors and its largest memory ask, so it is
     memoised by those, the mode and the inventory's state (see the module docstring). The Placement

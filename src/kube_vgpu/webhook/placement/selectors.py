@@ -1,4 +1,4 @@
-"""The pod annotations a user selects GPUs with (SPEC §1), parsed and validated.
+"""The pod annotations a user selects GPUs with (docs/usage.md), parsed and validated.
 
 Alias keys are folded into the Volcano keys here (a disagreement between the two is refused), and
 the type selectors are read from the webhook's own copy when the pod has been admitted before: the

@@ -27,7 +27,7 @@ _PLAIN_INT = re.compile(r"^[0-9]+$")
 # What a vGPU with no SM limit can use: the whole GPU (HAMi-core reads an unset or 0 limit as none).
 WHOLE_GPU_CORES: Final = 100
 GpuMemory = Callable[[str], "int | None"]
-# MiB per vGPU asked -> MiB charged: the MIG slot a `mig` pod will hold (`webhook.mig_charge`).
+# MiB per vGPU asked -> MiB charged: the MIG slot a `mig` pod will hold (`webhook.quota.mig_charge`).
 SlotSize = Callable[[int], int]
 
 
@@ -82,7 +82,8 @@ def needs_gpu_size(container: ContainerRequest) -> bool:
     """Whether the container's memory depends on the card: a percentage, or neither memory key.
 
     Volcano books a container that names neither `vgpu-memory` nor a percentage at 100 % of the
-    card (protocol §3.2: MemPercentagereq defaults to 100 when Memreq is 0), so it is charged a
+    card (Volcano's `pkg/scheduler/api/devices/nvidia/vgpu/utils.go`: MemPercentagereq defaults to 100 when
+    Memreq is 0), so it is charged a
     whole card per vGPU, which is what it holds.
     """
     return container.asks_vgpu and container.memory_mib is None
@@ -109,7 +110,8 @@ def container_charge(
     if booked_mib is not None:
         if slot is None:
             return Charge(number, booked_mib, cores)
-        # A mig booking records the MiB asked (protocol §4.2), but the card gives the whole slot:
+        # A mig booking records the MiB asked (Volcano's `nvidia/vgpu/utils.go` `encodeContainerDevices`), but
+        # the card gives the whole slot:
         # charge at least the slot, or a 1 MiB ask would cost 1 MiB once booked.
         try:
             held = container_charge(container, gpu_mib=gpu_mib, slot=slot).memory_mib
@@ -125,7 +127,8 @@ def container_charge(
             "and no GPU it could use is known"
         )
     percent = container.memory_percent if container.memory_percent is not None else 100
-    # Volcano's own rounding (protocol §3.3): floor(card MEM x pct / 100) per card.
+    # Volcano's own rounding (Volcano's `nvidia/vgpu/utils.go` `checkNodeGPUSharingPredicateAndScore`):
+    # floor(card MEM x pct / 100) per card.
     per_vgpu = gpu_mib * percent // 100
     return Charge(number, number * (slot(per_vgpu) if slot is not None else per_vgpu), cores)
 
@@ -211,8 +214,9 @@ def booked_memory(
 ) -> dict[str, int]:
     """Per app container, the MiB the scheduler booked for it, read from `volcano.sh/vgpu-ids-new`.
 
-    The scheduler writes one entry per vGPU app container in `spec.containers` order (protocol
-    §4.2); an entry count that does not match, a list that does not decode, or an entry that
+    The scheduler writes one entry per vGPU app container in `spec.containers` order (Volcano's
+    `nvidia/vgpu/utils.go` `encodeContainerDevices`); an entry count that does not match, a list that does not
+    decode, or an entry that
     disagrees with its container's limits (`_booking_agrees`) yields nothing for that pod, and the
     caller falls back to the spec. `gpu_memory(uuid)` gives a GPU's MiB, to check percentages.
     """
@@ -235,7 +239,7 @@ def booked_memory(
 
 
 @dataclass(frozen=True)
-class Limits:
+class QuotaLimits:
     """A namespace's quota: None = unlimited for that resource; `invalid` names labels that do not parse."""
 
     number: int | None = None
@@ -257,13 +261,13 @@ class Limits:
         return self.number is not None or self.memory_mib is not None or self.cores is not None
 
 
-UNLIMITED: Final = Limits()
+UNLIMITED: Final = QuotaLimits()
 
 
 _LABEL_SET: Final = frozenset(LABELS.values())
 
 
-def parse_limits(labels: Mapping[str, str]) -> Limits:
+def parse_limits(labels: Mapping[str, str]) -> QuotaLimits:
     """The quota a namespace's labels set. Values must be plain non-negative integers."""
     if not labels.keys() & _LABEL_SET:
         return UNLIMITED  # the namespace of nearly every review sets no quota (read up to 3 times a review)
@@ -279,7 +283,7 @@ def parse_limits(labels: Mapping[str, str]) -> Limits:
         else:
             values[resource] = None
             invalid.append((label, str(raw)))
-    return Limits(values["vgpu-number"], values["vgpu-memory"], values["vgpu-cores"], tuple(invalid))
+    return QuotaLimits(values["vgpu-number"], values["vgpu-memory"], values["vgpu-cores"], tuple(invalid))
 
 
 _UNITS: Final[dict[Resource, tuple[str, str]]] = {
@@ -295,7 +299,7 @@ def amount_text(resource: Resource, amount: int) -> str:
     return f"{amount}{singular if amount == 1 else plural}"
 
 
-def exceeded(request: Charge, usage: Charge, limits: Limits) -> list[Resource]:
+def exceeded(request: Charge, usage: Charge, limits: QuotaLimits) -> list[Resource]:
     """The resources whose limit `usage + request` passes, in label order."""
     out: list[Resource] = []
     for resource in RESOURCES:
@@ -314,7 +318,7 @@ def exceeded_message(
     resources: Iterable[Resource],
     request: Charge,
     usage: Charge,
-    limits: Limits,
+    limits: QuotaLimits,
     *,
     reasons: Mapping[Resource, Sequence[str]] | None = None,
 ) -> str:

@@ -17,7 +17,7 @@ from typing import Protocol
 from kube_vgpu.webhook.admission.gates import QuotaRequest
 from kube_vgpu.webhook.quota.charge import (
     Charge,
-    Limits,
+    QuotaLimits,
     Resource,
     charge_reasons,
     exceeded_message,
@@ -55,7 +55,7 @@ class NamespaceQuota:
         self.denials: DenialCounter | None = None
         # The last labels each namespace's reviews carried; the metrics module reports limits from it
         # when it is not given the cache's namespaces.
-        self.last_limits: dict[str, Limits] = {}
+        self.last_limits: dict[str, QuotaLimits] = {}
 
     def reserved(self, namespace: str) -> Charge:
         """Admissions (by any replica) whose pod the cache does not show yet."""

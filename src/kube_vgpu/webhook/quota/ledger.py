@@ -38,7 +38,7 @@ from kube_vgpu.webhook.quota.charge import (
     pod_needs_gpu_size,
     restartable_init_flags,
 )
-from kube_vgpu.webhook.quota.shared import CacheState
+from kube_vgpu.webhook.quota.shared import NamespaceSnapshot
 
 log = logging.getLogger("kube_vgpu.webhook.quota")
 
@@ -215,7 +215,7 @@ class QuotaLedger:
         for pod in pods:
             self.pod_seen(pod, size_again=True)
 
-    def cache_state(self, namespace: str) -> CacheState:
+    def cache_state(self, namespace: str) -> NamespaceSnapshot:
         """What the cache says about `namespace` for a decision against shared reservations."""
         now = self._clock()
         while self._gone:
@@ -240,7 +240,7 @@ class QuotaLedger:
             pod = pods.get(uid)
             return None if pod is None else now - pod.seen_at
 
-        return CacheState(
+        return NamespaceSnapshot(
             pods=ns.pods_total if ns is not None else ZERO,
             accounts_for=accounts_for,
             released=released,

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kube_vgpu.webhook.quota.charge import RESOURCES, Charge, Limits, Resource, parse_limits
+from kube_vgpu.webhook.quota.charge import RESOURCES, Charge, QuotaLimits, Resource, parse_limits
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 
 NamespaceLabels = Callable[[], Iterable[tuple[str, Mapping[str, str]]]]
@@ -53,7 +53,7 @@ class QuotaMetrics(Collector):
             with contextlib.suppress(KeyError):
                 self._denied.remove(namespace, reason)
 
-    def _limits(self) -> dict[str, Limits]:
+    def _limits(self) -> dict[str, QuotaLimits]:
         if self._namespaces is None:
             return dict(self._gate.last_limits)
         return {name: parse_limits(labels) for name, labels in self._namespaces()}

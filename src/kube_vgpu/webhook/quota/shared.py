@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kube_vgpu.webhook.quota.charge import Charge, Limits, Resource, exceeded
+from kube_vgpu.webhook.quota.charge import Charge, QuotaLimits, Resource, exceeded
 
 OBJECT_PREFIX = "kube-vgpu-quota-"
 # The namespace an object belongs to, on the object: readable by operators, and checked on every
@@ -117,7 +117,7 @@ def encode_object(
 
 
 @dataclass(frozen=True)
-class CacheState:
+class NamespaceSnapshot:
     """What this replica's cache says about one namespace at the moment of deciding."""
 
     # Non-terminal vGPU pods the cache shows (what Kubernetes' quota calls usage).
@@ -175,7 +175,7 @@ class Ask:
 
     uid: str
     charge: Charge
-    limits: Limits
+    limits: QuotaLimits
     reserve: bool  # False for dry runs: decide, book nothing
 
 
@@ -195,7 +195,7 @@ class Answer:
 
 def prune(
     entries: Mapping[str, Entry],
-    cache: CacheState,
+    cache: NamespaceSnapshot,
     now: float,
     lifetime: float,
     first_seen: Mapping[str, float] | None = None,
@@ -226,7 +226,7 @@ def prune(
 
 def in_flight(
     entries: Mapping[str, Entry],
-    cache: CacheState,
+    cache: NamespaceSnapshot,
     now: float,
     lifetime: float,
     first_seen: Mapping[str, float] | None = None,
@@ -242,7 +242,7 @@ def in_flight(
 def decide(
     entries: Mapping[str, Entry],
     asks: Iterable[Ask],
-    cache: CacheState,
+    cache: NamespaceSnapshot,
     *,
     now: float,
     lifetime: float,

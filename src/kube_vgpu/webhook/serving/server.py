@@ -1,7 +1,7 @@
 """The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz`.
 
 The handler aiohttp calls reads the body (within the process-wide body budget), asks the pure
-pipeline of the path's phase (`webhook.admission` for /mutate, `webhook.validation` for /validate),
+pipeline of the path's phase (`webhook.admission` for /mutate, `webhook.admission.validation` for /validate),
 and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON reason;
 neither it nor a policy refusal is ever a traceback or a 5xx. Framing is aiohttp's
 (`httpedge.edge`); which connections exist is `httpedge.listener`'s.
@@ -35,7 +35,7 @@ from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.fairness import FairTurns
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
-log = logging.getLogger("kube_vgpu.webhook.server")
+log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
 # The request bodies held at once, process-wide: each connection may hold a body of up to

@@ -17,7 +17,7 @@ import ssl
 import tempfile
 from pathlib import Path
 
-log = logging.getLogger("kube_vgpu.webhook.tls")
+log = logging.getLogger(__name__)
 
 
 class TlsFilesError(RuntimeError):

@@ -139,7 +139,7 @@ def test_the_affinity_written_shares_nothing_with_the_kept_placement() -> None:
     inv = _inventory(A10_NODE, A100_NODE)
     placement = resolve_placement(WANTS_A100, SMALL, inv, "hami-core")
     kept = copy.deepcopy(placement.alternatives)
-    written = affinity.required_after(pod(), placement.alternatives, [])
+    written = affinity.required_with(pod(), affinity.own_terms(pod(), []), placement.alternatives, [])
     required = written["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     for term in required["nodeSelectorTerms"]:
         for requirement in term["matchExpressions"]:

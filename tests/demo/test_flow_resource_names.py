@@ -1,7 +1,8 @@
 """Custom resource names end to end (issue 10 item 5): HAMi-style names work through every part.
 
 Volcano reads pod requests under the names in its device ConfigMap, but its node-readiness check
-reads Volcano's default names in allocatable whatever the ConfigMap says (protocol §1.2, §7.2).
+reads Volcano's default names in allocatable whatever the ConfigMap says (Volcano's
+`pkg/scheduler/api/devices/nvidia/vgpu/device_info.go` `NewGPUDevices`).
 So: the chart's ConfigMap names the program's resources, the Volcano stand-in takes its names from
 that ConfigMap as Volcano does, the node plugin advertises Volcano's names beside the configured
 ones, and `kube-vgpu demo --once` passes with a HAMi-names config.
@@ -30,7 +31,7 @@ from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.node.publish.advertise import capacity
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.volcano.config import BUILTIN_DEVICE_CONFIG, read_device_config, request_names
-from kube_vgpu.standins.volcano.scheduler import Placement, place
+from kube_vgpu.standins.volcano.scheduler import VolcanoBinding, place
 from tests.support.helm_render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,8 +185,9 @@ def test_the_volcano_stand_in_reads_request_names_from_the_configmap(
         kube.close()
     assert request_names(config) == names
     placed = place(hami_pod(), [gpu_node()], [], request_names(config))
-    # Volcano books the HAMi-named request only when its ConfigMap names those resources (§7.2).
-    assert isinstance(placed, Placement)
+    # Volcano books the HAMi-named request only when its ConfigMap names those resources
+    # (`nvidia/vgpu/utils.go` `getConfig`).
+    assert isinstance(placed, VolcanoBinding)
     assert (placed.devices == f"{UUID_A},NVIDIA,4096,20:") == (names == HAMI)
 
 
@@ -195,7 +197,8 @@ def test_without_the_configmap_volcano_uses_its_builtin_names(apiserver: ApiServ
         config = read_device_config(kube)
     finally:
         kube.close()
-    # Protocol §3.2 and §6.1: no percentage name and no MIG geometry without the ConfigMap.
+    # Volcano's `nvidia/vgpu/utils.go` and `config/vgpu.go`: no percentage name and no MIG geometry
+    # without the ConfigMap.
     assert config == BUILTIN_DEVICE_CONFIG
     assert request_names(config).memory_percentage == "" and not config.known_mig_geometries
 
