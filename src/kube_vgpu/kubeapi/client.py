@@ -41,6 +41,10 @@ Kind = Literal[
     "event",
     "mutatingwebhookconfiguration",
     "validatingwebhookconfiguration",
+    "resourceslice",
+    "resourceclaim",
+    "resourceclaimtemplate",
+    "deviceclass",
 ]
 PatchType = Literal["merge", "strategic", "json"]
 _CONTENT_TYPES: dict[PatchType, str] = {
@@ -58,6 +62,10 @@ _KINDS: dict[Kind, tuple[bool, str, str]] = {
     "event": (False, "core", "event"),
     "mutatingwebhookconfiguration": (True, "admission", "mutating_webhook_configuration"),
     "validatingwebhookconfiguration": (True, "admission", "validating_webhook_configuration"),
+    "resourceslice": (True, "resource", "resource_slice"),
+    "resourceclaim": (False, "resource", "resource_claim"),
+    "resourceclaimtemplate": (False, "resource", "resource_claim_template"),
+    "deviceclass": (True, "resource", "device_class"),
 }
 # (API group, RBAC resource) per kind, for checking calls against `kubeapi.permissions`.
 _RBAC: dict[Kind, tuple[str, str]] = {
@@ -69,6 +77,10 @@ _RBAC: dict[Kind, tuple[str, str]] = {
     "event": ("", "events"),
     "mutatingwebhookconfiguration": ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
     "validatingwebhookconfiguration": ("admissionregistration.k8s.io", "validatingwebhookconfigurations"),
+    "resourceslice": ("resource.k8s.io", "resourceslices"),
+    "resourceclaim": ("resource.k8s.io", "resourceclaims"),
+    "resourceclaimtemplate": ("resource.k8s.io", "resourceclaimtemplates"),
+    "deviceclass": ("resource.k8s.io", "deviceclasses"),
 }
 DEFAULT_TIMEOUT = (5.0, 10.0)  # (connect, read) seconds
 
@@ -288,6 +300,7 @@ class Kube:
         self._apis: dict[str, Any] = {
             "core": k8s.CoreV1Api(api_client),
             "admission": k8s.AdmissionregistrationV1Api(api_client),
+            "resource": k8s.ResourceV1Api(api_client),
         }
 
     def close(self) -> None:

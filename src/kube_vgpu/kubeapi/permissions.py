@@ -61,6 +61,11 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("node", "patch", "pods", why="bind phase, devices-to-allocate"),
     ApiCall("node", "get", "configmaps", named="device-config", why="Volcano's MIG geometry"),
     ApiCall("node", "create", "events", why="refused Allocates (on the pod), GPU health (on the node)"),
+    # ...and, as a DRA driver, its node's ResourceSlice pool (node/dra/publisher.py).
+    ApiCall("node", "list", "resourceslices", "resource.k8s.io", why="its pool (field selector node+driver)"),
+    ApiCall("node", "create", "resourceslices", "resource.k8s.io", why="publish its pool"),
+    ApiCall("node", "update", "resourceslices", "resource.k8s.io", why="a new pool generation"),
+    ApiCall("node", "delete", "resourceslices", "resource.k8s.io", why="slices left over, and at uninstall"),
     # certificate Jobs.
     ApiCall("certs-create", "get", "secrets", named="tls-secret"),
     ApiCall("certs-create", "create", "secrets", why="names of new objects cannot be limited"),

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kube_vgpu.standins.apiserver import errors
+from kube_vgpu.standins.apiserver import dra, errors
 from kube_vgpu.standins.apiserver.errors import ApiError
 from kube_vgpu.standins.apiserver.faults import Faults, RequestRecord
 from kube_vgpu.standins.apiserver.ops import Operations, Scope, selected
@@ -132,12 +132,14 @@ class ApiHttp:
             ops.bind(namespace, pod_name, binding, dry_run=dry_run)
             return _json(errors.status_success(201), 201)
         if verb == "create":
-            return _object(rt, ops.create(rt, namespace, _parse_json(body), dry_run=dry_run), 201)
+            obj, warnings = _known_fields(rt, _parse_json(body), query)
+            return _warn(_object(rt, ops.create(rt, namespace, obj, dry_run=dry_run), 201), warnings)
         assert name is not None
         scope: Scope = "status" if sub == "status" else "main"
         if verb == "update":
-            return _object(
-                rt, ops.replace(rt, namespace, name, _parse_json(body), scope=scope, dry_run=dry_run)
+            obj, warnings = _known_fields(rt, _parse_json(body), query)
+            return _warn(
+                _object(rt, ops.replace(rt, namespace, name, obj, scope=scope, dry_run=dry_run)), warnings
             )
         if verb == "patch":
             content_type = request.headers.get("Content-Type", "")
@@ -337,6 +339,29 @@ def _bookmark_line(rt: ResourceType, bookmark: Bookmark) -> bytes:
         metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
     obj = {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": metadata}
     return encode({"type": "BOOKMARK", "object": obj}) + b"\n"
+
+
+def _known_fields(rt: ResourceType, obj: Any, query: Any) -> tuple[Any, list[str]]:
+    """The body without the unknown fields the decoder would drop, and the warnings to send; with
+    `fieldValidation=Strict`, a 400 naming the first unknown field (as the strict decoder answers)."""
+    mode = query.get("fieldValidation") or "Warn"
+    if mode not in ("Ignore", "Warn", "Strict"):
+        raise errors.bad_request(
+            f'fieldValidation must be one of "Ignore", "Warn", or "Strict", got "{mode}"'
+        )
+    unknown = dra.drop_unknown_fields(rt, obj)
+    if unknown and mode == "Strict":
+        raise errors.bad_request(
+            "strict decoding error: " + ", ".join(f'unknown field "{f}"' for f in unknown)
+        )
+    return obj, [f'unknown field "{f}"' for f in unknown] if mode == "Warn" else []
+
+
+def _warn(response: web.Response, warnings: list[str]) -> web.Response:
+    for warning in warnings:
+        # RFC 7234 warn-code 299, as the API server sends each warning.
+        response.headers.add("Warning", '299 - "' + warning.replace('"', '\\"') + '"')
+    return response
 
 
 def _json(body: Any, status: int = 200) -> web.Response:

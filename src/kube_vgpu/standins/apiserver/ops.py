@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from kube_vgpu.standins.apiserver import errors
+from kube_vgpu.standins.apiserver import dra, errors
 from kube_vgpu.standins.apiserver.defaults import (
     bare_object,
     check_namespace,
@@ -81,9 +81,17 @@ class Deleted:
 class Operations:
     """The verbs of the API over one store."""
 
-    def __init__(self, store: Store, *, graceful_pod_deletion: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        graceful_pod_deletion: bool = False,
+        feature_gates: dra.FeatureGates | None = None,
+    ) -> None:
         self.store = store
         self.graceful_pod_deletion = graceful_pod_deletion
+        # The DRA feature gates of the server imitated (what it drops from resource.k8s.io objects).
+        self.feature_gates = feature_gates if feature_gates is not None else dra.FeatureGates()
         # The clock creationTimestamp is read from (one-second resolution); tests may set it.
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
 
@@ -177,6 +185,9 @@ class Operations:
                 metadata["generation"] = 1
             default(rt, obj, creating=not direct)
             validate(rt, obj)
+            if dra.is_dra(rt):
+                dra.prepare(rt, obj, None, self.feature_gates, scope="all" if direct else "main")
+                dra.validate(rt, obj, None)
             if dry_run:
                 return Stored(obj, self.store.rv)
             return self.store.commit(rt, "ADDED", obj, None)
@@ -357,6 +368,9 @@ class Operations:
             metadata.pop("namespace", None)
         default(rt, obj, creating=False)
         validate(rt, obj)
+        if dra.is_dra(rt):
+            dra.prepare(rt, obj, old, self.feature_gates, scope=scope)
+            dra.validate(rt, obj, old)
         if rt.has_generation and _spec_part(obj) != _spec_part(old):
             metadata["generation"] = int(old["metadata"].get("generation") or 0) + 1
         metadata["resourceVersion"] = str(current.rv)

@@ -146,6 +146,24 @@ RESOURCES: tuple[ResourceType, ...] = (
         has_generation=True,
     ),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True, create_on_update=True),
+    # resource.k8s.io/v1 (pkg/registry/resource/*/strategy.go): slices and classes bump
+    # metadata.generation on spec changes; a slice is selectable by node and driver (toSelectableFields).
+    ResourceType(
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        "ResourceSlice",
+        namespaced=False,
+        selectable_fields=("spec.nodeName", "spec.driver"),
+        has_generation=True,
+    ),
+    ResourceType(
+        "resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False, has_generation=True
+    ),
+    ResourceType(
+        "resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True, subresources=("status",)
+    ),
+    ResourceType("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True),
 )
 
 

@@ -1,7 +1,8 @@
 """A stand-in for kube-apiserver that the official Kubernetes client talks to as if it were real.
 
 `ApiServerStandin` serves the REST wire contract of the resources this project uses (nodes, namespaces,
-pods with binding and status, configmaps, secrets, events, leases, webhook configurations) over HTTP or
+pods with binding and status, configmaps, secrets, events, leases, webhook configurations, and
+resource.k8s.io/v1 ResourceSlices, DeviceClasses, ResourceClaims and ResourceClaimTemplates) over HTTP or
 HTTPS on 127.0.0.1, with list/watch, resourceVersions, selectors, pagination and the three patch types;
 it injects faults (410 Gone, closed watches, outage, hang, RBAC denial), logs requests, and lets tests
 read and write its state directly. Run it on its own thread (`start()`/`stop()`, `with`) for the sync
@@ -29,6 +30,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from kube_vgpu.standins.apiserver.defaults import decoded
+from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.faults import Faults, RequestRecord
 from kube_vgpu.standins.apiserver.http import ApiHttp, ServerConfig
 from kube_vgpu.standins.apiserver.ops import Operations, with_type
@@ -66,6 +68,7 @@ class ApiServerStandin:
         default_watch_timeout_s: float = 1800.0,
         bookmark_interval_s: float = 60.0,
         seed_namespaces: bool = True,
+        feature_gates: FeatureGates | None = None,
     ) -> None:
         if (tls_cert_file is None) != (tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together: give both for HTTPS, or neither")
@@ -74,7 +77,9 @@ class ApiServerStandin:
         self._tls = (Path(tls_cert_file), Path(tls_key_file)) if tls_cert_file and tls_key_file else None
         self._ca_file = Path(ca_file) if ca_file else None
         self.store = Store(history_limit)
-        self.ops = Operations(self.store, graceful_pod_deletion=graceful_pod_deletion)
+        self.ops = Operations(
+            self.store, graceful_pod_deletion=graceful_pod_deletion, feature_gates=feature_gates
+        )
         self.faults = Faults()
         self.config = ServerConfig(
             git_version=git_version,
@@ -106,6 +111,16 @@ class ApiServerStandin:
         """Base URL clients use, e.g. `http://127.0.0.1:40123`."""
         scheme = "https" if self._tls else "http"
         return f"{scheme}://{self.host}:{self.port}"
+
+    @property
+    def feature_gates(self) -> FeatureGates:
+        """The DRA feature gates it imitates (default: Kubernetes 1.34/1.35's, consumable capacity and
+        device taints off); assign to change them for later writes."""
+        return self.ops.feature_gates
+
+    @feature_gates.setter
+    def feature_gates(self, value: FeatureGates) -> None:
+        self.ops.feature_gates = value
 
     @property
     def git_version(self) -> str:

@@ -1,0 +1,1 @@
+"""kube-vgpu as a DRA driver: ResourceSlices, the kubelet plugin, CDI."""

@@ -1,0 +1,558 @@
+"""The stand-in serves resource.k8s.io/v1 as kube-apiserver does, driven through the official client.
+
+Pinned against Kubernetes' own code:
+
+* `pkg/registry/resource/resourceslice/strategy.go`: slices are cluster-scoped, selectable by
+  `spec.nodeName` and `spec.driver` (`toSelectableFields`), get generation 1 on create and +1 on a
+  spec change; `dropDisabledFields` removes `allowMultipleAllocations` and capacity `requestPolicy`
+  while DRAConsumableCapacity is off, device `taints` while DRADeviceTaints is off, unless the stored
+  slice already uses them;
+* `pkg/registry/resource/resourceclaim/strategy.go`: a created claim's status is reset; the spec is
+  immutable (`ValidateResourceClaimUpdate`); status is written through `/status`;
+* `pkg/apis/resource/v1/defaults.go`: `allocationMode` defaults to ExactCount and `count` to 1;
+* `pkg/apis/resource/validation/validation.go`: the checks exercised below, with their messages.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kubernetes import client, watch
+
+from kube_vgpu.standins.apiserver.dra import REQUEST_FIELDS, FeatureGates
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+DRIVER = "vgpu.kube-vgpu.io"
+
+
+@pytest.fixture
+def custom(apiserver: ApiServerStandin) -> Iterator[client.CustomObjectsApi]:
+    with apiserver.api_client() as api_client:
+        yield client.CustomObjectsApi(api_client)
+
+
+def a_slice(
+    node: str = "n1", *, driver: str = DRIVER, devices: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver.split('.', maxsplit=1)[0]}"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices if devices is not None else [shared_gpu("gpu-0")],
+        },
+    }
+
+
+def shared_gpu(name: str, *, taint: bool = False) -> dict[str, Any]:
+    device: dict[str, Any] = {
+        "name": name,
+        "attributes": {"productName": {"string": "NVIDIA A100-SXM4-80GB"}, "index": {"int": 0}},
+        "allowMultipleAllocations": True,
+        "capacity": {
+            "memory": {
+                "value": "81920Mi",
+                "requestPolicy": {
+                    "default": "81920Mi",
+                    "validRange": {"min": "256Mi", "max": "81920Mi", "step": "1Mi"},
+                },
+            },
+            "cores": {
+                "value": "100",
+                "requestPolicy": {"default": "100", "validRange": {"min": "1", "step": "1"}},
+            },
+        },
+    }
+    if taint:
+        device["taints"] = [{"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}]
+    return device
+
+
+def create_slice(custom: client.CustomObjectsApi, body: dict[str, Any]) -> dict[str, Any]:
+    created: dict[str, Any] = custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+    return created
+
+
+def status_of(exc: client.ApiException) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(exc.body)
+    return body
+
+
+def test_discovery_lists_the_four_resources(apiserver: ApiServerStandin) -> None:
+    with apiserver.api_client() as api_client:
+        found = client.ResourceV1Api(api_client).get_api_resources()
+    scopes = {r.name: r.namespaced for r in found.resources}
+    assert scopes == {
+        "resourceslices": False,
+        "deviceclasses": False,
+        "resourceclaims": True,
+        "resourceclaims/status": True,
+        "resourceclaimtemplates": True,
+    }
+
+
+def test_consumable_capacity_fields_are_dropped_while_the_gate_is_off(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    stored = create_slice(custom, a_slice())
+    device = stored["spec"]["devices"][0]
+    assert "allowMultipleAllocations" not in device
+    assert device["capacity"] == {"memory": {"value": "80Gi"}, "cores": {"value": "100"}}
+
+
+def test_consumable_capacity_fields_are_kept_while_the_gate_is_on(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    apiserver.feature_gates = FeatureGates.of_release(36)
+    device = create_slice(custom, a_slice())["spec"]["devices"][0]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["memory"]["requestPolicy"] == {
+        "default": "80Gi",
+        "validRange": {"min": "256Mi", "max": "80Gi", "step": "1Mi"},
+    }
+
+
+def test_a_stored_slice_keeps_gated_fields_it_already_uses(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    # strategy.go: fields in use in the old object are never dropped on update, gate or not.
+    apiserver.feature_gates = FeatureGates(consumable_capacity=True, device_taints=True)
+    create_slice(custom, a_slice(devices=[shared_gpu("gpu-0", taint=True)]))
+    apiserver.feature_gates = FeatureGates()
+    body = a_slice(devices=[shared_gpu("gpu-0", taint=True), shared_gpu("gpu-1")])
+    body["spec"]["pool"]["generation"] = 2
+    updated = custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", "n1-vgpu", body)
+    assert [d.get("allowMultipleAllocations") for d in updated["spec"]["devices"]] == [True, True]
+    assert updated["spec"]["devices"][0]["taints"][0]["effect"] == "NoSchedule"
+
+
+def test_taints_are_dropped_while_the_gate_is_off_and_kept_while_on(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    off = create_slice(custom, a_slice("n1", devices=[shared_gpu("gpu-0", taint=True)]))
+    assert "taints" not in off["spec"]["devices"][0]
+    apiserver.feature_gates = FeatureGates(device_taints=True)
+    on = create_slice(custom, a_slice("n2", devices=[shared_gpu("gpu-0", taint=True)]))
+    (taint,) = on["spec"]["devices"][0]["taints"]
+    # defaults.go (SetDefaults_DeviceTaint): timeAdded is set when the taint is stored without one.
+    assert taint.pop("timeAdded").endswith("Z")
+    assert taint == {"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoSchedule"}
+
+
+def test_slices_are_selected_by_node_and_by_driver(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    create_slice(custom, a_slice("n1"))
+    create_slice(custom, a_slice("n2"))
+    create_slice(custom, a_slice("n1", driver="gpu.nvidia.com"))
+
+    def names(selector: str) -> list[str]:
+        found = custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices", field_selector=selector)
+        return [item["metadata"]["name"] for item in found["items"]]
+
+    assert names("spec.nodeName=n1") == ["n1-gpu", "n1-vgpu"]
+    assert names(f"spec.driver={DRIVER}") == ["n1-vgpu", "n2-vgpu"]
+    assert names(f"spec.nodeName=n1,spec.driver={DRIVER}") == ["n1-vgpu"]
+    with pytest.raises(client.ApiException) as refused:
+        names("spec.pool.name=n1")
+    assert refused.value.status == 400
+    assert "spec.pool.name" in status_of(refused.value)["message"]
+
+
+def test_slices_are_watched_with_their_field_selector(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    listed = custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices")
+    create_slice(custom, a_slice("n2"))
+    create_slice(custom, a_slice("n1"))
+    events = watch.Watch().stream(
+        custom.list_cluster_custom_object,
+        GROUP,
+        VERSION,
+        "resourceslices",
+        field_selector="spec.nodeName=n1",
+        resource_version=listed["metadata"]["resourceVersion"],
+        timeout_seconds=5,
+    )
+    first = next(events)
+    assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", "n1-vgpu")
+
+
+def test_slice_generation_follows_spec_changes_only(custom: client.CustomObjectsApi) -> None:
+    created = create_slice(custom, a_slice())
+    assert created["metadata"]["generation"] == 1
+    labelled = custom.patch_cluster_custom_object(
+        GROUP, VERSION, "resourceslices", "n1-vgpu", {"metadata": {"labels": {"a": "b"}}}
+    )
+    assert labelled["metadata"]["generation"] == 1
+    bumped = custom.patch_cluster_custom_object(
+        GROUP, VERSION, "resourceslices", "n1-vgpu", {"spec": {"pool": {"generation": 2}}}
+    )
+    assert bumped["metadata"]["generation"] == 2
+
+
+def test_slice_driver_pool_and_node_are_immutable(custom: client.CustomObjectsApi) -> None:
+    create_slice(custom, a_slice())
+    with pytest.raises(client.ApiException) as refused:
+        custom.patch_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", "n1-vgpu", {"spec": {"nodeName": "n2", "pool": {"name": "n2"}}}
+        )
+    assert refused.value.status == 422
+    message = status_of(refused.value)["message"]
+    assert "spec.pool.name: Invalid value: field is immutable" in message
+    assert "spec.nodeName: Invalid value: field is immutable" in message
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"name": "GPU_0"}, 'spec.devices[0].name: Invalid value: "GPU_0"'),
+        ({"name": "g" * 64}, "must be no more than 63 characters"),
+        ({"attributes": {"driverVersion": {"version": "550.54"}}}, "must be a string compatible with semver"),
+        ({"attributes": {"productName": {"string": "x" * 65}}}, "Too long: may not be more than 64 bytes"),
+        ({"attributes": {"both": {"int": 1, "bool": True}}}, "exactly one value must be specified"),
+        ({"attributes": {"a" * 33: {"int": 1}}}, "Too long: may not be more than 32 bytes"),
+        ({"attributes": {"x/y/z": {"int": 1}}}, "must not contain more than one slash"),
+        ({"taints": [{"key": "k", "effect": "PreferNoSchedule"}]}, 'Unsupported value: "PreferNoSchedule"'),
+    ],
+)
+def test_device_validation_names_the_field(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi, change: dict[str, Any], expected: str
+) -> None:
+    apiserver.feature_gates = FeatureGates.of_release(36)
+    with pytest.raises(client.ApiException) as refused:
+        create_slice(custom, a_slice(devices=[{**shared_gpu("gpu-0"), **change}]))
+    assert refused.value.status == 422
+    assert expected in status_of(refused.value)["message"]
+
+
+def test_a_request_policy_without_multiple_allocations_is_forbidden(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    apiserver.feature_gates = FeatureGates.of_release(36)
+    device = shared_gpu("gpu-0")
+    del device["allowMultipleAllocations"]
+    with pytest.raises(client.ApiException) as refused:
+        create_slice(custom, a_slice(devices=[device]))
+    assert (
+        "capacity[memory].requestPolicy: Forbidden: allowMultipleAllocations must be true"
+        in (status_of(refused.value)["message"])
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ({"default": "100Mi", "validRange": {"min": "256Mi"}}, "default is less than min"),
+        ({"default": "80Gi", "validRange": {"min": "81Gi"}}, "min is larger than capacity value"),
+        ({"default": "80Gi", "validRange": {"min": "1Mi", "step": "0"}}, "must be greater than zero"),
+        ({"default": "1000", "validRange": {"min": "1Mi", "step": "1Mi"}}, "not a multiple of a given step"),
+        ({"validRange": {"min": "1Mi"}}, "default: Required value"),
+        ({"default": "1Gi", "validValues": ["2Gi", "1Gi"]}, "sorted in ascending order"),
+    ],
+)
+def test_request_policy_validation(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi, policy: dict[str, Any], expected: str
+) -> None:
+    apiserver.feature_gates = FeatureGates.of_release(36)
+    device = shared_gpu("gpu-0")
+    device["capacity"]["memory"]["requestPolicy"] = policy
+    with pytest.raises(client.ApiException) as refused:
+        create_slice(custom, a_slice(devices=[device]))
+    assert expected in status_of(refused.value)["message"]
+
+
+def test_device_count_limit_on_both_sides(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    many = [{"name": f"gpu-{i}"} for i in range(128)]
+    assert len(create_slice(custom, a_slice("n1", devices=many))["spec"]["devices"]) == 128
+    with pytest.raises(client.ApiException) as refused:
+        create_slice(custom, a_slice("n2", devices=[*many, {"name": "gpu-128"}]))
+    assert "spec.devices: Too many: 129: must have at most 128 items" in status_of(refused.value)["message"]
+    # With taints (an advanced feature) the limit is 64 (ResourceSliceMaxDevicesWithAdvancedFeatures).
+    apiserver.feature_gates = FeatureGates(device_taints=True)
+    tainted = [{"name": f"gpu-{i}", "taints": [{"key": "k", "effect": "NoSchedule"}]} for i in range(65)]
+    with pytest.raises(client.ApiException) as refused:
+        create_slice(custom, a_slice("n3", devices=tainted))
+    assert "must have at most 64 items" in status_of(refused.value)["message"]
+    assert len(create_slice(custom, a_slice("n4", devices=tainted[:64]))["spec"]["devices"]) == 64
+
+
+def test_a_capacity_that_is_no_quantity_is_a_bad_request(custom: client.CustomObjectsApi) -> None:
+    device = {"name": "gpu-0", "capacity": {"memory": {"value": "eighty gigs"}}}
+    with pytest.raises(client.ApiException) as refused:
+        create_slice(custom, a_slice(devices=[device]))
+    assert refused.value.status == 400
+    assert "spec.devices[0].capacity[memory].value" in status_of(refused.value)["message"]
+
+
+# -- DeviceClass -------------------------------------------------------------------------------------
+
+
+def device_class(**spec: Any) -> dict[str, Any]:
+    selectors = [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DeviceClass",
+        "metadata": {"name": DRIVER},
+        "spec": {"selectors": selectors, **spec},
+    }
+
+
+def test_device_class_extended_resource_name_follows_its_gate(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    off = custom.create_cluster_custom_object(
+        GROUP, VERSION, "deviceclasses", device_class(extendedResourceName="kube-vgpu.io/vgpu")
+    )
+    assert "extendedResourceName" not in off["spec"]
+    assert off["metadata"]["generation"] == 1
+    custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", DRIVER)
+    apiserver.feature_gates = FeatureGates.of_release(36)
+    on = custom.create_cluster_custom_object(
+        GROUP, VERSION, "deviceclasses", device_class(extendedResourceName="kube-vgpu.io/vgpu")
+    )
+    assert on["spec"]["extendedResourceName"] == "kube-vgpu.io/vgpu"
+
+
+def test_device_class_selector_needs_an_expression(custom: client.CustomObjectsApi) -> None:
+    body = device_class()
+    body["spec"]["selectors"] = [{"cel": {}}]
+    with pytest.raises(client.ApiException) as refused:
+        custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
+    assert "spec.selectors[0].cel.expression: Required value" in status_of(refused.value)["message"]
+
+
+# -- ResourceClaim and ResourceClaimTemplate --------------------------------------------------------
+
+
+def claim(name: str = "c1", **request: Any) -> dict[str, Any]:
+    exactly = {"deviceClassName": DRIVER, **request}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+
+
+def create_claim(custom: client.CustomObjectsApi, body: dict[str, Any]) -> dict[str, Any]:
+    created: dict[str, Any] = custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "resourceclaims", body
+    )
+    return created
+
+
+def test_claim_defaults_and_canonical_capacity(custom: client.CustomObjectsApi) -> None:
+    body = claim(capacity={"requests": {"memory": "30720Mi", "cores": 30}})
+    body["status"] = {"allocation": {"devices": {"results": []}}}
+    created = create_claim(custom, body)
+    exactly = created["spec"]["devices"]["requests"][0]["exactly"]
+    assert exactly["allocationMode"] == "ExactCount"
+    assert exactly["count"] == 1
+    assert exactly["capacity"]["requests"] == {"memory": "30Gi", "cores": "30"}
+    assert "status" not in created  # a created claim's status is reset
+
+
+def test_claim_spec_is_immutable(custom: client.CustomObjectsApi) -> None:
+    create_claim(custom, claim())
+    with pytest.raises(client.ApiException) as refused:
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", "resourceclaims", "c1", {"spec": {"devices": {"requests": []}}}
+        )
+    assert refused.value.status == 422
+    assert "spec: Invalid value: field is immutable" in status_of(refused.value)["message"]
+    labelled = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", "resourceclaims", "c1", {"metadata": {"labels": {"a": "b"}}}
+    )
+    assert labelled["metadata"]["labels"] == {"a": "b"}
+
+
+def test_claim_status_is_written_through_the_status_subresource(custom: client.CustomObjectsApi) -> None:
+    create_claim(custom, claim())
+    allocation = {
+        "devices": {
+            "results": [
+                {
+                    "request": "gpu",
+                    "driver": DRIVER,
+                    "pool": "n1",
+                    "device": "gpu-0",
+                    "consumedCapacity": {"memory": "81920Mi"},
+                }
+            ]
+        }
+    }
+    ignored = custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", "resourceclaims", "c1", {"status": {"allocation": allocation}}
+    )
+    assert "status" not in ignored
+    written = custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, "default", "resourceclaims", "c1", {"status": {"allocation": allocation}}
+    )
+    result = written["status"]["allocation"]["devices"]["results"][0]
+    assert result["consumedCapacity"] == {"memory": "80Gi"}
+    changed = json.loads(json.dumps(allocation))
+    changed["devices"]["results"][0]["device"] = "gpu-1"
+    with pytest.raises(client.ApiException) as refused:
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, "default", "resourceclaims", "c1", {"status": {"allocation": changed}}
+        )
+    assert "status.allocation: Invalid value: field is immutable" in status_of(refused.value)["message"]
+
+
+def test_reserved_for_needs_an_allocation(custom: client.CustomObjectsApi) -> None:
+    create_claim(custom, claim())
+    reserved = [{"resource": "pods", "name": "p", "uid": "u"}]
+    with pytest.raises(client.ApiException) as refused:
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, "default", "resourceclaims", "c1", {"status": {"reservedFor": reserved}}
+        )
+    assert "may not be specified when `allocated` is not set" in status_of(refused.value)["message"]
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "expected", "code"),
+    [
+        ({"count": -3}, "count: Invalid value: -3: must be greater than zero", 422),
+        ({"allocationMode": "Some"}, 'allocationMode: Unsupported value: "Some"', 422),
+        ({"deviceClassName": "Not_A_Class"}, 'deviceClassName: Invalid value: "Not_A_Class"', 422),
+        ({"deviceClassName": "c" * 254}, "deviceClassName: Invalid value", 422),
+        ({"capacity": {"requests": {"memory": "lots"}}}, "capacity.requests[memory]", 400),
+        ({"capacity": {"requests": {"memory": [1]}}}, "capacity.requests[memory]", 400),
+    ],
+)
+def test_hostile_claims_get_one_clear_error(
+    custom: client.CustomObjectsApi, request_fields: dict[str, Any], expected: str, code: int
+) -> None:
+    with pytest.raises(client.ApiException) as refused:
+        create_claim(custom, claim(**request_fields))
+    assert refused.value.status == code
+    assert expected in status_of(refused.value)["message"]
+
+
+def test_a_count_of_zero_means_unset_and_defaults_to_one(custom: client.CustomObjectsApi) -> None:
+    # Go cannot tell 0 from an absent int64 count: defaults.go sets 1, and -1 is the first refused.
+    created = create_claim(custom, claim(count=0))
+    assert created["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
+    with pytest.raises(client.ApiException):
+        create_claim(custom, claim("c2", count=-1))
+
+
+def test_claim_name_and_request_limits(custom: client.CustomObjectsApi) -> None:
+    with pytest.raises(client.ApiException) as refused:
+        create_claim(custom, claim("c" * 254))
+    assert refused.value.status == 422
+    assert create_claim(custom, claim("c" * 253))["metadata"]["name"] == "c" * 253
+    body = claim("many")
+    body["spec"]["devices"]["requests"] = [
+        {"name": f"r{i}", "exactly": {"deviceClassName": DRIVER}} for i in range(33)
+    ]
+    with pytest.raises(client.ApiException) as refused:
+        create_claim(custom, body)
+    assert "requests: Too many: 33: must have at most 32 items" in status_of(refused.value)["message"]
+    body["spec"]["devices"]["requests"] = body["spec"]["devices"]["requests"][:32]
+    assert len(create_claim(custom, body)["spec"]["devices"]["requests"]) == 32
+
+
+def test_exactly_and_first_available_are_exclusive(custom: client.CustomObjectsApi) -> None:
+    body = claim()
+    body["spec"]["devices"]["requests"][0]["firstAvailable"] = [{"name": "a", "deviceClassName": DRIVER}]
+    with pytest.raises(client.ApiException) as refused:
+        create_claim(custom, body)
+    assert (
+        "exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set"
+        in (status_of(refused.value)["message"])
+    )
+    del body["spec"]["devices"]["requests"][0]["exactly"]
+    created = create_claim(custom, body)
+    assert created["spec"]["devices"]["requests"][0]["firstAvailable"][0]["count"] == 1
+
+
+def test_claim_templates_are_namespaced_and_immutable(custom: client.CustomObjectsApi) -> None:
+    template = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t1"},
+        "spec": {"spec": claim()["spec"]},
+    }
+    created = custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "resourceclaimtemplates", template
+    )
+    assert created["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
+    with pytest.raises(client.ApiException) as refused:
+        custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            "default",
+            "resourceclaimtemplates",
+            "t1",
+            {"spec": {"spec": {"devices": {"requests": []}}}},
+        )
+    assert "spec: Invalid value: field is immutable" in status_of(refused.value)["message"]
+
+
+# -- unknown fields (fieldValidation) ---------------------------------------------------------------
+
+
+def test_the_known_request_fields_are_kubernetes_1_36s() -> None:
+    schemas = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / "v1.36.0-local-strict"
+    for kind, fields in REQUEST_FIELDS.items():
+        schema = json.loads((schemas / f"{kind.lower()}-resource-v1.json").read_text())
+        assert set(schema["properties"]) == fields, kind
+
+
+def raw_create(
+    apiserver: ApiServerStandin, body: dict[str, Any], query: str = ""
+) -> tuple[int, Any, list[str]]:
+    url = f"{apiserver.url}/apis/{GROUP}/{VERSION}/namespaces/default/resourceclaims{query}"
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": "Bearer standin-token"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read()), response.headers.get_all("Warning") or []
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), []
+
+
+def test_unknown_request_fields_are_dropped_with_a_warning(apiserver: ApiServerStandin) -> None:
+    body = claim(capacity={"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}})
+    body["spec"]["devices"]["requests"][0]["exactly"]["capcity"] = {"requests": {"memory": "1Gi"}}
+    code, stored, warnings = raw_create(apiserver, body)
+    assert code == 201
+    exactly = stored["spec"]["devices"]["requests"][0]["exactly"]
+    assert "capcity" not in exactly
+    assert exactly["capacity"] == {"requests": {"memory": "1Gi"}}
+    assert warnings == [
+        '299 - "unknown field \\"spec.devices.requests[0].exactly.capcity\\""',
+        '299 - "unknown field \\"spec.devices.requests[0].exactly.capacity.limits\\""',
+    ]
+
+
+def test_unknown_request_fields_are_refused_under_strict_validation(apiserver: ApiServerStandin) -> None:
+    body = claim()
+    body["spec"]["devices"]["requests"][0]["firstAvailable"] = None
+    body["spec"]["devices"]["requests"][0]["priority"] = 1
+    code, status, _ = raw_create(apiserver, body, "?fieldValidation=Strict")
+    assert code == 400
+    assert status["message"] == 'strict decoding error: unknown field "spec.devices.requests[0].priority"'
+    assert apiserver.get("ResourceClaim", "c1", "default") is None
+    code, status, _ = raw_create(apiserver, claim(), "?fieldValidation=Loose")
+    assert code == 400
+    assert "fieldValidation must be one of" in status["message"]
