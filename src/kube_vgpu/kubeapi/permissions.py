@@ -66,6 +66,9 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("node", "create", "resourceslices", "resource.k8s.io", why="publish its pool"),
     ApiCall("node", "update", "resourceslices", "resource.k8s.io", why="a new pool generation"),
     ApiCall("node", "delete", "resourceslices", "resource.k8s.io", why="slices left over, and at uninstall"),
+    ApiCall(
+        "node", "get", "resourceclaims", "resource.k8s.io", why="DRA: the claim NodePrepareResources prepares"
+    ),
     # certificate Jobs.
     ApiCall("certs-create", "get", "secrets", named="tls-secret"),
     ApiCall("certs-create", "create", "secrets", why="names of new objects cannot be limited"),

@@ -1,4 +1,5 @@
-"""Compile `deviceplugin_v1beta1.proto` into Python modules and type stubs with grpcio-tools."""
+"""Compile the kubelet contracts in this folder (`*.proto`) into Python modules and type stubs with
+grpcio-tools."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import argparse
 import sys
 from pathlib import Path
 
-# The proto file's path below SRC_ROOT is also its import path, so the generated modules import
+# Each proto file's path below SRC_ROOT is also its import path, so the generated modules import
 # each other as `kube_vgpu.proto...`.
-PROTO = "kube_vgpu/proto/deviceplugin_v1beta1.proto"
+PROTOS = (
+    "kube_vgpu/proto/deviceplugin_v1beta1.proto",
+    "kube_vgpu/proto/dra_v1.proto",
+    "kube_vgpu/proto/dra_v1beta1.proto",
+    "kube_vgpu/proto/pluginregistration_v1.proto",
+)
 SRC_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,11 +34,14 @@ def generate(out_dir: Path) -> list[Path]:
         f"--grpc_python_out={out_dir}",
         f"--mypy_out={out_dir}",
         f"--mypy_grpc_out={out_dir}",
-        str(SRC_ROOT / PROTO),
     ]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed on {PROTO}")
-    return sorted((out_dir / "kube_vgpu" / "proto").glob("deviceplugin_v1beta1_pb2*"))
+    written: list[Path] = []
+    for proto in PROTOS:
+        if protoc.main([*args, str(SRC_ROOT / proto)]) != 0:
+            raise RuntimeError(f"protoc failed on {proto}")
+        stem = Path(proto).stem
+        written += sorted((out_dir / "kube_vgpu" / "proto").glob(f"{stem}_pb2*"))
+    return written
 
 
 def main() -> int:
