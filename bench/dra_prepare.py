@@ -121,6 +121,7 @@ async def run(claims: int, gpus: int, rounds: int) -> None:
                 lock_dir=str(root / "lock"),
                 kubelet_root_dir=root / "kubelet",
                 cdi_dir=root / "cdi",
+                gpu_cdi_dirs=[root / "cdi"],
             )
             kubelet = DraKubelet(root / "kubelet")
             await kubelet.register_all()

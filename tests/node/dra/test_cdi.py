@@ -164,3 +164,16 @@ def test_an_oversized_spec_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b" " * (cdi.MAX_SPEC_BYTES + 1))
     with pytest.raises(CdiError, match="larger than"):
         read_spec_file(path)
+
+
+def test_gpu_specs_are_read_from_every_folder(tmp_path: Path) -> None:
+    etc, run = tmp_path / "etc", tmp_path / "run"
+    etc.mkdir()
+    run.mkdir()
+    (etc / "nvidia.yaml").write_text(json.dumps(nvidia_spec(["GPU-aaaa"])))
+    (run / "k8s.json").write_text(json.dumps(nvidia_spec(["1"])))
+    gpus = GpuDevices([etc, run])
+    assert gpus.device_id("GPU-aaaa", 0) == "nvidia.com/gpu=GPU-aaaa"
+    assert gpus.device_id("GPU-bbbb", 1) == "nvidia.com/gpu=1"
+    with pytest.raises(CdiError, match=f"in {etc}, {run}"):
+        gpus.device_id("GPU-cccc", 2)

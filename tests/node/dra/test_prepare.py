@@ -97,6 +97,7 @@ class DraNode:
             lock_dir=str(self.root / "lock"),
             kubelet_root_dir=self.root / "kubelet",
             cdi_dir=self.cdi_dir,
+            gpu_cdi_dirs=[self.cdi_dir],
             fault=fault,
         )
         self.kubelet = DraKubelet(self.root / "kubelet", self.kubelet.services)
@@ -246,6 +247,12 @@ async def test_two_gpus_of_one_request_get_one_limit_each(apiserver: ApiServerSt
         env = node.container(devices)
         assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("10240m", "12288m")
         assert env["CUDA_DEVICE_SM_LIMIT"] == "20"
+        # Limits follow the GPUs' order in the container (PCI bus order), not the results' order.
+        swapped = node.claim(
+            "swapped", [share("gpu-4", memory="12Gi", cores="40"), share("gpu-3", memory="10Gi", cores="20")]
+        )
+        env = node.container((await node.prepare(swapped))[swapped.uid])
+        assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("10240m", "12288m")
 
 
 async def test_a_sub_request_is_reported_under_its_request(apiserver: ApiServerStandin, root: Path) -> None:

@@ -14,6 +14,7 @@ from kube_vgpu.node.dra.attributes import GpuFacts
 from kube_vgpu.node.dra.limits import Card
 from kube_vgpu.node.dra.server import (
     DEFAULT_CDI_DIR,
+    DEFAULT_GPU_CDI_DIRS,
     DEFAULT_KUBELET_ROOT_DIR,
     DraServer,
     dra_socket,
@@ -48,11 +49,13 @@ async def start(apiserver: ApiServerStandin, root: Path, kube: Kube) -> DraServe
         lock_dir=str(root / "lock"),
         kubelet_root_dir=root,
         cdi_dir=root / "cdi",
+        gpu_cdi_dirs=[root / "cdi"],
     )
 
 
 def test_default_paths_are_the_kubelets() -> None:
     assert (DEFAULT_KUBELET_ROOT_DIR, DEFAULT_CDI_DIR) == ("/var/lib/kubelet", "/var/run/cdi")
+    assert DEFAULT_GPU_CDI_DIRS == ("/etc/cdi", "/var/run/cdi")
     assert str(registration_socket(DEFAULT_KUBELET_ROOT_DIR)) == (
         "/var/lib/kubelet/plugins_registry/vgpu.kube-vgpu.io-reg.sock"
     )

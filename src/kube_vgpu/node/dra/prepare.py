@@ -158,7 +158,9 @@ class Preparer:
             devices = self._devices(held, cards, ref)
             edits = {
                 request: request_edits(
-                    group,
+                    # CUDA numbers a container's GPUs in PCI bus order (NVML's index order), and
+                    # HAMi-core's CUDA_DEVICE_MEMORY_LIMIT_<i> follows CUDA's numbering.
+                    sorted(group, key=lambda s: cards[s.device].index),
                     hook_path=self.hook_path,
                     lock_dir=self.lock_dir,
                     cache_dir=cache_host_dir(self.hook_path, ref.uid, request),

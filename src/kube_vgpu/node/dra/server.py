@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -32,6 +32,9 @@ DRIVER_NAME: Final = "vgpu.kube-vgpu.io"
 # Every default path of the DRA plugin, in one place.
 DEFAULT_KUBELET_ROOT_DIR: Final = "/var/lib/kubelet"
 DEFAULT_CDI_DIR: Final = "/var/run/cdi"
+# The CDI folders a runtime reads by default (tags.cncf.io/container-device-interface DefaultSpecDirs):
+# `nvidia-ctk cdi generate` writes to /etc/cdi unless told otherwise, the GPU Operator to /var/run/cdi.
+DEFAULT_GPU_CDI_DIRS: Final = ("/etc/cdi", "/var/run/cdi")
 
 
 def registration_socket(kubelet_root_dir: str | Path, driver: str = DRIVER_NAME) -> Path:
@@ -127,6 +130,7 @@ async def serve_dra(
     kubelet_root_dir: str | Path = DEFAULT_KUBELET_ROOT_DIR,
     cdi_dir: str | Path = DEFAULT_CDI_DIR,
     gpu_cdi_kind: str = DEFAULT_GPU_KIND,
+    gpu_cdi_dirs: Sequence[str | Path] = DEFAULT_GPU_CDI_DIRS,
     claim_cdi_kind: str = CLAIM_KIND,
     driver: str = DRIVER_NAME,
     fault: Fault = no_fault,
@@ -134,7 +138,8 @@ async def serve_dra(
     """Load the checkpoint (CheckpointError when it cannot be used), then serve both sockets.
 
     The pool is the node's name; `cards` gives the node's GPUs as devices of the pool, with their
-    health, at each prepare.
+    health, at each prepare. kube-vgpu's claim specs go to `cdi_dir`; the GPUs' own devices are looked
+    up in the specs of `gpu_cdi_kind` in `gpu_cdi_dirs`.
     """
     folder = plugin_dir(kubelet_root_dir, driver)
     preparer = Preparer(
@@ -143,7 +148,7 @@ async def serve_dra(
         cards=cards,
         read_claim=kube_claim_reader(kube),
         specs=SpecDir(Path(cdi_dir), claim_cdi_kind),
-        gpu_devices=GpuDevices([Path(cdi_dir)], gpu_cdi_kind),
+        gpu_devices=GpuDevices([Path(d) for d in gpu_cdi_dirs], gpu_cdi_kind),
         checkpoint_file=CheckpointFile(folder),
         hook_path=hook_path,
         lock_dir=lock_dir,
