@@ -155,7 +155,7 @@ def render_text(report: dict[str, Any]) -> list[str]:
     api = report.get("api", "deviceplugin")
     serve = "DRA" if api == "dra" else report["mode"]
     lines = [
-        f"kube-vgpu node check: node {report['node']}, api {api}, mode {report['mode']}",
+        f"kube-vgpu node check: node {report['node']}, {'api dra, ' if api == 'dra' else ''}mode {report['mode']}",
         f"NVML: {report['nvml']}",
         f"driver {report['driverVersion']}, NVML {report['nvmlVersion']}, CUDA {report['cudaDriverVersion']}",
         "",
