@@ -608,7 +608,8 @@ def test_components_mount_the_config_and_use_its_paths(rendered: Rendered) -> No
             # tests/helm/test_node_dra.py checks a DRA group's folders.
             assert "device-plugins" not in host_paths
         else:
-            assert host_paths["device-plugins"] == mounted["device-plugins"] == "/var/lib/kubelet/device-plugins"
+            folder = "/var/lib/kubelet/device-plugins"
+            assert host_paths["device-plugins"] == mounted["device-plugins"] == folder
         assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == cfg.node.metrics_port
 
 
