@@ -154,8 +154,9 @@ def render_text(report: dict[str, Any]) -> list[str]:
     """The report as lines of text."""
     api = report.get("api", "deviceplugin")
     serve = "DRA" if api == "dra" else report["mode"]
+    shown_api = "api dra, " if api == "dra" else ""
     lines = [
-        f"kube-vgpu node check: node {report['node']}, {'api dra, ' if api == 'dra' else ''}mode {report['mode']}",
+        f"kube-vgpu node check: node {report['node']}, {shown_api}mode {report['mode']}",
         f"NVML: {report['nvml']}",
         f"driver {report['driverVersion']}, NVML {report['nvmlVersion']}, CUDA {report['cudaDriverVersion']}",
         "",

@@ -7,10 +7,10 @@ taints are off), the pool is published once, and only then are the sockets serve
 never learns of the driver before its devices are described.
 
 Stopping (SIGTERM: a pod restart, a rolling update or an uninstall alike) removes the two sockets
-and keeps the ResourceSlices: a restarted plugin finds its pool as it left it and writes nothing,
-while pods keep being scheduled on its devices through the restart. Once the registration socket
-stays gone, the kubelet deletes the driver's slices for the node itself (pkg/kubelet/cm/dra/plugin/
-dra_plugin_manager.go, after its wiping delay), which is what an uninstall leaves behind.
+and keeps the ResourceSlices: a plugin back within 30 s finds its pool as it left it and writes
+nothing. Once the driver has been gone for 30 s, the kubelet deletes the driver's slices for the
+node itself (pkg/kubelet/cm/dra/manager.go, defaultWipingDelay), which is what an uninstall relies
+on; a plugin that returns later publishes its pool afresh.
 """
 
 from __future__ import annotations
