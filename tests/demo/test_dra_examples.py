@@ -135,7 +135,7 @@ def test_the_two_slices_land_on_distinct_gpus(apiserver: ApiServerStandin) -> No
     found = results(
         scheduler.allocate("default", claim_from(apiserver, "two-slices-distinct-gpus.yaml"), NODE)
     )
-    assert sorted((r["request"], r["device"]) for r in found) == [("first", "gpu-0"), ("second", "gpu-1")]
+    assert sorted((r["request"], r["device"]) for r in found) == [("gpus", "gpu-0"), ("gpus", "gpu-1")]
     assert all(r["consumedCapacity"] == {"memory": "10Gi", "cores": "50"} for r in found)
 
 

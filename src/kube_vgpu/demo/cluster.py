@@ -25,6 +25,7 @@ from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.mig.geometry import encode_device_config
 from kube_vgpu.contract.mig.shipped import device_config_for
 from kube_vgpu.contract.names import DEVICE_CONFIG_KEY, HOSTNAME_LABEL
+from kube_vgpu.demo.dra import DraNode
 from kube_vgpu.demo.examples import NamespaceSpec, NodeSpec
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.kubeapi.permissions import Component
@@ -67,6 +68,8 @@ class LocalCluster:
     nodes: dict[str, SimulatedNode] = field(default_factory=dict)
     webhook: WebhookServer | None = None
     volcano: VolcanoStandin | None = None
+    # The DRA node group's one node (`demo.dra`), beside the Volcano nodes.
+    dra: DraNode | None = None
     ca_pem: bytes = b""
     _kubes: list[Kube] = field(default_factory=list)
 
@@ -207,6 +210,8 @@ class LocalCluster:
         """Stop everything that `up()` started, the last started first."""
         if self.webhook is not None:
             await self.webhook.stop()
+        if self.dra is not None:
+            await self.dra.stop()
         for node in reversed(list(self.nodes.values())):
             await node.admission.stop()
             await node.plugin.stop()
