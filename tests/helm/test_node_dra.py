@@ -11,6 +11,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 
+from tests.helm.test_node_security import ACCOUNT, NODE_CLAIM, Policy
 from tests.support.helm_render import Obj, Rendered, render
 
 DRA_GROUP = {
@@ -146,3 +147,65 @@ def test_one_api_per_node_two_groups_on_the_same_nodes_refused() -> None:
     same = {"kube-vgpu.io/node-group": "gpu"}
     with pytest.raises(helm_python.HelmError, match="select the same nodes"):
         _render(groups=[{**VOLCANO_GROUP, "nodeSelector": same}, {**DRA_GROUP, "nodeSelector": same}])
+
+
+# --- the node-bound writes policy over ResourceSlices --------------------------------------------
+
+
+def _slice_request(operation: str, name: str, node: str = "gpu-1") -> Obj:
+    return {
+        "operation": operation,
+        "name": name,
+        "namespace": "",
+        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceslices"},
+        "subResource": "",
+        "userInfo": {"username": ACCOUNT, "extra": {NODE_CLAIM: [node]}},
+    }
+
+
+def _slice(node: str | None) -> Obj:
+    spec: Obj = {
+        "driver": "vgpu.kube-vgpu.io",
+        "pool": {"name": node or "x", "generation": 1, "resourceSliceCount": 1},
+    }
+    if node is not None:
+        spec["nodeName"] = node
+    else:
+        spec["allNodes"] = True
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "s"},
+        "spec": spec,
+    }
+
+
+@pytest.fixture(scope="module")
+def slice_policy() -> Policy:
+    (policy,) = _render("v1.36.0").of_kind("ValidatingAdmissionPolicy")
+    kubernetes_validate.validate(policy, "1.36.0", strict=True)
+    return Policy(policy)
+
+
+def test_the_policy_covers_every_slice_write_the_role_grants(slice_policy: Policy) -> None:
+    for operation in ("CREATE", "UPDATE", "DELETE"):
+        assert slice_policy.matches("resourceslices", operation)
+    assert not slice_policy.matches("resourceclaims", "CREATE")
+
+
+def test_own_nodes_slices_written_others_refused(slice_policy: Policy) -> None:
+    assert slice_policy.admit(_slice_request("CREATE", "gpu-1-vgpu-0"), None, _slice("gpu-1")) == (True, "")
+    assert slice_policy.admit(_slice_request("UPDATE", "gpu-1-vgpu-0"), _slice("gpu-1"), _slice("gpu-1"))[0]
+    assert slice_policy.admit(_slice_request("DELETE", "gpu-1-vgpu-0"), _slice("gpu-1"), None)[0]
+    refused = [
+        ("CREATE", None, _slice("gpu-2")),
+        ("CREATE", None, _slice(None)),  # allNodes: a pool every node would offer
+        ("UPDATE", _slice("gpu-2"), _slice("gpu-2")),
+        ("UPDATE", _slice("gpu-2"), _slice("gpu-1")),  # taking another node's slice over
+        ("UPDATE", _slice("gpu-1"), _slice("gpu-2")),  # handing its own slice to another node
+        ("DELETE", _slice("gpu-2"), None),
+    ]
+    for operation, old, new in refused:
+        allowed, message = slice_policy.admit(_slice_request(operation, "s"), old, new)
+        assert not allowed, (operation, old, new)
+        assert message.endswith("its ResourceSlices, not resourceslices s"), message
