@@ -63,6 +63,7 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("node", "create", "events", why="refused Allocates (on the pod), GPU health (on the node)"),
     # ...and, as a DRA driver, its node's ResourceSlice pool (node/dra/publisher.py).
     ApiCall("node", "list", "resourceslices", "resource.k8s.io", why="its pool (field selector node+driver)"),
+    ApiCall("node", "watch", "resourceslices", "resource.k8s.io", why="its pool deleted or edited by others"),
     ApiCall("node", "create", "resourceslices", "resource.k8s.io", why="publish its pool"),
     ApiCall("node", "update", "resourceslices", "resource.k8s.io", why="a new pool generation"),
     ApiCall("node", "delete", "resourceslices", "resource.k8s.io", why="slices left over, and at uninstall"),

@@ -103,6 +103,7 @@ def test_bad_kinds_are_refused(kind: str) -> None:
         ([], "a CDI spec is a mapping"),
         ({"kind": "a/b", "devices": []}, "cdiVersion is missing"),
         ({"cdiVersion": "0.5.0", "kind": "a/b"}, "devices is missing"),
+        ({"cdiVersion": "0.5.0", "kind": "a/b", "devices": []}, "devices is missing, empty"),
         ({"cdiVersion": "0.5.0", "kind": "a/b", "devices": [{"name": "x"}]}, "containerEdits is missing"),
         (
             {"cdiVersion": "0.5.0", "kind": "a/b", "devices": [{"name": "a/b", "containerEdits": {}}]},
@@ -133,9 +134,11 @@ def test_the_gpu_device_by_uuid_when_named_so_else_by_index(tmp_path: Path) -> N
         "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
         "- name: '1'\n  containerEdits: {deviceNodes: [{path: /dev/nvidia1}]}\n"
     )
+    (tmp_path / "type-index.json").write_text(json.dumps(nvidia_spec(["gpu2"])))
     gpus = GpuDevices([tmp_path])
     assert gpus.device_id("GPU-aaaa", 0) == "nvidia.com/gpu=GPU-aaaa"
     assert gpus.device_id("GPU-bbbb", 1) == "nvidia.com/gpu=1"
+    assert gpus.device_id("GPU-cccc", 2) == "nvidia.com/gpu=gpu2"  # --device-name-strategy=type-index
 
 
 def test_a_gpu_with_no_cdi_device_is_a_clear_error(tmp_path: Path) -> None:
@@ -157,6 +160,9 @@ def test_the_gpu_kind_is_configurable_and_changes_are_read(tmp_path: Path) -> No
         gpus.device_id("GPU-aaaa", 0)
     (tmp_path / "example.json").write_text(json.dumps(nvidia_spec(["GPU-aaaa"], kind="example.com/gpu")))
     assert gpus.device_id("GPU-aaaa", 0) == "example.com/gpu=GPU-aaaa"
+    (tmp_path / "example.json").unlink()
+    with pytest.raises(CdiError, match="devices found: none"):
+        gpus.device_id("GPU-aaaa", 0)
 
 
 def test_an_oversized_spec_is_refused(tmp_path: Path) -> None:

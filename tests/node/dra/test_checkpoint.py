@@ -19,7 +19,11 @@ from kube_vgpu.node.dra.limits import ClaimRef, Share
 
 CLAIM = PreparedClaim(
     ClaimRef("team-a", "slice", "uid-1"),
-    (Share("gpu", "gpu-0", "GPU-aaaa", 30720, 30, "share-1"), Share("gpu", "gpu-1", "GPU-bbbb", 81920, 100)),
+    (
+        Share("gpu", "gpu-0", "GPU-aaaa", 30720, 30, "share-1"),
+        Share("gpu", "gpu-1", "GPU-bbbb", 81920, 100),
+        Share("watch", "gpu-1", "GPU-bbbb", 0, 0, admin=True),
+    ),
 )
 
 

@@ -223,3 +223,12 @@ def test_requests_are_grouped_in_order_and_cache_folders_are_per_request() -> No
     )
     assert by_request([a, b, c]) == {"x": [a, c], "y/alt": [b]}
     assert cache_host_dir("/h", "u", "y/alt") == "/h/vgpu/claims/u_y_alt"
+
+
+def test_an_admin_access_result_consumes_nothing_and_gets_no_limits() -> None:
+    (admin,) = shares([{**result(memory="80Gi"), "adminAccess": True}], CARDS, REF)
+    assert admin == Share("gpu", "gpu-0", "GPU-aaaa", 0, 0, admin=True)
+    check_fit(REF, [admin], held("a", 81920, cores=100), CARDS)  # beside a full card
+    assert by_request([admin]) == {}
+    (user,) = shares([{**result(), "adminAccess": False}], CARDS, REF)
+    assert not user.admin and user.memory_mib == 81920

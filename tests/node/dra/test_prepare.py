@@ -371,6 +371,33 @@ async def test_the_claim_must_be_the_one_named_and_allocated(apiserver: ApiServe
             await node.prepare(missing)
 
 
+async def test_admin_access_reaches_a_full_gpu_without_limits(
+    apiserver: ApiServerStandin, root: Path
+) -> None:
+    async with dra_node(apiserver, root) as node:
+        await node.prepare(node.claim("whole", [share("gpu-7")]))
+        monitor = node.claim("monitor", [share("gpu-7", adminAccess=True)])
+        (device,) = (await node.prepare(monitor))[monitor.uid]
+        assert device.cdi_device_ids == (f"nvidia.com/gpu={uuid(7)}",)
+        assert not any(k.startswith("CUDA_") for k in node.container([device]))
+        assert f"vgpu.kube-vgpu.io-claim_{monitor.uid}.json" not in node.spec_files()
+        await node.unprepare(monitor)
+        assert monitor.uid not in node.checkpoint()
+
+
+@pytest.mark.parametrize("uid", ["../../x", "a/b", "", "x" * 64, "uid with space"])
+async def test_a_uid_that_is_no_kubernetes_uid_is_refused_and_touches_no_file(
+    apiserver: ApiServerStandin, root: Path, uid: str
+) -> None:
+    async with dra_node(apiserver, root) as node:
+        hostile = ClaimId("default", "c", uid)
+        with pytest.raises(DraError, match="is not a Kubernetes UID"):
+            await node.prepare(hostile)
+        with pytest.raises(DraError, match="is not a Kubernetes UID"):
+            await node.unprepare(hostile)
+        assert node.spec_files() == [] and node.checkpoint() == {}
+
+
 async def test_other_drivers_results_are_ignored(apiserver: ApiServerStandin, root: Path) -> None:
     async with dra_node(apiserver, root) as node:
         mixed = node.claim(

@@ -272,3 +272,37 @@ async def test_a_restarted_plugin_keeps_the_time_a_gpu_turned_unhealthy(
     assert devices(api)["gpu-0"]["taints"][0]["timeAdded"] == "2026-01-02T03:04:05Z"
     assert state.generation == 1
     assert [r for r in api.requests() if r.method in ("POST", "PUT", "DELETE")] == []
+
+
+async def test_a_deleted_or_edited_pool_is_published_again(api: ApiServerStandin, kube: Kube) -> None:
+    api.feature_gates = FeatureGates.of_release(36)
+    pub = SlicePublisher(
+        kube, NODE, FACTS, Inventory(GPUS, 10, NODE), retry_seconds=0.05, watch_timeout_seconds=5
+    )
+    task = asyncio.create_task(pub.run())
+    watcher = asyncio.create_task(asyncio.to_thread(pub.watch_forever))
+    try:
+        await eventually(lambda: len(devices(api)) == 2)
+        (name,) = [s["metadata"]["name"] for s in slices(api)]
+        # The kubelet deletes a driver's slices once its plugin has been gone a while.
+        api.delete("ResourceSlice", name)
+        await eventually(lambda: len(devices(api)) == 2)
+        # Someone edits the pool: the device list comes back as published.
+        api.patch("ResourceSlice", name, {"spec": {"devices": []}}, patch_type="merge")
+        await eventually(lambda: len(devices(api)) == 2)
+        assert slices(api)[0]["spec"]["pool"]["generation"] >= 2
+    finally:
+        pub.stop_watch()
+        await watcher
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_run_ends_when_the_inventory_closes(api: ApiServerStandin, kube: Kube) -> None:
+    inventory = Inventory(GPUS, 10, NODE)
+    task = asyncio.create_task(publisher(kube, inventory).run())
+    await eventually(lambda: len(devices(api)) == 2)
+    inventory.close()
+    async with asyncio.timeout(20):
+        await task

@@ -268,3 +268,46 @@ def test_facts_are_read_through_nvml() -> None:
     # The simulator answers no architecture call: the model's published values stand in.
     assert (a100.architecture, a100.compute_capability) == ("ampere", (8, 0))
     assert (v100.architecture, v100.compute_capability) == ("volta", (7, 0))
+
+
+class _FakeNvml:
+    """A driver that answers every call read_facts makes, as pynvml returns them."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, mig: bool) -> None:
+        self.mig = mig
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:  # older pynvml releases return bytes
+        return b"570.86.15"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12080
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        return (9, 0)
+
+    def nvmlDeviceGetArchitecture(self, handle: int) -> int:
+        return 9  # NVML_DEVICE_ARCH_HOPPER
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        if not self.mig:
+            raise self.NVMLError("Not Supported")
+        return [0, 0]
+
+
+@pytest.mark.parametrize("mig", [True, False])
+def test_facts_come_from_nvml_where_the_driver_answers(mig: bool) -> None:
+    from kube_vgpu.node.dra.attributes import read_facts
+    from kube_vgpu.node.nvml.gpus import GpuInfo
+
+    # A model no table knows: every fact must come from the driver.
+    (facts,) = read_facts(_FakeNvml(mig), [GpuInfo(0, "GPU-x", "NVIDIA Future GPU", 3, 97871)])
+    assert (facts.driver_version, facts.cuda_driver_version) == ("570.86.15", 12080)
+    assert (facts.compute_capability, facts.architecture, facts.mig_capable) == ((9, 0), "hopper", mig)
+    assert device_attributes(facts)["cudaDriverVersion"] == {"version": "12.8.0"}
+    assert facts.device_name == "gpu-3"

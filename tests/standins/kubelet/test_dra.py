@@ -178,7 +178,7 @@ def test_cdi_edits_merge_as_a_runtime_applies_them(tmp_path: Path) -> None:
         spec(
             "nvidia.com/gpu",
             {
-                "0": {"deviceNodes": [{"path": "/dev/nvidia0"}], "env": ["A=gpu0"]},
+                "0": {"deviceNodes": [{"path": "/dev/nvidia0"}], "env": ["A=gpu0", "C=0"]},
                 "1": {"deviceNodes": [{"path": "/dev/nvidia1"}]},
             },
             deviceNodes=[{"path": "/dev/nvidiactl"}],
@@ -193,7 +193,8 @@ def test_cdi_edits_merge_as_a_runtime_applies_them(tmp_path: Path) -> None:
     config = resolve([tmp_path], ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "vgpu.kube-vgpu.io/claim=c"])
     # The spec's own edits once although two of its devices are used; device nodes by path.
     assert [n["path"] for n in config.device_nodes] == ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"]
-    assert config.env == ["A=limits", "B=1"]  # a later device's variable replaces one of the same name
+    # A later device's variable replaces one of the same name where it stands.
+    assert config.env == ["A=limits", "C=0", "B=1"]
     # A mount at the same container path replaces the earlier one; mounts sorted by depth.
     assert [(m["containerPath"], m["hostPath"]) for m in config.mounts] == [
         ("/tmp", "/h/tmp"),

@@ -140,8 +140,8 @@ def parse_spec(data: object, where: str) -> Spec:
             raise CdiError(f"{where}: {key} is missing or not a string")
     split_kind(data["kind"])
     devices = data.get("devices")
-    if not isinstance(devices, list):
-        raise CdiError(f"{where}: devices is missing or not a list")
+    if not isinstance(devices, list) or not devices:
+        raise CdiError(f"{where}: devices is missing, empty or not a list")
     seen: set[str] = set()
     for i, device in enumerate(devices):
         if not isinstance(device, Mapping) or not isinstance(device.get("name"), str):
@@ -291,8 +291,8 @@ class _Cached:
 class GpuDevices:
     """The GPUs' own CDI devices, from the specs of one kind (default `nvidia.com/gpu`, the NVIDIA
     Container Toolkit's) in the CDI folders. `nvidia-ctk cdi generate` names each GPU by index and by
-    UUID unless `--device-name-strategy` leaves one, so the names are read, not assumed. Files are
-    re-read only when they change."""
+    UUID unless `--device-name-strategy` picks one naming (`index`, `uuid`, or `type-index`: `gpu0`),
+    so the names are read, not assumed. Files are re-read only when they change."""
 
     def __init__(self, folders: Sequence[Path], kind: str = DEFAULT_GPU_KIND) -> None:
         split_kind(kind)
@@ -303,7 +303,10 @@ class GpuDevices:
     def _names(self) -> tuple[set[str], list[str]]:
         names: set[str] = set()
         problems: list[str] = []
-        for path in spec_files(self.folders):
+        files = spec_files(self.folders)
+        for gone in set(self._cache) - set(files):
+            del self._cache[gone]
+        for path in files:
             try:
                 st = path.stat()
             except OSError:
@@ -329,7 +332,8 @@ class GpuDevices:
     def device_id(self, uuid: str, index: int) -> str:
         """The CDI device ID of one GPU: by its UUID when the spec names it so, else by its index."""
         names, problems = self._names()
-        for name in (uuid, str(index)):
+        # nvidia-ctk's naming strategies (pkg/nvcdi, DeviceNamer): uuid, index, type-index (`gpu0`).
+        for name in (uuid, str(index), f"gpu{index}"):
             if name in names:
                 return qualified(self.kind, name)
         where = ", ".join(str(f) for f in self.folders)

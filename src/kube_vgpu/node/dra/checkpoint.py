@@ -57,6 +57,8 @@ def _share_json(share: Share) -> dict[str, Any]:
     }
     if share.share_id is not None:
         out["shareID"] = share.share_id
+    if share.admin:
+        out["adminAccess"] = True
     return out
 
 
@@ -125,6 +127,7 @@ def decode(raw: bytes, where: str) -> Checkpoint:
                     memory_mib=_need(s.get("memoryMiB"), int, f"{at} shares[{i}].memoryMiB"),
                     cores=_need(s.get("cores"), int, f"{at} shares[{i}].cores"),
                     share_id=share_id if isinstance(share_id, str) else None,
+                    admin=s.get("adminAccess") is True,
                 )
             )
         ref = ClaimRef(

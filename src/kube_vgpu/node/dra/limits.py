@@ -41,6 +41,10 @@ _BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL: Final = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
+# A Kubernetes UID is a UUID; the uid names files (the claim's CDI spec), so nothing else is accepted.
+_UID = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{0,62}")
+
+
 class ClaimRefused(Exception):
     """A claim (or one of its results) that this node must not prepare; the message says why."""
 
@@ -67,6 +71,9 @@ class Share:
     memory_mib: int
     cores: int
     share_id: str | None = None
+    # An admin-access result (DRAAdminAccess: only in namespaces labelled for it) reaches the device
+    # beside its users, for monitoring or maintenance: it consumes nothing and gets no limits.
+    admin: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,12 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} (uid {self.uid})"
+
+
+def check_uid(ref: ClaimRef) -> None:
+    """Refuse a claim whose uid is no Kubernetes UID (it would name a file)."""
+    if not _UID.fullmatch(ref.uid):
+        raise ClaimRefused(f"claim {ref.namespace}/{ref.name}: uid {ref.uid[:80]!r} is not a Kubernetes UID")
 
 
 def quantity_value(raw: object) -> Decimal:
@@ -198,6 +211,11 @@ def shares(results: Iterable[Mapping[str, Any]], cards: Mapping[str, Card], ref:
                 f"claim {ref}: request {request!r} got device {device} ({card.uuid}), which is unhealthy: "
                 f"{card.unhealthy}"
             )
+        share_id = result.get("shareID")
+        share_id = share_id if isinstance(share_id, str) else None
+        if result.get("adminAccess") is True:
+            out.append(Share(request, device, card.uuid, 0, 0, share_id, admin=True))
+            continue
         consumed = result.get("consumedCapacity")
         if consumed is None:
             consumed = {}
@@ -205,10 +223,7 @@ def shares(results: Iterable[Mapping[str, Any]], cards: Mapping[str, Card], ref:
             raise ClaimRefused(f"claim {ref}: request {request!r} has a malformed consumedCapacity")
         memory = _memory_mib(consumed[MEMORY], card, ref, request) if MEMORY in consumed else card.memory_mib
         cores = _cores(consumed[CORES], ref, request) if CORES in consumed else WHOLE_CARD_CORES
-        share_id = result.get("shareID")
-        out.append(
-            Share(request, device, card.uuid, memory, cores, share_id if isinstance(share_id, str) else None)
-        )
+        out.append(Share(request, device, card.uuid, memory, cores, share_id))
     return out
 
 
@@ -300,8 +315,9 @@ def base_request(request: str) -> str:
 
 
 def by_request(held: Iterable[Share]) -> dict[str, list[Share]]:
-    """Shares grouped by request name, in result order."""
+    """Shares that get limits (not admin access), grouped by request name, in result order."""
     groups: dict[str, list[Share]] = {}
     for share in held:
-        groups.setdefault(share.request, []).append(share)
+        if not share.admin:
+            groups.setdefault(share.request, []).append(share)
     return groups

@@ -36,6 +36,7 @@ from kube_vgpu.node.dra.limits import (
     by_request,
     cache_host_dir,
     check_fit,
+    check_uid,
     own_results,
     request_edits,
     shares,
@@ -137,6 +138,7 @@ class Preparer:
         return out
 
     async def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        check_uid(ref)
         results: list[Mapping[str, Any]] | None = None
         if ref.uid not in self._checkpoint.claims:
             claim = await self.read_claim(ref.namespace, ref.name)
@@ -198,10 +200,13 @@ class Preparer:
             self.fault("checkpointed", ref.uid)
 
         def write_spec() -> None:
-            for request in edits:
-                self._make_dir(cache_host_dir(self.hook_path, ref.uid, request))
-            self._make_dir(self.lock_dir)
-            self.specs.write(ref.uid, edits)
+            # A claim with nothing to limit (admin access only) has no device of ours: no spec, as a
+            # CDI spec must define at least one device.
+            if edits:
+                for request in edits:
+                    self._make_dir(cache_host_dir(self.hook_path, ref.uid, request))
+                self._make_dir(self.lock_dir)
+                self.specs.write(ref.uid, edits)
             self.fault("spec-written", ref.uid)
 
         outcomes = await asyncio.gather(
@@ -224,7 +229,7 @@ class Preparer:
                 )
             ids = [self.gpu_devices.device_id(card.uuid, card.index)]
             # kube-vgpu's device carries the limits of every GPU of the request: given once per request.
-            if share.request not in first:
+            if not share.admin and share.request not in first:
                 first.add(share.request)
                 ids.append(qualified(self.specs.kind, device_name(ref.uid, share.request)))
             out.append(PreparedDevice(share.request, self.pool, share.device, tuple(ids), share.share_id))
@@ -265,6 +270,11 @@ class Preparer:
         """Undo what prepare made for each claim (nothing to undo is success); uid -> error or ""."""
         out: dict[str, str] = {}
         for ref in refs:
+            try:
+                check_uid(ref)
+            except ClaimRefused as exc:
+                out[ref.uid] = str(exc)
+                continue
             async with self._lock:
                 known = self._checkpoint.claims.get(ref.uid)
                 try:

@@ -14,6 +14,7 @@ choice holds until the plugin restarts. `remove()` deletes the node's slices.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kube_vgpu.kubeapi.client import ApiError, Kube, KubeError
+from kube_vgpu.kubeapi.listwatch import Backoff, Handlers, KubeSource, Reflector
 from kube_vgpu.node.dra.attributes import GpuFacts, read_facts
 from kube_vgpu.node.dra.slices import (
     DRIVER,
@@ -89,6 +91,7 @@ class SlicePublisher:
         options: SliceOptions = _ALL_ON,
         clock: Callable[[], datetime] = _now,
         retry_seconds: float = _RETRY_SECONDS,
+        watch_timeout_seconds: int = 300,
     ) -> None:
         self._kube = kube
         self._node = node_name
@@ -103,6 +106,19 @@ class SlicePublisher:
             consumable_capacity=options.consumable_capacity, device_taints=options.device_taints
         )
         self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reflector: Reflector[dict[str, Any]] = Reflector(
+            KubeSource(
+                kube, "resourceslice", field_selector=f"spec.nodeName={node_name},spec.driver={DRIVER}"
+            ),
+            Handlers(listed=self._poke, event=self._poke),
+            transform=lambda obj: obj,
+            name=f"resourceslices/{node_name}",
+            watch_timeout_seconds=watch_timeout_seconds,
+            backoff=Backoff(initial=retry_seconds, maximum=30.0),
+        )
 
     @property
     def node_name(self) -> str:
@@ -117,20 +133,48 @@ class SlicePublisher:
     # -- the loop ----------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Publish now and after every inventory change until cancelled or the inventory closes; a
-        failed publish is retried after `retry_seconds` (the pool then says the latest health)."""
+        """Publish now, after every inventory change and whenever the watch (`watch_forever`) shows
+        the stored pool touched by someone else, until cancelled or the inventory closes; a failed
+        publish is retried after `retry_seconds` (the pool then says the latest health)."""
+        self._loop = asyncio.get_running_loop()
+        follower = asyncio.create_task(self._follow_inventory())
+        try:
+            while not self._closed:
+                self._wake.clear()
+                try:
+                    await self.publish()
+                except KubeError as exc:
+                    log.warning("event=dra_slices_failed node=%s error=%r", self._node, str(exc))
+                    await asyncio.sleep(self._retry)
+                    continue
+                await self._wake.wait()
+        finally:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+    async def _follow_inventory(self) -> None:
         seen = self._inventory.version
-        while True:
-            try:
-                await self.publish()
-            except KubeError as exc:
-                log.warning("event=dra_slices_failed node=%s error=%r", self._node, str(exc))
-                await asyncio.sleep(self._retry)
-                continue
-            newer = await self._inventory.wait_newer(seen)
-            if newer is None:
-                return
+        while (newer := await self._inventory.wait_newer(seen)) is not None:
             seen = newer
+            self._wake.set()
+        self._closed = True
+        self._wake.set()
+
+    def watch_forever(self) -> None:
+        """Watch this node's slices of this driver (on a thread of its own, while `run` runs) and
+        publish again when they change: the kubelet deletes a driver's slices once its plugin has
+        been gone a while, and anyone may edit or delete them. Returns once `stop_watch` is called."""
+        self._reflector.run()
+
+    def stop_watch(self) -> None:
+        """End `watch_forever` (from any thread)."""
+        self._reflector.stop()
+
+    def _poke(self, *_: object) -> None:
+        # On the reflector's thread: a publish that finds the pool as wanted writes nothing.
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
 
     async def publish(self) -> PublishState:
         """Bring the pool in line with the inventory now; returns what it says."""

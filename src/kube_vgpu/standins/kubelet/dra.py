@@ -295,8 +295,13 @@ def resolve(cdi_dirs: Sequence[Path], device_ids: Sequence[str]) -> ContainerCon
     config = ContainerConfig()
     for edit in edits:
         for env in edit.get("env") or []:
+            # runtime-tools' AddMultipleProcessEnv: a variable already set is replaced where it is.
             key = env.split("=", 1)[0]
-            config.env = [e for e in config.env if e.split("=", 1)[0] != key] + [env]
+            at = next((i for i, e in enumerate(config.env) if e.split("=", 1)[0] == key), None)
+            if at is None:
+                config.env.append(env)
+            else:
+                config.env[at] = env
         for node in edit.get("deviceNodes") or []:
             config.device_nodes = [n for n in config.device_nodes if n["path"] != node["path"]] + [node]
         if edit.get("mounts"):
