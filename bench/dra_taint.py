@@ -24,9 +24,9 @@ from kube_vgpu.node.dra.publisher import SlicePublisher
 from kube_vgpu.node.nvml.gpus import discover
 from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
 from kube_vgpu.node.nvml.inventory import Inventory
-from kube_vgpu.node.simnvml.api import load_simulation
 from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.standins.nvml.api import load_simulation
 
 NODE = "bench-node"
 

@@ -237,7 +237,7 @@ async def test_a_failed_publish_is_retried(api: ApiServerStandin, kube: Kube) ->
 async def test_the_plugin_builds_its_publisher_from_nvml(api: ApiServerStandin, kube: Kube) -> None:
     from kube_vgpu.node.dra.publisher import publisher_for
     from kube_vgpu.node.nvml.gpus import discover
-    from kube_vgpu.node.simnvml.api import load_simulation
+    from kube_vgpu.standins.nvml.api import load_simulation
 
     api.feature_gates = FeatureGates.of_release(36)
     nvml = load_simulation(

@@ -245,7 +245,7 @@ def test_dropped_features_are_read_from_what_was_stored() -> None:
 def test_facts_are_read_through_nvml() -> None:
     from kube_vgpu.node.dra.attributes import read_facts
     from kube_vgpu.node.nvml.gpus import discover
-    from kube_vgpu.node.simnvml.api import load_simulation
+    from kube_vgpu.standins.nvml.api import load_simulation
 
     nvml = load_simulation(
         {

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from kube_vgpu.contract.models import model_segments
-from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml, nvml_text
+from kube_vgpu.node.nvml.gpus import GpuInfo, nvml_text
+from kube_vgpu.node.nvml.surface import Nvml
 
 # k8s.io/api/resource/v1/types.go: DeviceAttributeMaxValueLength.
 ATTRIBUTE_VALUE_MAX = 64

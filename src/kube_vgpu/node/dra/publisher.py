@@ -36,8 +36,9 @@ from kube_vgpu.node.dra.slices import (
     build_slices,
     dropped_features,
 )
-from kube_vgpu.node.nvml.gpus import GpuInfo, Nvml
+from kube_vgpu.node.nvml.gpus import GpuInfo
 from kube_vgpu.node.nvml.inventory import Inventory
+from kube_vgpu.node.nvml.surface import Nvml
 
 log = logging.getLogger("kube_vgpu.node.dra.publisher")
 
