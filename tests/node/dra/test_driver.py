@@ -81,6 +81,7 @@ async def running(
                 metrics_port=0,
                 hook_path_poll_seconds=0.05,
                 publish_retry_seconds=0.05,
+                resync_seconds=0.1,
             ),
             nvml,
             kube,
@@ -154,3 +155,26 @@ async def test_an_xid_taints_its_gpu_and_a_prepared_claim_shows_in_the_metrics(
     assert not registration_socket(root).exists()
     assert not dra_socket(root).exists()
     assert sorted(taints(api)) == ["gpu-0", "gpu-1"]  # the pool stays after stop
+
+
+async def test_slices_the_kubelet_wipes_are_published_again(api: ApiServerStandin, tmp_path: Path) -> None:
+    # The kubelet deletes a driver's slices at its own start and 30 s after the driver went away,
+    # while the plugin serves on unchanged: the pool comes back without any health change.
+    async with running(api, tmp_path) as plugin:
+        assert plugin.publisher is not None
+        generation = plugin.publisher.state.generation
+        for s in api.list("ResourceSlice"):
+            api.delete("ResourceSlice", s["metadata"]["name"])
+        await eventually(lambda: taints(api) == {"gpu-0": [], "gpu-1": []})
+        assert plugin.publisher.state.generation == generation + 1
+        # An intact pool is read back and left alone.
+        stored = [s["metadata"]["resourceVersion"] for s in api.list("ResourceSlice")]
+        path = "/apis/resource.k8s.io/v1/resourceslices"
+
+        def writes() -> int:
+            return len([r for r in api.requests(None, path) if r.method != "GET"])
+
+        reads, written = len(api.requests("GET", path)), writes()
+        await eventually(lambda: len(api.requests("GET", path)) >= reads + 3)  # three resyncs
+        assert writes() == written
+        assert [s["metadata"]["resourceVersion"] for s in api.list("ResourceSlice")] == stored

@@ -73,8 +73,10 @@ class DraSettings:
     metrics_port: int | None = None
     hook_path_poll_seconds: float = 10.0
     hook_path_remind_seconds: float = 1800.0
-    # How often the node's pods are listed for the usage metrics (None: registerIntervalSeconds).
+    # How often the node's pods are listed for the usage metrics, and the published pool is read
+    # back and rewritten if it differs (None: registerIntervalSeconds).
     pods_interval_seconds: float | None = None
+    resync_seconds: float | None = None
     publish_retry_seconds: float = 2.0
 
 
@@ -234,6 +236,7 @@ class DraNodePlugin:
         self._spawn(publisher.run(), "dra-publisher")
         self._spawn(self.hook_path.run(), "hook-path")
         self._spawn(self._pods_loop(), "pods")
+        self._spawn(self._resync_loop(), "dra-resync")
 
     async def _scrape(self) -> bytes:
         from prometheus_client import generate_latest
@@ -272,6 +275,20 @@ class DraNodePlugin:
             except (ApiError, ApiUnavailable) as exc:
                 log.warning("event=pods_refresh_failed node=%s error=%r", self.settings.node_name, str(exc))
             await asyncio.sleep(interval)
+
+    async def _resync_loop(self) -> None:
+        """Read the pool back every interval and write it again where it differs. The kubelet deletes
+        a driver's slices on its own (at its start, and 30 s after the driver's plugin went away:
+        pkg/kubelet/cm/dra/manager.go), and no health change would tell the publisher; Go drivers'
+        resourceslice controller watches its slices for the same reason."""
+        assert self.publisher is not None
+        interval = self.settings.resync_seconds or self.settings.config.node.register_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.publisher.publish()
+            except KubeError as exc:
+                log.warning("event=dra_slices_failed node=%s error=%r", self.settings.node_name, str(exc))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coroutine, name=f"kube-vgpu-{name}")
