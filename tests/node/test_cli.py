@@ -18,6 +18,7 @@ from kube_vgpu.cli import node as node_cli
 from kube_vgpu.cli.main import apply_env_defaults
 from kube_vgpu.contract.names import NODE_REGISTER
 from kube_vgpu.demo.dra import device_class, nvidia_cdi_spec, slice_claim
+from kube_vgpu.node.cli import api_refusal
 from kube_vgpu.node.deviceplugin.server import socket_name
 from kube_vgpu.node.dra.server import DRIVER_NAME, dra_socket, registration_socket
 from kube_vgpu.standins.apiserver.dra import FeatureGates
@@ -195,6 +196,10 @@ async def test_api_dra_publishes_registers_prepares_and_stops_keeping_its_slices
         (["--api=dra", "--gpu-cdi-dirs=,"], "--gpu-cdi-dirs: expected a comma list of folders"),
         (["--api=dra", "--gpu-cdi-kind=nvidia"], "--gpu-cdi-kind: CDI kind 'nvidia' is not vendor/class"),
         (["--api=dra", "--cdi-dir="], "--cdi-dir must not be empty"),
+        (
+            ["--api=dra", f"--kubelet-root-dir=/{'k' * 63}"],
+            "plugins_registry/vgpu.kube-vgpu.io-reg.sock would be 108 bytes long, over the 107",
+        ),
     ],
 )
 def test_dra_flags_no_node_can_serve_exit_2(
@@ -218,3 +223,13 @@ def test_one_api_per_node_both_refused_from_flag_and_variable(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         parser.parse_args([f"--node-name={NODE}"])
     assert "KUBE_VGPU_API='dra,deviceplugin': expected one of deviceplugin, dra" in capsys.readouterr().err
+
+
+def test_the_longest_kubelet_root_dir_a_socket_allows_is_accepted() -> None:
+    # 107 bytes: `/<62 k>/plugins_registry/vgpu.kube-vgpu.io-reg.sock`; one more is refused (above).
+    root = f"/{'k' * 62}"
+    assert len(str(registration_socket(root))) == 107
+    parser = argparse.ArgumentParser(prog="kube-vgpu node")
+    node_cli.add_arguments(parser)
+    args = parser.parse_args(["--api=dra", f"--kubelet-root-dir={root}"])
+    assert api_refusal(args) is None

@@ -22,7 +22,13 @@ from kube_vgpu.kubeapi.flags import add_cluster_arguments
 from kube_vgpu.node.dra.cdi import DEFAULT_GPU_KIND, CdiError, split_kind
 from kube_vgpu.node.dra.checkpoint import CheckpointError
 from kube_vgpu.node.dra.driver import DraNodePlugin, DraSettings, gpu_cdi_dirs
-from kube_vgpu.node.dra.server import DEFAULT_CDI_DIR, DEFAULT_GPU_CDI_DIRS, DEFAULT_KUBELET_ROOT_DIR
+from kube_vgpu.node.dra.server import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_GPU_CDI_DIRS,
+    DEFAULT_KUBELET_ROOT_DIR,
+    dra_socket,
+    registration_socket,
+)
 from kube_vgpu.node.mig.config import MigConfigError
 from kube_vgpu.node.nvml.gpus import DiscoveryError
 from kube_vgpu.node.nvml.surface import NvmlLoader
@@ -36,6 +42,8 @@ DRA = "dra"
 # The kubelet API a node serves: exactly one (two plugins on a node would offer its GPUs twice).
 APIS = (DEVICEPLUGIN, DRA)
 DEFAULT_API = DEVICEPLUGIN
+# A unix socket's path fits sun_path, 108 bytes with its terminating NUL (unix(7)).
+SOCKET_PATH_MAX = 107
 log = logging.getLogger("kube_vgpu.node")
 
 
@@ -69,7 +77,7 @@ def _shared_arguments(parser: argparse.ArgumentParser, *, again: bool) -> None:
     parser.add_argument(
         "--kubelet-dir",
         default=default(DEFAULT_KUBELET_DIR),
-        help=f"the kubelet's device-plugin folder (--api deviceplugin){same}",
+        help=f"with --api deviceplugin: the kubelet's device-plugin folder{same}",
     )
     parser.add_argument(
         "--kubelet-root-dir",
@@ -139,6 +147,13 @@ def api_refusal(args: argparse.Namespace) -> str | None:
     for flag in ("kubelet_root_dir", "cdi_dir", "gpu_cdi_kind"):
         if not str(getattr(args, flag)).strip():
             return f"--{flag.replace('_', '-')} must not be empty"
+    for socket_path in (registration_socket(args.kubelet_root_dir), dra_socket(args.kubelet_root_dir)):
+        length = len(str(socket_path).encode())
+        if length > SOCKET_PATH_MAX:
+            return (
+                f"--kubelet-root-dir {args.kubelet_root_dir}: the socket {socket_path} would be {length} "
+                f"bytes long, over the {SOCKET_PATH_MAX} a unix socket's path may have"
+            )
     try:
         gpu_cdi_dirs(args.gpu_cdi_dirs)
         split_kind(args.gpu_cdi_kind)

@@ -178,3 +178,27 @@ async def test_slices_the_kubelet_wipes_are_published_again(api: ApiServerStandi
         await eventually(lambda: len(api.requests("GET", path)) >= reads + 3)  # three resyncs
         assert writes() == written
         assert [s["metadata"]["resourceVersion"] for s in api.list("ResourceSlice")] == stored
+
+
+async def test_sockets_that_cannot_be_bound_are_an_os_error_naming_the_folder(
+    api: ApiServerStandin, tmp_path: Path
+) -> None:
+    # Past the unix socket path limit (the CLI refuses such a folder before starting: test_cli.py).
+    install_placeholder(tmp_path / "hook")
+    root = tmp_path / ("k" * 120)
+    nvml = load_simulation(simulation(), NODE)
+    nvml.nvmlInit()
+    kube = Kube(api.api_client(), component="node")
+    config = Config(node=NodeConfig(hook_path=str(tmp_path / "hook")))
+    settings = DraSettings(
+        node_name=NODE, config=config, kubelet_root_dir=root, cdi_dir=tmp_path / "cdi", metrics_port=0
+    )
+    plugin = DraNodePlugin(settings, nvml, kube)
+    try:
+        with pytest.raises(OSError, match=f"cannot serve the DRA sockets under {root}: Failed to bind"):
+            await plugin.start()
+    finally:
+        await plugin.stop()
+        kube.close()
+        nvml.nvmlShutdown()
+    assert not registration_socket(root).exists()

@@ -215,18 +215,22 @@ class DraNodePlugin:
         except KubeError as exc:
             # The publisher's loop retries; the kubelet may prepare claims allocated before.
             log.warning("event=dra_slices_failed node=%s error=%r", s.node_name, str(exc))
-        self.server = await serve_dra(
-            node_name=s.node_name,
-            kube=self.kube,
-            cards=inventory_cards(inventory),
-            hook_path=node.hook_path,
-            lock_dir=s.lock_dir,
-            kubelet_root_dir=s.kubelet_root_dir,
-            cdi_dir=s.cdi_dir,
-            gpu_cdi_kind=s.gpu_cdi_kind,
-            gpu_cdi_dirs=s.gpu_cdi_dirs,
-            claim_cdi_kind=s.claim_cdi_kind,
-        )
+        try:
+            self.server = await serve_dra(
+                node_name=s.node_name,
+                kube=self.kube,
+                cards=inventory_cards(inventory),
+                hook_path=node.hook_path,
+                lock_dir=s.lock_dir,
+                kubelet_root_dir=s.kubelet_root_dir,
+                cdi_dir=s.cdi_dir,
+                gpu_cdi_kind=s.gpu_cdi_kind,
+                gpu_cdi_dirs=s.gpu_cdi_dirs,
+                claim_cdi_kind=s.claim_cdi_kind,
+            )
+        except RuntimeError as exc:
+            # grpc's refusal to bind a unix socket (a folder it cannot create a socket in).
+            raise OSError(f"cannot serve the DRA sockets under {s.kubelet_root_dir}: {exc}") from None
         log.info(
             "event=dra_started node=%s registration=%s endpoint=%s",
             s.node_name,
