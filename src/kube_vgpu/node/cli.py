@@ -1,8 +1,9 @@
 """`kube-vgpu node`: flags, credentials, signals and the exit code.
 
-The work is in `node.plugin`; this module only turns the command line into a running plugin and stops
-it cleanly on SIGTERM or SIGINT. Which NVML it runs over (the driver's, or a simulation for
-`--simulate FILE`) is the caller's choice (`cli.node`), passed in as an `NvmlLoader`.
+The work is in `node.plugin` (`--api deviceplugin`) or `node.dra.driver` (`--api dra`); this module
+only turns the command line into a running plugin and stops it cleanly on SIGTERM or SIGINT. Which
+NVML it runs over (the driver's, or a simulation for `--simulate FILE`) is the caller's choice
+(`cli.node`), passed in as an `NvmlLoader`.
 """
 
 from __future__ import annotations
