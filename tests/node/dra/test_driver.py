@@ -54,7 +54,7 @@ async def metrics_text(port: int) -> str:
 
 @asynccontextmanager
 async def running(
-    api: ApiServerStandin, tmp: Path, *, hami_core: bool = True
+    api: ApiServerStandin, tmp: Path, *, hami_core: bool = True, resync_seconds: float = 0.1
 ) -> AsyncIterator[DraNodePlugin]:
     if hami_core:
         install_placeholder(tmp / "hook")
@@ -81,7 +81,7 @@ async def running(
                 metrics_port=0,
                 hook_path_poll_seconds=0.05,
                 publish_retry_seconds=0.05,
-                resync_seconds=0.1,
+                resync_seconds=resync_seconds,
             ),
             nvml,
             kube,
@@ -202,3 +202,14 @@ async def test_sockets_that_cannot_be_bound_are_an_os_error_naming_the_folder(
         kube.close()
         nvml.nvmlShutdown()
     assert not registration_socket(root).exists()
+
+
+async def test_the_slice_watch_alone_brings_a_wiped_pool_back(api: ApiServerStandin, tmp_path: Path) -> None:
+    # No resync within the test: the watch of the pool's slices hears the deletion.
+    async with running(api, tmp_path, resync_seconds=3600) as plugin:
+        assert plugin.publisher is not None
+        generation = plugin.publisher.state.generation
+        for s in api.list("ResourceSlice"):
+            api.delete("ResourceSlice", s["metadata"]["name"])
+        await eventually(lambda: taints(api) == {"gpu-0": [], "gpu-1": []})
+        assert plugin.publisher.state.generation == generation + 1

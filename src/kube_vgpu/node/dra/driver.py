@@ -157,6 +157,7 @@ class DraNodePlugin:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _stopping: asyncio.Future[None] | None = None
     _stop: asyncio.Event | None = None
+    _watch_thread: asyncio.Future[None] | None = None
 
     def __post_init__(self) -> None:
         self.api = NodeApi(self.kube, self.settings.node_name)
@@ -238,6 +239,8 @@ class DraNodePlugin:
             self.server.dra_path,
         )
         self._spawn(publisher.run(), "dra-publisher")
+        # The pool's slices watched: one the kubelet deletes or anyone edits is published again.
+        self._watch_thread = asyncio.get_running_loop().run_in_executor(None, publisher.watch_forever)
         self._spawn(self.hook_path.run(), "hook-path")
         self._spawn(self._pods_loop(), "pods")
         self._spawn(self._resync_loop(), "dra-resync")
@@ -283,8 +286,9 @@ class DraNodePlugin:
     async def _resync_loop(self) -> None:
         """Read the pool back every interval and write it again where it differs. The kubelet deletes
         a driver's slices on its own (at its start, and 30 s after the driver's plugin went away:
-        pkg/kubelet/cm/dra/manager.go), and no health change would tell the publisher; Go drivers'
-        resourceslice controller watches its slices for the same reason."""
+        pkg/kubelet/cm/dra/manager.go), and no health change would tell the publisher: the slice
+        watch hears it at once, and this read catches what a watch that is down or catching up
+        misses."""
         assert self.publisher is not None
         interval = self.settings.resync_seconds or self.settings.config.node.register_interval_seconds
         while True:
@@ -354,6 +358,17 @@ class DraNodePlugin:
                     ",".join(sorted(task.get_name() for task in stuck)),
                 )
         self._tasks.clear()
+        if self.publisher is not None:
+            self.publisher.stop_watch()
+        if self._watch_thread is not None:
+            # A watch whose stream does not wake when cut ends at its read timeout; wait a bounded time.
+            done, _ = await asyncio.wait({self._watch_thread}, timeout=TASK_STOP_SECONDS)
+            for thread in done:
+                with contextlib.suppress(Exception):
+                    thread.result()
+            if not done:
+                log.warning("event=watch_stop_slow node=%s watches=1", self.settings.node_name)
+            self._watch_thread = None
         if self.health is not None:
             await asyncio.to_thread(self.health.stop)
         if self.metrics_server is not None:
