@@ -45,6 +45,8 @@ def test_every_example_ends_as_expected() -> None:
     assert checked.splitlines() == [
         "  gpu-a100 (hami-core): OK; 4 GPU(s), 40 devices (40 healthy), HAMi-core usable",
         "  gpu-h100-mig (mig): OK; 2 GPU(s), 20 devices (20 healthy), HAMi-core not needed",
+        "  gpu-node-dra (dra): OK; 3 GPU(s), 3 shared devices, sockets serving, "
+        "3 GPU(s) in the NVIDIA CDI spec",
     ]
     # It ends with `kube-vgpu top`: both simulated nodes, and the quota namespace with its limit.
     top = result.stdout.split("$ kube-vgpu top\n", 1)[1].splitlines()
@@ -172,3 +174,76 @@ def test_a_closed_stdout_ends_the_demo_quietly() -> None:
     assert first.startswith("kube-vgpu demo:")
     assert errors == "", errors
     assert code == 141  # what a shell reports for a writer ended by a closed pipe
+
+
+def test_the_dra_node_carries_each_claim_to_its_cdi_edits() -> None:
+    """The DRA node group: the examples/dra/ pods from claim through the scheduler stand-in's
+    allocation and the kubelet stand-in's prepare to the CDI edits their containers get."""
+    result = run_demo()
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    templates = sorted((DEFAULT_EXAMPLES / "dra").glob("*.yaml"))
+    assert f"1 DRA node with {len(templates)} example pod(s)" in out.splitlines()[0]
+    assert f"{len(templates)} of {len(templates)} DRA examples allocated and prepared." in out
+    pool = out.split(
+        "DRA node gpu-node-dra: driver vgpu.kube-vgpu.io registered with the kubelet (v1.DRAPlugin)"
+    )[1]
+    assert [line.split()[:3] for line in pool.splitlines()[1:4]] == [
+        ["gpu-0", "a100-sxm4-80gb", "shared"],
+        ["gpu-1", "a100-sxm4-80gb", "shared"],
+        ["gpu-2", "a100-sxm4-80gb", "shared"],
+    ]
+    sections = {s.split(" ", 1)[0]: s for s in out.split("== default/")[1:]}
+    # 20 GiB at 30% cores: allocated by the scheduler stand-in, prepared into HAMi-core limits.
+    slice_ = sections["train-slice"]
+    assert "claim train-slice-gpu (template slice-20gi-30pct), request gpu: memory 20Gi, cores 30" in slice_
+    assert "gpu -> gpu-node-dra/gpu-0: cores=30, memory=20Gi" in slice_
+    assert "kubelet NodePrepareResources, gpu on gpu-0: CDI devices" in slice_
+    assert "    vgpu.kube-vgpu.io/claim=" in slice_ and "    nvidia.com/gpu=GPU-" in slice_
+    for line in (
+        "env   CUDA_DEVICE_MEMORY_LIMIT_0=20480m",
+        "env   CUDA_DEVICE_SM_LIMIT=30",
+        "env   CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/vgpu.cache",
+        "device /dev/nvidia0",
+    ):
+        assert f"    {line}\n" in slice_, line
+    assert "    mount /usr/local/vgpu/libvgpu.so <- " in slice_ and "/vgpu-hook/libvgpu.so (ro)" in slice_
+    assert "result: allocated and prepared, as expected" in slice_
+    # Two shares on two GPUs for one container: a limit per GPU.
+    two = sections["two-gpus"]
+    assert "gpus -> gpu-node-dra/gpu-0: cores=50, memory=10Gi" in two
+    assert "gpus -> gpu-node-dra/gpu-1: cores=50, memory=10Gi" in two
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=10240m" in two and "CUDA_DEVICE_MEMORY_LIMIT_1=10240m" in two
+    assert "device /dev/nvidia0" in two and "device /dev/nvidia1" in two
+    # The whole GPU: the one card no share holds, all of it.
+    whole = sections["train-whole"]
+    assert "request gpu: no capacity named: the whole GPU" in whole
+    assert "gpu -> gpu-node-dra/gpu-2: cores=100, memory=80Gi" in whole
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0=81920m" in whole and "CUDA_DEVICE_SM_LIMIT=100" in whole
+
+
+def test_a_dra_example_that_cannot_be_allocated_fails_the_run(tmp_path: Path) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    slice_file = examples / "dra" / "slice-20gi-30pct.yaml"
+    # 100 GiB: more than any of the node's 80 GB cards.
+    assert "memory: 20Gi" in slice_file.read_text()
+    slice_file.write_text(slice_file.read_text().replace("memory: 20Gi", "memory: 100Gi"))
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "result: NOT as expected (allocated and prepared): not allocated: request gpu:" in result.stdout
+    assert "2 of 3 DRA examples allocated and prepared." in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_dra_example_file_without_its_pod_exits_2(tmp_path: Path) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    whole = examples / "dra" / "whole-gpu.yaml"
+    whole.write_text(whole.read_text().split("\n---\n")[0])
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        "kube-vgpu demo: dra/whole-gpu.yaml: holds ResourceClaimTemplate; it must hold one "
+        "ResourceClaimTemplate and one Pod that uses it"
+    ) in result.stderr

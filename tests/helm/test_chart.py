@@ -55,7 +55,10 @@ CLUSTER_SCOPED = {
     "ValidatingWebhookConfiguration",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "DeviceClass",
 }
+# The DRA driver's DeviceClass is named after the driver (claims name it), not the release.
+DEVICE_CLASS = "vgpu.kube-vgpu.io"
 CERT_MANAGER_KINDS = {"Issuer", "Certificate"}
 
 
@@ -133,6 +136,27 @@ CASES: dict[str, Case] = {
             "volcanoDeviceConfig": {"create": True},
         },
         prefix=f"{RELEASE}-gpushare",
+    ),
+    "dra-group": Case(
+        "v1.36.0",
+        {
+            "node": {
+                "groups": [
+                    {
+                        "name": "default",
+                        "mode": "hami-core",
+                        "nodeSelector": {"kube-vgpu.io/node-group": "volcano"},
+                    },
+                    {
+                        "name": "dra",
+                        "mode": "hami-core",
+                        "api": "dra",
+                        "nodeSelector": {"kube-vgpu.io/node-group": "dra"},
+                    },
+                ],
+                "dra": {"extendedResourceName": "kube-vgpu.io/gpu"},
+            }
+        },
     ),
 }
 
@@ -285,7 +309,7 @@ def test_objects_are_named_uniquely_with_the_fullname_and_namespaced_explicitly(
         else:
             assert meta.get("namespace"), f"{key} has no namespace"
         # Only Volcano's fixed device ConfigMap and the Role that reads it are named by Volcano.
-        if meta["name"] != device_config["deviceConfigName"]:
+        if meta["name"] not in (device_config["deviceConfigName"], DEVICE_CLASS):
             assert meta["name"].startswith(case.prefix), f"{key} is not named after {case.prefix}"
         if meta.get("namespace") and meta["namespace"] != rendered.namespace:
             assert meta["namespace"] == device_config["deviceConfigNamespace"], key
@@ -580,7 +604,12 @@ def test_components_mount_the_config_and_use_its_paths(rendered: Rendered) -> No
         if "--mode=hami-core" in container["args"]:
             assert host_paths["hami-core"] == mounted["hami-core"] == cfg.node.hook_path
             assert host_paths["vgpu-lock"] == mounted["vgpu-lock"] == "/tmp/vgpulock"
-        assert host_paths["device-plugins"] == mounted["device-plugins"] == "/var/lib/kubelet/device-plugins"
+        if "--api=dra" in container["args"]:
+            # tests/helm/test_node_dra.py checks a DRA group's folders.
+            assert "device-plugins" not in host_paths
+        else:
+            folder = "/var/lib/kubelet/device-plugins"
+            assert host_paths["device-plugins"] == mounted["device-plugins"] == folder
         assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == cfg.node.metrics_port
 
 
@@ -777,8 +806,12 @@ def test_node_check_in_the_pod_sees_the_plugin_settings(rendered: Rendered, case
         env = {e["name"]: e.get("value") for e in container["env"]}
         args = container["args"]
         assert env["KUBE_VGPU_MODE"] == group["mode"] and f"--mode={group['mode']}" in args
-        assert f"--kubelet-dir={env['KUBE_VGPU_KUBELET_DIR']}" in args
-        assert f"--config={env['KUBE_VGPU_CONFIG']}" in args
+        assert env["KUBE_VGPU_API"] == group.get("api", "deviceplugin")
+        # Every flag the plugin gets, the check gets from its variable.
+        for arg in args[1:]:
+            flag, _, value = arg.partition("=")
+            if flag != "--node-name":
+                assert env["KUBE_VGPU_" + flag[2:].upper().replace("-", "_")] == value, arg
 
 
 def test_node_groups_must_not_collide() -> None:

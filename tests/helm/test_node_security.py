@@ -240,8 +240,8 @@ def test_own_node_allowed_other_node_refused(policy: Policy) -> None:
     allowed, message = policy.admit(other, _node("gpu-2"), _node("gpu-2"))
     assert not allowed
     assert message == (
-        "the kube-vgpu node plugin on node gpu-1 may write only its own Node and pods bound to it, "
-        "not nodes gpu-2"
+        "the kube-vgpu node plugin on node gpu-1 may write only its own Node, pods bound to it and "
+        "its ResourceSlices, not nodes gpu-2"
     )
 
 

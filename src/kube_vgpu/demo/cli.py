@@ -23,6 +23,16 @@ from kube_vgpu.cli.top_view import render_text
 from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
 from kube_vgpu.demo.cluster import DemoError, LocalCluster, demo_config
+from kube_vgpu.demo.dra import (
+    DRA_EXAMPLES,
+    DraDemoError,
+    DraExample,
+    load_dra_examples,
+    pool_summary,
+    render_dra,
+    run_dra_example,
+    start_dra_node,
+)
 from kube_vgpu.demo.examples import (
     ExampleError,
     check_pod_namespaces,
@@ -31,7 +41,7 @@ from kube_vgpu.demo.examples import (
     load_pods,
 )
 from kube_vgpu.demo.flow import PodFlow, check
-from kube_vgpu.demo.nodecheck import node_checks
+from kube_vgpu.demo.nodecheck import dra_node_check, node_checks
 from kube_vgpu.demo.report import render
 from kube_vgpu.demo.workload import start_workloads, usage_report
 
@@ -74,23 +84,83 @@ def examples_config(examples: Path, given: str | None) -> Path | None:
     return beside if beside.is_file() else None
 
 
+async def _node_checks(cluster: LocalCluster) -> int:
+    """Print `node check` on each simulated node; returns how many cannot serve."""
+    checked, failing = await node_checks(cluster)
+    if cluster.dra is not None:
+        dra_checked, dra_failing = await dra_node_check(cluster, cluster.dra)
+        checked += dra_checked
+        failing += dra_failing
+    print("$ kube-vgpu node check (on each simulated node)", *checked, "", sep="\n", flush=True)
+    return failing
+
+
+async def _serve(cluster: LocalCluster) -> None:
+    """Print the metrics addresses and serve until Ctrl-C."""
+    assert cluster.webhook is not None
+    print("\nMetrics (Ctrl-C to stop):", flush=True)
+    print(f"  webhook  http://127.0.0.1:{cluster.webhook.metrics_server.port}/metrics")
+    for name, node in cluster.nodes.items():
+        port = node.plugin.metrics_server.port if node.plugin.metrics_server else "?"
+        print(f"  node {name}: http://127.0.0.1:{port}/metrics", flush=True)
+    if cluster.dra is not None and cluster.dra.plugin.metrics_server is not None:
+        print(
+            f"  node {cluster.dra.name} (DRA): http://127.0.0.1:{cluster.dra.plugin.metrics_server.port}/metrics",
+            flush=True,
+        )
+    # Ctrl-C cancels this wait (asyncio.run's handler) like any other; SIGTERM ends the demo with
+    # its verdict.
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+
+
+async def _start_dra(cluster: LocalCluster, workdir: Path) -> None:
+    """The DRA node group's node, beside the Volcano nodes."""
+    try:
+        cluster.dra = await start_dra_node(cluster.apiserver, workdir, cluster.config, cluster.kube("node"))
+    except DraDemoError as exc:
+        raise DemoError(str(exc)) from None
+
+
+async def _run_dra(cluster: LocalCluster, examples: list[DraExample]) -> int:
+    """Carry the DRA examples from claim to CDI edits, print each; returns how many failed."""
+    if cluster.dra is None:
+        return 0
+    print("", *pool_summary(cluster.apiserver, cluster.dra), "", sep="\n", flush=True)
+    failures = 0
+    for example in examples:
+        outcome = await run_dra_example(cluster.apiserver, cluster.dra, example)
+        failures += not outcome.ok
+        for line in render_dra(outcome):
+            print(line, flush=True)
+    print(f"{len(examples) - failures} of {len(examples)} DRA examples allocated and prepared.", flush=True)
+    return failures
+
+
 async def _demo(args: argparse.Namespace) -> int:
     examples: Path = args.examples
     nodes = load_nodes(examples / "nodes.yaml")
     namespaces = load_namespaces(examples / "namespaces.yaml")
     pods = load_pods(examples / "pods")
     check_pod_namespaces(pods, namespaces, examples / "pods")
+    dra_examples = load_dra_examples(examples / DRA_EXAMPLES) if (examples / DRA_EXAMPLES).is_dir() else []
     config_file = examples_config(examples, args.config)
     with tempfile.TemporaryDirectory(prefix="kube-vgpu-demo-") as tmp:
         workdir = Path(tmp)
         cluster = LocalCluster(workdir, demo_config(load_config(config_file), workdir))
         try:
             await cluster.up(nodes, namespaces)
-            print(f"kube-vgpu demo: {len(nodes)} simulated node(s), {len(pods)} example pod(s)", flush=True)
+            if dra_examples:
+                await _start_dra(cluster, workdir)
+            dra_text = f", 1 DRA node with {len(dra_examples)} example pod(s)" if cluster.dra else ""
+            print(
+                f"kube-vgpu demo: {len(nodes)} simulated node(s), {len(pods)} example pod(s){dra_text}",
+                flush=True,
+            )
             names = ", ".join(cluster.config.resource_names.all())
             print(f"config: {config_file or 'every default'} (resources {names})\n", flush=True)
-            checked, failing_nodes = await node_checks(cluster)
-            print("$ kube-vgpu node check (on each simulated node)", *checked, "", sep="\n", flush=True)
+            failing_nodes = await _node_checks(cluster)
             failures = 0
             outcomes = []
             async with aiohttp.ClientSession() as session:
@@ -103,6 +173,7 @@ async def _demo(args: argparse.Namespace) -> int:
                     for line in render(outcome, problems):
                         print(line, flush=True)
             print(f"{len(pods) - failures} of {len(pods)} examples ended as expected.", flush=True)
+            failures += await _run_dra(cluster, dra_examples)
             workloads = start_workloads(cluster, outcomes)
             print("\nUsage read from NVML, each process mapped to its container by its cgroup:", flush=True)
             within = cluster.config.node.register_interval_seconds + 5.0
@@ -110,17 +181,7 @@ async def _demo(args: argparse.Namespace) -> int:
             view = await asyncio.to_thread(read_view, cluster.outside_kube(), cluster.config)
             print(f"\n$ kube-vgpu top\n{render_text(view)}", end="", flush=True)
             if not args.once:
-                assert cluster.webhook is not None
-                print("\nMetrics (Ctrl-C to stop):", flush=True)
-                print(f"  webhook  http://127.0.0.1:{cluster.webhook.metrics_server.port}/metrics")
-                for name, node in cluster.nodes.items():
-                    port = node.plugin.metrics_server.port if node.plugin.metrics_server else "?"
-                    print(f"  node {name}: http://127.0.0.1:{port}/metrics", flush=True)
-                # Ctrl-C cancels this wait (asyncio.run's handler) like any other; SIGTERM ends the
-                # demo with its verdict.
-                stop = asyncio.Event()
-                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-                await stop.wait()
+                await _serve(cluster)
             return 1 if failures or failing_nodes else 0
         finally:
             await cluster.down()

@@ -25,6 +25,7 @@ from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.mig.geometry import encode_device_config
 from kube_vgpu.contract.mig.shipped import device_config_for
 from kube_vgpu.contract.names import DEVICE_CONFIG_KEY, HOSTNAME_LABEL
+from kube_vgpu.demo.dra import DraNode
 from kube_vgpu.demo.examples import NamespaceSpec, NodeSpec
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.kubeapi.permissions import Component
@@ -94,6 +95,8 @@ class LocalCluster:
     nodes: dict[str, SimulatedNode] = field(default_factory=dict)
     webhook: WebhookServer | None = None
     volcano: VolcanoStandin | None = None
+    # The DRA node group's one node (`demo.dra`), beside the Volcano nodes.
+    dra: DraNode | None = None
     ca_pem: bytes = b""
     _kubes: list[Kube] = field(default_factory=list)
     # What `down()` undoes, the last started first: each stop is pushed before its start, so a part
@@ -248,9 +251,14 @@ class LocalCluster:
             await asyncio.sleep(0.05)
 
     async def down(self) -> None:
-        """Stop everything that `up()` started (or began to start), the last started first; a
-        cancellation meanwhile (Ctrl-C) is raised once all of it has stopped."""
-        await finish(self._teardown.aclose())
+        """Stop everything that `up()` started (or began to start), the last started first, and the
+        DRA node before the rest; a cancellation meanwhile (Ctrl-C) is raised once all of it has
+        stopped."""
+        try:
+            if self.dra is not None:
+                await finish(self.dra.stop())
+        finally:
+            await finish(self._teardown.aclose())
 
     async def _close_clients(self) -> None:
         for client in self._kubes:

@@ -10,7 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from kube_vgpu.contract.mig.shipped import device_config_for
+from kube_vgpu.contract.names import HAMI_CORE
 from kube_vgpu.demo.cluster import LocalCluster, SimulatedNode
+from kube_vgpu.demo.dra import DraNode
+from kube_vgpu.node.check.dra import DraCheckSettings
 from kube_vgpu.node.check.report import CheckSettings, check_node
 
 
@@ -58,3 +61,39 @@ async def node_checks(cluster: LocalCluster) -> tuple[list[str], int]:
         failing += not report["ok"]
         lines.extend(summary(report))
     return lines, failing
+
+
+def _dra_report(cluster: LocalCluster, node: DraNode) -> dict[str, Any]:
+    settings = node.plugin.settings
+    return check_node(
+        node.nvml,
+        CheckSettings(
+            node_name=settings.node_name,
+            mode=HAMI_CORE,
+            kubelet_dir=settings.kubelet_root_dir,
+            config=cluster.config,
+            nvml_source="simulated",
+            dra=DraCheckSettings(
+                kubelet_root_dir=settings.kubelet_root_dir,
+                cdi_dir=settings.cdi_dir,
+                gpu_cdi_dirs=settings.gpu_cdi_dirs,
+                gpu_cdi_kind=settings.gpu_cdi_kind,
+            ),
+        ),
+    )
+
+
+async def dra_node_check(cluster: LocalCluster, node: DraNode) -> tuple[list[str], int]:
+    """`node check --api dra` on the DRA node, summed up: its lines, and 1 when it cannot serve DRA."""
+    report = await asyncio.to_thread(_dra_report, cluster, node)
+    shared = report.get("wouldPublish", {}).get("consumableCapacity", [])
+    sockets = report["draSockets"]
+    serving = all(sockets[k]["present"] and sockets[k]["isSocket"] for k in ("registration", "driver"))
+    named = [d for d in report["cdi"]["gpuSpec"]["gpus"].values() if d]
+    verdict = "OK" if report["ok"] else f"PROBLEMS ({len(report['problems'])})"
+    lines = [
+        f"  {report['node']} (dra): {verdict}; {len(report['gpus'])} GPU(s), {len(shared)} shared devices, "
+        f"sockets {'serving' if serving else 'absent'}, {len(named)} GPU(s) in the NVIDIA CDI spec"
+    ]
+    lines.extend(f"    - {p}" for p in report["problems"])
+    return lines, int(not report["ok"])

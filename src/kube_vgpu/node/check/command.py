@@ -16,6 +16,7 @@ from kube_vgpu.contract.config import ConfigError, load_config
 from kube_vgpu.contract.logformat import configure_logging
 from kube_vgpu.contract.mig.geometry import DeviceConfig, parse_device_config
 from kube_vgpu.contract.mig.shipped import default_device_config
+from kube_vgpu.node.check.dra import DraCheckSettings
 from kube_vgpu.node.check.render import render_text
 from kube_vgpu.node.check.report import CheckSettings, check_node, one_line_reason
 from kube_vgpu.node.nvml.surface import NvmlLoader
@@ -56,6 +57,21 @@ def run(args: argparse.Namespace, load_nvml: NvmlLoader) -> int:
     # The report says everything; the plugin code it reuses would say parts of it again as logs.
     configure_logging("debug" if args.log_level == "debug" else "error")
     node_name = args.node_name or socket.gethostname()
+    # The plugin's own refusal of flags no node can serve (imported here: node.cli imports this module).
+    from kube_vgpu.node.cli import DRA, api_refusal
+
+    refusal = api_refusal(args)
+    if refusal is not None:
+        print(f"kube-vgpu node check: {refusal}", file=sys.stderr)
+        return 2
+    dra = None
+    if args.api == DRA:
+        dra = DraCheckSettings(
+            kubelet_root_dir=Path(args.kubelet_root_dir),
+            cdi_dir=Path(args.cdi_dir),
+            gpu_cdi_dirs=tuple(Path(p.strip()) for p in args.gpu_cdi_dirs.split(",") if p.strip()),
+            gpu_cdi_kind=args.gpu_cdi_kind,
+        )
     try:
         config = load_config(args.config)
         geometry = _geometry(args.device_config)
@@ -64,11 +80,12 @@ def run(args: argparse.Namespace, load_nvml: NvmlLoader) -> int:
         # ValueError: SimulationError (a bad --simulate file) or an unusable --device-config.
         print(f"kube-vgpu node check: {exc}", file=sys.stderr)
         return 2
+    what = "DRA" if dra is not None else args.mode
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
         print(
-            f"node {node_name} cannot serve {args.mode}: cannot initialise NVML: {exc} "
+            f"node {node_name} cannot serve {what}: cannot initialise NVML: {exc} "
             "(no NVIDIA driver here, or the container lacks NVIDIA_DRIVER_CAPABILITIES=utility?)",
             file=sys.stderr,
         )
@@ -80,11 +97,12 @@ def run(args: argparse.Namespace, load_nvml: NvmlLoader) -> int:
         config=config,
         nvml_source=_nvml_source(args.simulate),
         geometry=geometry,
+        dra=dra,
     )
     try:
         report = check_node(nvml, settings)
     except nvml.NVMLError as exc:
-        print(f"node {node_name} cannot serve {args.mode}: NVML failed: {exc}", file=sys.stderr)
+        print(f"node {node_name} cannot serve {what}: NVML failed: {exc}", file=sys.stderr)
         return 1
     finally:
         nvml.nvmlShutdown()

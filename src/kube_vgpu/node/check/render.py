@@ -89,10 +89,74 @@ def _advertise_lines(advertised: dict[str, Any], labels: dict[str, str]) -> Iter
     yield "  labels: " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
+def _socket_line(label: str, entry: dict[str, Any]) -> str:
+    if not entry["present"]:
+        state = "absent (no DRA plugin serving)"
+    else:
+        state = "present" if entry["isSocket"] else "present but not a socket"
+    return f"  {label} {entry['path']}: {state}"
+
+
+def _dra_socket_lines(sockets: dict[str, Any]) -> Iterator[str]:
+    registry = sockets["pluginsRegistry"]
+    yield f"kubelet plugin registry {registry['path']}: {'present' if registry['present'] else 'missing'}"
+    yield _socket_line("registration socket", sockets["registration"])
+    yield _socket_line("driver socket", sockets["driver"])
+
+
+def _device_line(device: dict[str, Any]) -> str:
+    capacity = ", ".join(f"{k} {v}" for k, v in device["capacity"].items())
+    taints = "; ".join(f"taint {t['key']}={t['value']}:{t['effect']}" for t in device["taints"])
+    sharing = "shared" if device["shared"] else "whole"
+    return f"    {device['name']}  {device['uuid']}  {sharing}  {capacity}" + (
+        f"  {taints}" if taints else ""
+    )
+
+
+def _publish_lines(pool: dict[str, Any]) -> Iterator[str]:
+    yield f"The plugin would publish (driver {pool['driver']}, pool {pool['pool']}):"
+    if pool["held"]:
+        yield f"  every GPU out of service: {pool['held']}"
+    yield "  with consumable capacity on (Kubernetes 1.36; 1.34-1.35 with DRAConsumableCapacity):"
+    for device in pool["consumableCapacity"]:
+        yield _device_line(device)
+        for name, policy in device["requestPolicy"].items():
+            valid = policy.get("validRange") or {}
+            yield (
+                f"      {name}: default {policy.get('default')}, from {valid.get('min')} "
+                f"to {valid.get('max', 'the capacity')} in steps of {valid.get('step')}"
+            )
+    yield "  with consumable capacity off (the API server drops it: 1.34-1.35 by default):"
+    for device in pool["wholeGpus"]:
+        yield _device_line(device)
+    if pool["held"]:
+        left = pool["withoutDeviceTaints"]
+        yield f"  where device taints are off: {left} device(s), the tainted ones left out"
+
+
+def _cdi_lines(cdi: dict[str, Any]) -> Iterator[str]:
+    state = "exists" if cdi["exists"] else "missing (the plugin creates it)"
+    yield f"CDI folder {cdi['dir']}: {state}, {'writable' if cdi['writable'] else 'NOT writable'}"
+    spec = cdi["gpuSpec"]
+    yield f"  GPU spec (kind {spec['kind']}) in {', '.join(spec['dirs'])}:"
+    if not spec["files"]:
+        yield "    none found"
+    for found in spec["files"]:
+        if "error" in found:
+            yield f"    {found['path']}: unreadable: {found['error']}"
+        else:
+            yield f"    {found['path']}: devices {', '.join(found['devices'])}"
+    for uuid, device in spec["gpus"].items():
+        yield f"    {uuid} -> {device or 'NO CDI DEVICE'}"
+
+
 def render_text(report: dict[str, Any]) -> list[str]:
     """The report as lines of text."""
+    api = report.get("api", "deviceplugin")
+    serve = "DRA" if api == "dra" else report["mode"]
+    shown_api = "api dra, " if api == "dra" else ""
     lines = [
-        f"kube-vgpu node check: node {report['node']}, mode {report['mode']}",
+        f"kube-vgpu node check: node {report['node']}, {shown_api}mode {report['mode']}",
         f"NVML: {report['nvml']}",
         f"driver {report['driverVersion']}, NVML {report['nvmlVersion']}, CUDA {report['cudaDriverVersion']}",
         "",
@@ -103,14 +167,22 @@ def render_text(report: dict[str, Any]) -> list[str]:
         lines.append("no GPU")
     lines.append("")
     lines.extend(_hami_lines(report["hamiCore"]))
-    lines.extend(_kubelet_lines(report["kubelet"]))
+    if "kubelet" in report:
+        lines.extend(_kubelet_lines(report["kubelet"]))
+    if "draSockets" in report:
+        lines.extend(_dra_socket_lines(report["draSockets"]))
+    if "cdi" in report:
+        lines.extend(_cdi_lines(report["cdi"]))
+    if "wouldPublish" in report:
+        lines.append("")
+        lines.extend(_publish_lines(report["wouldPublish"]))
     if "wouldAdvertise" in report:
         lines.append("")
         lines.extend(_advertise_lines(report["wouldAdvertise"], report["labels"]))
     lines.append("")
     if report["ok"]:
-        lines.append(f"OK: this node can serve {report['mode']}")
+        lines.append(f"OK: this node can serve {serve}")
     else:
-        lines.append(f"PROBLEMS ({len(report['problems'])}): this node cannot serve {report['mode']}")
+        lines.append(f"PROBLEMS ({len(report['problems'])}): this node cannot serve {serve}")
         lines.extend(f"  - {p}" for p in report["problems"])
     return lines

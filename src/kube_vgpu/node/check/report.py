@@ -20,6 +20,7 @@ from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.mig.geometry import DeviceConfig
 from kube_vgpu.contract.names import HAMI_CORE, MIG
 from kube_vgpu.contract.register import decode_register
+from kube_vgpu.node.check import dra as dra_check
 from kube_vgpu.node.check.gpus import describe_gpu, describe_versions
 from kube_vgpu.node.deviceplugin.server import KUBELET_SOCKET, socket_name
 from kube_vgpu.node.hookpath import INSTALLER_VALUE, inspect_hook_path
@@ -39,6 +40,8 @@ class CheckSettings:
     config: Config
     nvml_source: str  # where NVML's answers come from, for the reader
     geometry: DeviceConfig | None = None  # MIG mode: the scheduler's geometry to check against
+    # --api dra: the DRA driver's folders (None: the device plugin's check).
+    dra: dra_check.DraCheckSettings | None = None
 
 
 def _gpu_problems(mode: str, facts: list[dict[str, Any]]) -> list[str]:
@@ -120,6 +123,7 @@ def check_node(nvml: Nvml, settings: CheckSettings) -> dict[str, Any]:
     problems: list[str] = []
     report: dict[str, Any] = {
         "node": settings.node_name,
+        "api": "deviceplugin" if settings.dra is None else "dra",
         "mode": settings.mode,
         "nvml": settings.nvml_source,
         **describe_versions(nvml),
@@ -164,11 +168,21 @@ def check_node(nvml: Nvml, settings: CheckSettings) -> dict[str, Any]:
         )
         problems.extend(manager.check_node())
 
-    report["kubelet"], kubelet_problems = _kubelet(settings)
-    problems.extend(kubelet_problems)
-
-    if gpus is not None:
-        report["wouldAdvertise"], report["labels"] = _advertised(settings, gpus, needed and not hook.ready)
+    held = needed and not hook.ready
+    if settings.dra is not None:
+        report["draSockets"], socket_problems = dra_check.sockets(settings.dra)
+        problems.extend(socket_problems)
+        if gpus is not None:
+            hold = f"HAMi-core not usable in {hook.folder}: {hook.problem}" if held else None
+            report["wouldPublish"] = dra_check.would_publish(nvml, gpus, hold)
+            report["wouldPublish"]["pool"] = settings.node_name
+        report["cdi"], cdi_problems = dra_check.cdi(settings.dra, gpus or [])
+        problems.extend(cdi_problems)
+    else:
+        report["kubelet"], kubelet_problems = _kubelet(settings)
+        problems.extend(kubelet_problems)
+        if gpus is not None:
+            report["wouldAdvertise"], report["labels"] = _advertised(settings, gpus, held)
     report["problems"] = problems
     report["ok"] = not problems
     return report
@@ -178,4 +192,5 @@ def one_line_reason(report: dict[str, Any]) -> str:
     """Why the node cannot serve its mode, on one line (for stderr and scripts)."""
     problems: list[str] = report["problems"]
     more = f" (and {len(problems) - 1} more problem(s), listed above)" if len(problems) > 1 else ""
-    return f"node {report['node']} cannot serve {report['mode']}: {problems[0]}{more}"
+    what = "DRA" if report.get("api") == "dra" else report["mode"]
+    return f"node {report['node']} cannot serve {what}: {problems[0]}{more}"
