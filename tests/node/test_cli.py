@@ -16,7 +16,7 @@ import yaml
 from kube_vgpu.cli import node as node_cli
 from kube_vgpu.cli.main import Parser, apply_env_defaults
 from kube_vgpu.contract.names import NODE_REGISTER
-from kube_vgpu.demo.dra import device_class, nvidia_cdi_spec, slice_claim
+from kube_vgpu.demo.dra import device_class, nvidia_cdi_spec
 from kube_vgpu.node.cli import api_refusal
 from kube_vgpu.node.deviceplugin.server import socket_name
 from kube_vgpu.node.dra.server import DRIVER_NAME, dra_socket, registration_socket
@@ -26,6 +26,7 @@ from kube_vgpu.standins.dra.scheduler import DraScheduler
 from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.deviceplugin import KubeletStandin
 from kube_vgpu.standins.kubelet.dra import ClaimId, DraKubelet, cdi_ids_for, resolve
+from tests.support.dra import slice_claim
 from tests.support.node import (
     NODE,
     RESOURCE,

@@ -51,30 +51,6 @@ def device_class() -> dict[str, Any]:
     }
 
 
-def slice_claim(
-    name: str, namespace: str, memory: str, cores: int, *, request: str = "gpu"
-) -> dict[str, Any]:
-    """A ResourceClaim for one GPU slice: `memory` (a quantity) at `cores` percent of the SMs."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": request,
-                        "exactly": {
-                            "deviceClassName": DEVICE_CLASS,
-                            "capacity": {"requests": {"memory": memory, "cores": str(cores)}},
-                        },
-                    }
-                ]
-            }
-        },
-    }
-
-
 def nvidia_cdi_spec(gpus: Sequence[tuple[int, str]]) -> dict[str, Any]:
     """What `nvidia-ctk cdi generate` writes for GPUs given as (index, UUID): each GPU named by its
     index and by its UUID, plus `all`, with the control devices as common edits."""

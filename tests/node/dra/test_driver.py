@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from kube_vgpu.contract.config import Config, NodeConfig
-from kube_vgpu.demo.dra import device_class, nvidia_cdi_spec, slice_claim
+from kube_vgpu.demo.dra import device_class, nvidia_cdi_spec
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.dra.driver import DraNodePlugin, DraSettings
 from kube_vgpu.node.dra.server import DRIVER_NAME, dra_socket, registration_socket
@@ -29,6 +29,7 @@ from kube_vgpu.standins.hamicore import install_placeholder
 from kube_vgpu.standins.kubelet.dra import ClaimId, DraKubelet
 from kube_vgpu.standins.nvml.api import load_simulation
 from tests.node.test_events import describe_events
+from tests.support.dra import slice_claim
 from tests.support.node import NODE, UUID_A, UUID_B, eventually, node_object, short_tempdir, simulation
 
 
@@ -80,7 +81,6 @@ async def running(
                 probe_interval_seconds=0.1,
                 metrics_port=0,
                 hook_path_poll_seconds=0.05,
-                publish_retry_seconds=0.05,
                 resync_seconds=resync_seconds,
             ),
             nvml,

@@ -77,7 +77,6 @@ class DraSettings:
     # back and rewritten if it differs (None: registerIntervalSeconds).
     pods_interval_seconds: float | None = None
     resync_seconds: float | None = None
-    publish_retry_seconds: float = 2.0
 
 
 class _DraCollector(Collector):
