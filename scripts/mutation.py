@@ -47,6 +47,7 @@ GROUPS: dict[str, Group] = {
         modules=(
             "src/kube_vgpu/webhook/admission/isolation.py",
             "src/kube_vgpu/webhook/admission/safety.py",
+            "src/kube_vgpu/contract/container_env.py",
         ),
         tests=(
             "tests/webhook/admission/test_isolation.py",
@@ -56,7 +57,11 @@ GROUPS: dict[str, Group] = {
     ),
     "booking": Group(
         modules=("src/kube_vgpu/node/deviceplugin/verify.py",),
-        tests=("tests/node/deviceplugin/test_verify.py", "tests/node/deviceplugin/test_booking.py"),
+        tests=(
+            "tests/node/deviceplugin/test_verify.py",
+            "tests/node/deviceplugin/test_verify_charge.py",
+            "tests/node/deviceplugin/test_booking.py",
+        ),
     ),
     # The quota's pure arithmetic and decision against the shared reservations.
     "quota": Group(

@@ -132,7 +132,7 @@ request.operation != 'UPDATE' ||
    'volcano.sh/bind-phase', 'volcano.sh/vgpu-time', 'volcano.sh/bind-time',
    'volcano.sh/vgpu-mode', 'nvidia.com/vgpu-mode', 'nvidia.com/use-gputype', 'nvidia.com/nouse-gputype',
    'volcano.sh/vgpu-use-gpuuuid', 'nvidia.com/use-gpuuuid', 'volcano.sh/vgpu-nouse-gpuuuid',
-   'nvidia.com/nouse-gpuuuid'].exists(k,
+   'nvidia.com/nouse-gpuuuid', 'kube-vgpu.io/charged-gpu-memory'].exists(k,
     (has(object.metadata.annotations) && k in object.metadata.annotations) !=
       (has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations) ||
     (has(object.metadata.annotations) && k in object.metadata.annotations &&

@@ -45,6 +45,11 @@ SCHEDULER_OWNED_ANNOTATIONS: Final[tuple[str, ...]] = (
     VGPU_TIME,
     BIND_TIME,
 )
+# What the webhook charged a share-of-card pod (a container asking a percentage of a GPU's memory, or
+# none, the whole card) in a namespace with a memory quota: the MiB of the GPU its share was sized
+# on. Written by the mutating phase (whatever the pod's author wrote is replaced), kept unchanged by
+# the validating phase on UPDATE, and read by the node plugin, which refuses a booking on a larger GPU.
+CHARGED_GPU_MEMORY: Final = "kube-vgpu.io/charged-gpu-memory"
 # Annotations that decided, at creation, a pod's node affinity, its GPUs and its quota charge; the
 # webhook keeps them as they were created (changing one would change the charge, not the placement).
 PLACEMENT_ANNOTATIONS: Final[tuple[str, ...]] = (
@@ -56,6 +61,7 @@ PLACEMENT_ANNOTATIONS: Final[tuple[str, ...]] = (
     USE_GPUUUID_ALIAS,
     NOUSE_GPUUUID,
     NOUSE_GPUUUID_ALIAS,
+    CHARGED_GPU_MEMORY,
 )
 BIND_PHASE_ALLOCATING: Final = "allocating"
 BIND_PHASE_SUCCESS: Final = "success"

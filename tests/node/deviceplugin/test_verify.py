@@ -102,3 +102,17 @@ def test_the_booking_is_checked_against_the_limits_only_when_container_and_names
     assert claim_problem(records, {}, BY_UUID, set(), "hami-core", container=asks_100) is None
     found = claim_problem(records, {}, BY_UUID, set(), "hami-core", container=asks_100, names=NAMES)
     assert found is not None and "booked with 0 MiB" in found
+
+
+def test_an_unhealthy_gpu_is_refused_with_why_when_known() -> None:
+    records = (rec(UUID_A),)
+    assert claim_problem(records, {}, BY_UUID, {UUID_A: "XID 79"}, "hami-core") == (
+        f"GPU {UUID_A} is unhealthy (XID 79)"
+    )
+    # Without a reason (an empty one, or a plain set of UUIDs) the sentence ends at "unhealthy".
+    assert claim_problem(records, {}, BY_UUID, {UUID_A: ""}, "hami-core") == f"GPU {UUID_A} is unhealthy"
+    assert claim_problem(records, {}, BY_UUID, {UUID_A}, "hami-core") == f"GPU {UUID_A} is unhealthy"
+    # Another GPU's reason is not this one's.
+    assert claim_problem(records, {}, BY_UUID, {UUID_A: "", UUID_B: "XID 48"}, "hami-core") == (
+        f"GPU {UUID_A} is unhealthy"
+    )

@@ -20,12 +20,16 @@ import pytest
 from kube_vgpu.contract.config import Config, NodeConfig, WebhookConfig
 from kube_vgpu.contract.names import (
     BIND_PHASE,
+    CHARGED_GPU_MEMORY,
     DEVICES_TO_ALLOCATE,
     SCHEDULER_OWNED_ANNOTATIONS,
+    USE_GPUTYPE,
+    USE_GPUUUID,
     VGPU_IDS_NEW,
 )
 from kube_vgpu.standins.apiserver.admission_chain import admission_review, with_system_metadata
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.webhook import gpu_uuid
 from tests.support.webhook_bypass import (
     AUTHOR,
     BOOKING,
@@ -168,6 +172,14 @@ ESCAPE_ENV = [
     "NVIDIA_MIG_CONFIG_DEVICES",
     "NVIDIA_MIG_MONITOR_DEVICES",
     "LD_PRELOAD",
+    # The NVIDIA container toolkit's other device-granting variables, and the loader's audit hook.
+    "NVIDIA_IMEX_CHANNELS",
+    "NVIDIA_GDRCOPY",
+    "NVIDIA_NVSWITCH",
+    "NVIDIA_GDS",
+    "NVIDIA_MOFED",
+    "NVIDIA_ALLOW_ADDITIONAL_GIDS",
+    "LD_AUDIT",
 ]
 
 
@@ -192,8 +204,49 @@ def test_a_sidecar_or_init_container_setting_them_is_refused_too(cluster: Cluste
     assert refused(cluster.create(init), "initContainers[warm]", "LD_PRELOAD")
 
 
+@pytest.mark.parametrize("name", ESCAPE_ENV)
+def test_a_limit_variable_taken_from_a_config_map_is_refused(cluster: Cluster, name: str) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["containers"][0]["env"] = [
+        {"name": name, "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}
+    ]
+    assert refused(cluster.create(escaping), f"env {name}", "remove it from env")
+
+
 @pytest.mark.parametrize(
-    "name", ["CUDA_VISIBLE_DEVICES_NOT", "ld_preload", "MY_CUDA_DISABLE_CONTROL", "PYTHONPATH"]
+    "prefix", ["NVIDIA_", "NVIDIA_IMEX_", "LD_", "CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_"]
+)
+def test_an_env_from_prefix_that_can_produce_a_limit_variable_is_refused(
+    cluster: Cluster, prefix: str
+) -> None:
+    escaping = gpu_pod()
+    escaping["spec"]["containers"][0]["envFrom"] = [{"prefix": prefix, "configMapRef": {"name": "cm"}}]
+    assert refused(cluster.create(escaping), f"envFrom prefix {prefix!r}", "use a prefix")
+
+
+@pytest.mark.parametrize("prefix", ["APP_", "NVIDIA_IMEX_CHANNELS", "LD_AUDIT", "nvidia_", "CUDA_VISIBLE_"])
+def test_an_env_from_prefix_one_step_away_is_allowed(cluster: Cluster, prefix: str) -> None:
+    # The kubelet appends a non-empty key, so a whole name as the prefix produces only longer names.
+    harmless = gpu_pod()
+    harmless["spec"]["containers"][0]["envFrom"] = [{"prefix": prefix, "configMapRef": {"name": "cm"}}]
+    assert cluster.create(harmless)["allowed"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "CUDA_VISIBLE_DEVICES_NOT",
+        "ld_preload",
+        "MY_CUDA_DISABLE_CONTROL",
+        "PYTHONPATH",
+        # The toolkit looks names up exactly, case included.
+        "NVIDIA_IMEX_CHANNELSX",
+        "nvidia_imex_channels",
+        "NVIDIA_GDRCOPY_",
+        "LD_AUDITX",
+        "NVIDIA_REQUIRE_CUDA",
+        "NVIDIA_DISABLE_REQUIRE",
+    ],
 )
 def test_harmless_variables_are_allowed(cluster: Cluster, name: str) -> None:
     harmless = gpu_pod()
@@ -238,9 +291,50 @@ def test_a_block_device_at_the_preload_path_is_refused(cluster: Cluster) -> None
     "path", ["/tmp", "/etc", "/etc/app", "/tmp/vgpufoo", "/usr/local", "/data", "/usr/local/vgpux"]
 )
 def test_harmless_mounts_are_allowed(cluster: Cluster, path: str) -> None:
+    # (An emptyDir is written in place; atomic-writer volumes are the next tests.)
     # A parent folder is fine: the plugin's own, deeper bind mounts land on top of it.
     harmless = gpu_pod()
     harmless["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    harmless["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
+    assert cluster.create(harmless)["allowed"]
+
+
+_SWAPPED_VOLUMES = [
+    {"configMap": {"name": "cm", "items": [{"key": "k", "path": "ld.so.preload"}]}},
+    {"secret": {"secretName": "s"}},
+    {"projected": {"sources": [{"configMap": {"name": "cm"}}]}},
+    {"downwardAPI": {"items": [{"path": "vgpu/libvgpu.so", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+]
+
+
+@pytest.mark.parametrize("volume", _SWAPPED_VOLUMES)
+@pytest.mark.parametrize(
+    ("path", "below"),
+    [
+        ("/etc", "/etc/ld.so.preload"),
+        ("/usr/local", "/usr/local/vgpu"),
+        ("/", "/usr/local/vgpu"),
+        ("/tmp/", "/tmp/vgpu"),
+    ],
+)
+def test_an_atomic_writer_volume_above_a_plugin_path_is_refused(
+    cluster: Cluster, volume: dict[str, Any], path: str, below: str
+) -> None:
+    # The kubelet swaps the volume's `..data` link on every update, replacing the file the plugin's
+    # bind mount landed on.
+    escaping = gpu_pod()
+    escaping["spec"]["volumes"] = [{"name": "v", **volume}]
+    escaping["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
+    assert refused(cluster.create(escaping), f"volumeMounts path {path!r} of 'v'", f"lies above {below}")
+
+
+@pytest.mark.parametrize("volume", _SWAPPED_VOLUMES)
+@pytest.mark.parametrize("path", ["/etc/app", "/usr/local/bin", "/usr/local/vgpux", "/tmp/vgpux", "/data"])
+def test_an_atomic_writer_volume_at_a_sibling_path_is_allowed(
+    cluster: Cluster, volume: dict[str, Any], path: str
+) -> None:
+    harmless = gpu_pod()
+    harmless["spec"]["volumes"] = [{"name": "v", **volume}]
     harmless["spec"]["containers"][0]["volumeMounts"] = [{"name": "v", "mountPath": path}]
     assert cluster.create(harmless)["allowed"]
 
@@ -464,3 +558,76 @@ def test_a_dry_run_pod_too_large_to_review_cheaply_is_refused_by_both_phases(
             path, admission_review(with_system_metadata(heavy), username=AUTHOR, dry_run=True)
         )
         assert refused(answer, *words)
+
+
+# --- a share of a card is charged on a GPU it cannot outgrow -------------------------------------
+
+
+def _share(namespace: str, annotations: dict[str, str] | None = None, **amounts: Any) -> dict[str, Any]:
+    made = gpu_pod(namespace, "share", **amounts)
+    if annotations:
+        made["metadata"]["annotations"] = dict(annotations)
+    return made
+
+
+@pytest.mark.parametrize("amounts", [{"percent": 30}, {"number": 1}, {"percent": 30, "cores": 10}])
+def test_a_share_of_a_card_with_no_type_choice_is_refused_under_a_memory_quota(
+    cluster: Cluster, amounts: dict[str, Any]
+) -> None:
+    # Charged on today's largest GPU (40960 MiB), it could be booked on a larger one joining later.
+    answer = cluster.create(_share("mem-15000", **amounts))
+    assert answer["phase"] == "mutate"
+    assert refused(
+        answer,
+        "namespace mem-15000 has a GPU memory quota and container 'main' asks for a share",
+        "state the memory in MiB (volcano.sh/vgpu-memory)",
+        "nvidia.com/use-gputype",
+    )
+
+
+@pytest.mark.parametrize("namespace", ["free", "one-gpu"])
+def test_a_share_of_a_card_without_a_memory_quota_is_admitted_and_records_nothing(
+    cluster: Cluster, namespace: str
+) -> None:
+    forged = {CHARGED_GPU_MEMORY: "999999"}
+    answer = cluster.create(_share(namespace, forged, percent=30))
+    assert answer["allowed"]
+    assert CHARGED_GPU_MEMORY not in answer["pod"]["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {USE_GPUTYPE: "A100"},
+        {USE_GPUTYPE: "A100", CHARGED_GPU_MEMORY: "999999"},
+        {USE_GPUTYPE: "A100", CHARGED_GPU_MEMORY: "1"},
+        {USE_GPUUUID: gpu_uuid("a100", 0)},
+    ],
+)
+def test_a_share_of_a_card_with_a_type_choice_records_its_charge_whatever_the_author_wrote(
+    cluster: Cluster, annotations: dict[str, str]
+) -> None:
+    # Reinvoked, the mutation finds its own figure and patches nothing (create asserts it).
+    answer = cluster.create(_share("mem-15000", annotations, percent=30), reinvoke=1)
+    assert answer["allowed"], answer
+    assert answer["pod"]["metadata"]["annotations"][CHARGED_GPU_MEMORY] == "40960"
+
+
+def test_an_explicit_memory_records_nothing(cluster: Cluster) -> None:
+    answer = cluster.create(_share("mem-15000", {CHARGED_GPU_MEMORY: "999999"}, memory=10000))
+    assert answer["allowed"]
+    assert CHARGED_GPU_MEMORY not in answer["pod"]["metadata"]["annotations"]
+
+
+def test_the_recorded_charge_cannot_be_changed_or_removed_by_the_author(cluster: Cluster) -> None:
+    admitted = cluster.create(_share("mem-15000", {USE_GPUTYPE: "A100"}, percent=30))
+    assert admitted["allowed"]
+    old = admitted["pod"]
+    for value in ("81920", None):
+        new = copy.deepcopy(old)
+        if value is None:
+            del new["metadata"]["annotations"][CHARGED_GPU_MEMORY]
+        else:
+            new["metadata"]["annotations"][CHARGED_GPU_MEMORY] = value
+        assert refused(cluster.update(old, new, AUTHOR), CHARGED_GPU_MEMORY, "fixed when the pod is created")
+        assert cluster.update(old, new, NODE_PLUGIN)["allowed"]

@@ -8,9 +8,16 @@ from typing import Any
 import pytest
 
 from kube_vgpu.contract.config import Config, NodeConfig
+from kube_vgpu.contract.container_env import reachable_by_prefix, reserved
 from kube_vgpu.contract.devices import DeviceRecord
 from kube_vgpu.node.deviceplugin.hamicore import build_response
-from kube_vgpu.webhook.admission.isolation import covers, find_escape, host_overlaps, normalize
+from kube_vgpu.webhook.admission.isolation import (
+    covers,
+    find_escape,
+    grouped_containers,
+    host_overlaps,
+    normalize,
+)
 from tests.support.node import GPUS, UUID_A
 
 
@@ -160,18 +167,57 @@ def test_host_overlaps_normalises_and_compares_segments() -> None:
         "CUDA_DISABLE_CONTROL",
         "CUDA_OVERSUBSCRIBE",
         "GPU_CORE_UTILIZATION_POLICY",
-        "NVIDIA_VISIBLE_DEVICES",
-        "NVIDIA_DRIVER_CAPABILITIES",
-        "NVIDIA_MIG_CONFIG_DEVICES",
-        "NVIDIA_MIG_MONITOR_DEVICES",
-        "LD_PRELOAD",
     ],
 )
-def test_each_reserved_variable_is_an_escape_with_the_whole_message(name: str) -> None:
+def test_each_hami_core_variable_is_an_escape_with_the_whole_message(name: str) -> None:
     pod = _container_pod({"name": "c", "env": [{"name": "HOME"}, {"name": name, "value": "x"}]})
     assert _message(pod) == (
         f"containers[c]: env {name} is set by the node plugin for vGPU containers (it carries the GPU "
         "memory and core limits): remove it from env; the limits come from the container's vgpu resources"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "grants"),
+    [
+        ("NVIDIA_VISIBLE_DEVICES", "the GPUs it names (`all`: every GPU of the node)"),
+        ("NVIDIA_DRIVER_CAPABILITIES", "the driver capabilities it names"),
+        ("NVIDIA_MIG_CONFIG_DEVICES", "MIG configuration rights over the GPUs it names"),
+        ("NVIDIA_MIG_MONITOR_DEVICES", "MIG monitoring rights over the GPUs it names"),
+        ("NVIDIA_IMEX_CHANNELS", "the IMEX channels it names, which share GPU memory across nodes"),
+        ("NVIDIA_GDS", "GPUDirect Storage devices (`/dev/nvidia-fs*`)"),
+        ("NVIDIA_MOFED", "Mellanox OFED devices (`/dev/infiniband`)"),
+        ("NVIDIA_NVSWITCH", "the node's NVSwitch devices (`/dev/nvidia-nvswitch*`)"),
+        ("NVIDIA_GDRCOPY", "the GDRCopy device (`/dev/gdrdrv`), a direct map of GPU memory"),
+        ("NVIDIA_ALLOW_ADDITIONAL_GIDS", "the groups that own the injected device nodes"),
+    ],
+)
+def test_each_runtime_variable_is_an_escape_with_the_whole_message(name: str, grants: str) -> None:
+    pod = _container_pod({"name": "c", "env": [{"name": name, "valueFrom": {"fieldRef": {}}}]})
+    assert _message(pod) == (
+        f"containers[c]: env {name} makes the NVIDIA container runtime hand the container {grants}: "
+        "remove it from env; a vGPU pod gets its GPUs from its vgpu resources, never from the runtime's "
+        "variables"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        (
+            "LD_PRELOAD",
+            "loads a library into every process ahead of HAMi-core, which enforces the vGPU limits",
+        ),
+        (
+            "LD_AUDIT",
+            "loads an auditing library that can redirect every symbol binding, HAMi-core's limits included",
+        ),
+    ],
+)
+def test_each_loader_variable_is_an_escape_with_the_whole_message(name: str, why: str) -> None:
+    pod = _container_pod({"name": "c", "env": [{"name": name, "value": "/x.so"}]})
+    assert _message(pod) == (
+        f"containers[c]: env {name} {why}: remove it from env; bake libraries into the image instead"
     )
 
 
@@ -184,10 +230,48 @@ def test_each_reserved_variable_is_an_escape_with_the_whole_message(name: str) -
         "LD_PRELOAD_X",
         "XCUDA_DISABLE_CONTROL",
         "cuda",
+        "NVIDIA_IMEX_CHANNELSX",
+        "NVIDIA_IMEX_CHANNEL",
+        "nvidia_imex_channels",
+        "NVIDIA_GDRCOP",
+        "LD_AUDITS",
+        "ld_audit",
+        "NVIDIA_REQUIRE_CUDA",
+        "NVIDIA_DISABLE_REQUIRE",
     ],
 )
 def test_names_that_only_look_reserved_are_not(name: str) -> None:
     assert find_escape(_container_pod({"name": "c", "env": [{"name": name}]}), Config()) is None
+
+
+@pytest.mark.parametrize(
+    ("prefix", "reached"),
+    [
+        ("N", "NVIDIA_VISIBLE_DEVICES"),
+        ("NVIDIA_", "NVIDIA_VISIBLE_DEVICES"),
+        ("NVIDIA_IMEX_CHANNEL", "NVIDIA_IMEX_CHANNELS"),
+        ("LD_", "LD_PRELOAD"),
+        ("LD_AUDI", "LD_AUDIT"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT*"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_MEMORY_LIMIT*"),
+        ("CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_SM_LIMIT*"),
+        ("CUDA_DEVICE_MEMORY_L", "CUDA_DEVICE_MEMORY_LIMIT*"),
+    ],
+)
+def test_an_env_from_prefix_that_reaches_a_reserved_name_is_an_escape(prefix: str, reached: str) -> None:
+    pod = _container_pod({"name": "c", "envFrom": [{"prefix": "APP_"}, {"prefix": prefix, "secretRef": {}}]})
+    assert _message(pod) == (
+        f"containers[c]: envFrom prefix {prefix!r} can produce {reached}, which a vGPU pod may not set: "
+        "use a prefix no reserved variable starts with (for example APP_)"
+    )
+
+
+@pytest.mark.parametrize(
+    "prefix", ["", "APP_", "NVIDIA_IMEX_CHANNELS", "LD_PRELOAD", "nvidia_", "X", "CUDA_VISIBLE_", None, 3]
+)
+def test_an_env_from_prefix_that_reaches_no_reserved_name_is_not(prefix: object) -> None:
+    pod = _container_pod({"name": "c", "envFrom": [{"prefix": prefix}, "junk", {"configMapRef": {}}]})
+    assert find_escape(pod, Config()) is None
 
 
 def test_a_container_without_a_name_is_named_by_a_question_mark() -> None:
@@ -326,3 +410,105 @@ def test_the_protected_paths_do_not_move_with_the_hook_path(hook: str) -> None:
     assert f"(not at or under {PROTECTED})" in _message(pod, config)
     host = {"spec": {"volumes": [{"name": "h", "hostPath": {"path": hook + "/x"}}]}}
     assert f"reaches {hook}," in _message(host, config)
+
+
+# --- volumes the kubelet writes through its atomic writer -----------------------------------------
+
+_SWAPPED = ("configMap", "secret", "projected", "downwardAPI")
+
+
+@pytest.mark.parametrize("kind", _SWAPPED)
+@pytest.mark.parametrize(
+    ("path", "below"),
+    [
+        ("/etc", "/etc/ld.so.preload"),
+        ("//etc/", "/etc/ld.so.preload"),
+        ("/usr/local", "/usr/local/vgpu"),
+        ("/usr", "/usr/local/vgpu"),
+        ("/", "/usr/local/vgpu"),
+        ("/tmp", "/tmp/vgpu"),
+    ],
+)
+def test_an_atomic_writer_volume_above_a_plugin_path_has_the_whole_message(
+    kind: str, path: str, below: str
+) -> None:
+    pod = _container_pod(
+        {
+            "name": "c",
+            "volumeMounts": [{"name": "w", "mountPath": "/data"}, {"name": "v", "mountPath": path}],
+        },
+        volumes=[{"name": "w", "emptyDir": {}}, "junk", {"name": "v", kind: {}}],
+    )
+    assert _message(pod) == (
+        f"containers[c]: volumeMounts path {path!r} of 'v', a volume the kubelet updates by swapping "
+        f"symlinks, lies above {below}, which the node plugin mounts to enforce the vGPU limits (an update "
+        "would replace it): mount the volume at a folder that holds none of /usr/local/vgpu, "
+        "/etc/ld.so.preload, /tmp/vgpu, /tmp/vgpulock (for example /etc/app, not /etc)"
+    )
+
+
+@pytest.mark.parametrize("kind", _SWAPPED)
+@pytest.mark.parametrize(
+    "path", ["/etc/app", "/et", "/usr/local/bin", "/usr/local/vgpux", "/tmp/vgpux", "/var/run"]
+)
+def test_an_atomic_writer_volume_beside_a_plugin_path_is_not_an_escape(kind: str, path: str) -> None:
+    pod = _container_pod(
+        {"name": "c", "volumeMounts": [{"name": "v", "mountPath": path}]}, volumes=[{"name": "v", kind: {}}]
+    )
+    assert find_escape(pod, Config()) is None
+
+
+@pytest.mark.parametrize(
+    "volume",
+    [
+        {"name": "v", "emptyDir": {}},
+        {"name": "v", "hostPath": None},
+        {"name": "v", "configMap": None},
+        {"name": "w", "configMap": {}},
+    ],
+)
+def test_other_volumes_above_a_plugin_path_keep_the_in_place_rule(volume: dict[str, Any]) -> None:
+    pod = _container_pod(
+        {"name": "c", "volumeMounts": [{"name": "v", "mountPath": "/etc"}]}, volumes=[volume]
+    )
+    assert find_escape(pod, Config()) is None
+
+
+def test_an_unnamed_atomic_writer_volume_matches_no_mount() -> None:
+    pod = _container_pod(
+        {"name": "c", "volumeMounts": [{"name": "None", "mountPath": "/etc"}]},
+        volumes=[{"name": None, "configMap": {}}, {"configMap": {}}],
+    )
+    assert find_escape(pod, Config()) is None
+
+
+def test_an_atomic_writer_volume_is_found_by_name_in_every_container_group() -> None:
+    pod = {
+        "spec": {
+            "volumes": [{"name": "cm", "configMap": {"name": "x"}}],
+            "containers": [{"name": "app", "volumeMounts": [{"name": "cm", "mountPath": "/etc/app"}]}],
+            "ephemeralContainers": [
+                {"name": "dbg", "volumeMounts": [{"name": "cm", "mountPath": "/usr/local"}]}
+            ],
+        }
+    }
+    assert _message(pod).startswith("ephemeralContainers[dbg]: volumeMounts path '/usr/local' of 'cm'")
+
+
+@pytest.mark.parametrize("name", ["PATH", "", "CUDA_DEVICE_MEMORY", "nvidia_visible_devices", "LD_AUDIT_"])
+def test_a_name_no_rule_reserves_has_no_reason(name: str) -> None:
+    assert reserved(name) is None
+
+
+def test_a_reserved_name_or_prefix_has_its_reason() -> None:
+    found = reserved("CUDA_DEVICE_MEMORY_LIMIT_7")
+    assert found is not None and "GPU memory and core limits" in found.why
+    assert reserved("NVIDIA_GDS") is not None and reserved("LD_AUDIT") is not None
+    assert reachable_by_prefix("") is None
+
+
+def test_the_container_list_given_is_the_one_checked() -> None:
+    # `check_containers` hands over the list it built; the pod's own is not listed again.
+    pod = _container_pod({"name": "c", "env": [{"name": "LD_AUDIT"}]})
+    assert find_escape(pod, Config(), []) is None
+    assert find_escape(pod, Config(), grouped_containers(pod)) is not None

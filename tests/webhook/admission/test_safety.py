@@ -12,6 +12,7 @@ import pytest
 
 from kube_vgpu.contract.config import Config, ResourceNames, WebhookConfig
 from kube_vgpu.contract.names import PLACEMENT_ANNOTATIONS, SCHEDULER_OWNED_ANNOTATIONS
+from kube_vgpu.webhook.admission import isolation
 from kube_vgpu.webhook.admission.safety import (
     BYPASSES_SCHEDULER,
     FORGED_ANNOTATION,
@@ -271,3 +272,19 @@ def test_an_author_changing_a_placement_annotation_is_refused_first(key: str) ->
 def test_the_configured_writers_may_change_both(writer: str) -> None:
     new = annotated({PLACEMENT_ANNOTATIONS[0]: "mig", SCHEDULER_OWNED_ANNOTATIONS[0]: "y"})
     check_update(annotated({}), new, writer, CONFIG)
+
+
+def test_check_containers_lists_the_pod_s_containers_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The list built for the privilege check is the one the escape check walks: a pod of hundreds of
+    # containers is not listed twice per review.
+    listed: list[object] = []
+    original = isolation.grouped_containers
+
+    def counting(pod: Any) -> list[tuple[str, dict[str, Any]]]:
+        listed.append(pod)
+        return original(pod)
+
+    monkeypatch.setattr(isolation, "grouped_containers", counting)
+    pod = {"spec": {"containers": [{"name": "c", "env": [{"name": "LD_AUDIT"}]}]}}
+    assert denial(check_containers, pod, CONFIG).reason == ISOLATION_ESCAPE
+    assert listed == []

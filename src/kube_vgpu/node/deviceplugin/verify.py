@@ -9,6 +9,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.devices import ContainerDevices
 from kube_vgpu.contract.models import token_matches_model
 from kube_vgpu.contract.names import (
+    CHARGED_GPU_MEMORY,
     DEVICE_RECORD_TYPE,
     HAMI_CORE,
     NOUSE_GPUTYPE,
@@ -77,11 +79,28 @@ def booked_memory(ask: ContainerRequest, gpu: GpuInfo) -> int:
     return gpu.memory_mib
 
 
+def charged_gpu_mib(annotations: Mapping[str, Any]) -> int | str | None:
+    """The MiB of the GPU the webhook charged the pod's share of a card on (`CHARGED_GPU_MEMORY`):
+    None when it recorded none, the problem when the figure is unreadable."""
+    value = annotations.get(CHARGED_GPU_MEMORY)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit():
+        return f"annotation {CHARGED_GPU_MEMORY}={value!r} is not a whole number of MiB"
+    return int(value)
+
+
 def booking_problem(
-    records: ContainerDevices, container: Mapping[str, Any], names: ResourceNames, gpus: Mapping[str, GpuInfo]
+    records: ContainerDevices,
+    container: Mapping[str, Any],
+    names: ResourceNames,
+    gpus: Mapping[str, GpuInfo],
+    charged_on: int | None = None,
 ) -> str | None:
     """Why the booking disagrees with the container's own limits, which nobody can change after the
-    pod is created (SPEC §3): an edited or forged annotation cannot hand out more than was asked."""
+    pod is created (SPEC §3): an edited or forged annotation cannot hand out more than was asked.
+    With `charged_on` (the MiB of the GPU the webhook sized a share of a card on), a share booked on
+    a larger GPU, which would hold more memory than the namespace's quota was charged, is refused."""
     name = str(container.get("name", ""))
     try:
         ask = parse_container(container, names, init=False)
@@ -103,6 +122,14 @@ def booking_problem(
                 f"device {record.id} is booked with {record.used_cores}% cores but container {name!r} "
                 f"asks {cores}%"
             )
+        if charged_on is not None and ask.memory_mib is None:
+            charged = booked_memory(ask, dataclasses.replace(gpu, memory_mib=charged_on))
+            if memory > charged:
+                return (
+                    f"device {record.id} would give container {name!r} {memory} MiB of GPU {gpu.uuid} "
+                    f"({gpu.memory_mib} MiB) but the pod was charged {charged} MiB for it at admission "
+                    f"(a GPU of {charged_on} MiB, {CHARGED_GPU_MEMORY})"
+                )
     return None
 
 
@@ -146,5 +173,8 @@ def claim_problem(
         if problem:
             return problem
     if container is not None and names is not None:
-        return booking_problem(records, container, names, gpus)
+        charged_on = charged_gpu_mib(annotations)
+        if isinstance(charged_on, str):
+            return charged_on
+        return booking_problem(records, container, names, gpus, charged_on)
     return None

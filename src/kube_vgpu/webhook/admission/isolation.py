@@ -2,8 +2,10 @@
 
 Pure: a pod dict and the configuration in, the first escape found (or None) out. The node plugin hands
 a vGPU container its limits through environment variables and bind mounts; a container that sets
-those variables itself, mounts over those paths, or reaches the plugin's host folders through a
-hostPath volume could replace the limits or switch HAMi-core off. Every container of a vGPU pod is
+those variables itself (or through an `envFrom` prefix), mounts over those paths (or, with a volume
+the kubelet rewrites by swapping symlinks, above them), or reaches the plugin's host folders through
+a hostPath volume could replace the limits or switch HAMi-core off. Which variables, and why each,
+is `contract.container_env`. Every container of a vGPU pod is
 checked, not just the ones that ask for a vGPU: with the NVIDIA runtime as the node's default, a
 sidecar that sets `NVIDIA_VISIBLE_DEVICES=all` is handed every GPU of the node with no limits at all.
 
@@ -23,31 +25,22 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kube_vgpu.contract.config import Config
+from kube_vgpu.contract.container_env import (
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIXES,
+    reachable_by_prefix,
+    reserved,
+)
 from kube_vgpu.contract.container_paths import (
     DEFAULT_LOCK_HOST_DIR,
     NVIDIA_DEVICE_LIST_ROOT,
     PLUGIN_CONTAINER_PATHS,
 )
 
-# Variables HAMi-core or the NVIDIA container runtime read (names are case-sensitive, as in Linux).
-RESERVED_ENV: Final[frozenset[str]] = frozenset(
-    {
-        "CUDA_DEVICE_SM_LIMIT",
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-        "CUDA_DISABLE_CONTROL",
-        "CUDA_OVERSUBSCRIBE",
-        "GPU_CORE_UTILIZATION_POLICY",
-        "NVIDIA_VISIBLE_DEVICES",
-        "NVIDIA_DRIVER_CAPABILITIES",
-        # the NVIDIA runtime grants MIG configuration and monitoring through these
-        "NVIDIA_MIG_CONFIG_DEVICES",
-        "NVIDIA_MIG_MONITOR_DEVICES",
-        "LD_PRELOAD",
-    }
-)
-# `CUDA_DEVICE_MEMORY_LIMIT` and every per-device `CUDA_DEVICE_MEMORY_LIMIT_<i>`; the SM limit likewise,
-# in case a HAMi-core build reads a per-device form.
-RESERVED_ENV_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+# The names tested inline per env entry (a set lookup and one prefix test); why each is refused is
+# in `contract.container_env`.
+_RESERVED_NAMES: Final = frozenset(RESERVED_ENV)
+_RESERVED_PREFIXES: Final = tuple(RESERVED_ENV_PREFIXES)
 
 # In-container paths no volume of a vGPU pod may cover: what the node plugin mounts for HAMi-core,
 # and the NVIDIA runtime's device-list root (matched by plain prefix, as the runtime matches it).
@@ -91,8 +84,9 @@ def normalize(path: str) -> str:
 def covers(mount: str, protected: str) -> bool:
     """Whether a mount at `mount` would replace `protected` or something inside it.
 
-    A mount on a parent folder (`/tmp`, `/etc`) is harmless: the plugin's own bind mounts are
-    deeper and land on top of it. Segments are compared, so `/tmp/vgpufoo` is not `/tmp/vgpu`.
+    A mount on a parent folder (`/tmp`, `/etc`) is harmless for volumes written in place: the
+    plugin's own bind mounts are deeper and land on top of it (atomic-writer volumes are the
+    exception, see `ATOMIC_WRITER_VOLUMES`). Segments are compared, so `/tmp/vgpufoo` is not `/tmp/vgpu`.
     """
     mount, protected = normalize(mount), normalize(protected)
     return mount == protected or mount.startswith(protected.rstrip("/") + "/")
@@ -128,11 +122,21 @@ def _env_escape(key: str, container: Mapping[str, Any]) -> Escape | None:
     for entry in container.get("env") or ():
         name = entry.get("name") if isinstance(entry, dict) else None
         # Tested inline: a function call per env entry of every container cost more than the test.
-        if isinstance(name, str) and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
+        # A `valueFrom` entry is named like any other, so it is caught by its name too.
+        if isinstance(name, str) and (name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES)):
+            why = reserved(name)  # never None here: the test above is the same lists
+            if why is not None:
+                return Escape(
+                    f"{_where(key, container)}: env {name} {why.why}", f"remove it from env; {why.instead}"
+                )
+    for entry in container.get("envFrom") or ():
+        prefix = entry.get("prefix") if isinstance(entry, dict) else None
+        reached = reachable_by_prefix(prefix) if isinstance(prefix, str) else None
+        if reached is not None:
             return Escape(
-                f"{_where(key, container)}: env {name} is set by the node plugin for vGPU containers "
-                "(it carries the GPU memory and core limits)",
-                "remove it from env; the limits come from the container's vgpu resources",
+                f"{_where(key, container)}: envFrom prefix {prefix!r} can produce {reached}, which a vGPU "
+                "pod may not set",
+                "use a prefix no reserved variable starts with (for example APP_)",
             )
     return None
 
@@ -161,6 +165,9 @@ class _Guards:
     normals: frozenset[str]
     insides: tuple[str, ...]
     host_folders: tuple[str, ...]
+    # The paths the node plugin bind-mounts, normalised: what an atomic-writer volume may not be
+    # mounted above either (see `ATOMIC_WRITER_VOLUMES`).
+    mounted: tuple[str, ...]
 
 
 def _inside(path: str) -> str:
@@ -186,10 +193,39 @@ def _guards(hook: str) -> _Guards:
         normals=frozenset(p.normal for p in protected),
         insides=tuple(p.inside for p in protected),
         host_folders=(hook, *PLUGIN_HOST_PATHS),
+        mounted=tuple(normalize(p) for p in PLUGIN_CONTAINER_PATHS),
     )
 
 
-def _mount_escape(key: str, container: Mapping[str, Any], guards: _Guards) -> Escape | None:
+# Volume types the kubelet fills through its atomic writer (pkg/volume/util/atomic_writer.go): each
+# file is a symlink through `..data`, which the kubelet swaps to a new timestamped folder on every
+# update. A bind mount the node plugin lands on such a file is left behind on the old folder, and the
+# path then shows the volume's new file: mounted on a parent of a protected path (`/etc` with an item
+# `ld.so.preload`), the volume replaces what the plugin mounted there. Other volume types are written
+# in place, and the plugin's deeper bind mounts stay on top of them.
+ATOMIC_WRITER_VOLUMES: Final = ("configMap", "secret", "projected", "downwardAPI")
+
+
+def atomic_writer_volumes(pod: Mapping[str, Any]) -> frozenset[str]:
+    """The names of the pod's volumes the kubelet writes through its atomic writer."""
+    return frozenset(
+        volume["name"]
+        for volume in (pod.get("spec") or {}).get("volumes") or ()
+        if isinstance(volume, dict)
+        and isinstance(volume.get("name"), str)
+        and any(volume.get(kind) is not None for kind in ATOMIC_WRITER_VOLUMES)
+    )
+
+
+def _above(mount: str, mounted: tuple[str, ...]) -> str | None:
+    """The first of `mounted` that lies strictly under the (normalised) `mount`, or None."""
+    parent = mount if mount == "/" else mount + "/"
+    return next((path for path in mounted if path.startswith(parent)), None)
+
+
+def _mount_escape(
+    key: str, container: Mapping[str, Any], guards: _Guards, swapped: frozenset[str] = frozenset()
+) -> Escape | None:
     mounts = container.get("volumeMounts")
     devices = container.get("volumeDevices")
     if not mounts and not devices:
@@ -207,6 +243,16 @@ def _mount_escape(key: str, container: Mapping[str, Any], guards: _Guards) -> Es
             if mount in normals or mount.startswith(insides):
                 return _mount_denial(key, container, guards, field=field, path=path, mount=mount)
             # else it covers no protected path (one set lookup and one prefix test, not one per path)
+            if swapped and entry.get("name") in swapped:
+                below = _above(mount, guards.mounted)
+                if below is not None:
+                    return Escape(
+                        f"{_where(key, container)}: {field} path {path!r} of {entry.get('name')!r}, a "
+                        f"volume the kubelet updates by swapping symlinks, lies above {below}, which the "
+                        "node plugin mounts to enforce the vGPU limits (an update would replace it)",
+                        "mount the volume at a folder that holds none of "
+                        f"{', '.join(PLUGIN_CONTAINER_PATHS)} (for example /etc/app, not /etc)",
+                    )
     return None
 
 
@@ -253,8 +299,9 @@ def find_escape(
     """The first way the pod would escape its vGPU limits, or None. `containers` is
     `grouped_containers(pod)` when the caller has it already (the pod's list is not built twice)."""
     guards = _guards(config.node.hook_path)
+    swapped = atomic_writer_volumes(pod)
     for key, container in grouped_containers(pod) if containers is None else containers:
-        escape = _env_escape(key, container) or _mount_escape(key, container, guards)
+        escape = _env_escape(key, container) or _mount_escape(key, container, guards, swapped)
         if escape is not None:
             return escape
     return _host_path_escape(pod, guards.host_folders)

@@ -18,6 +18,8 @@ from typing import Any
 
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import (
+    CHARGED_GPU_MEMORY,
+    HAMI_CORE,
     OPT_OUT_LABEL,
     OPT_OUT_VALUE,
     VGPU_MODE,
@@ -33,6 +35,7 @@ from kube_vgpu.webhook.admission.safety import (
     NO_MATCHING_GPU,
     OTHER_SCHEDULER,
     OVER_LIMIT,
+    UNBOUNDED_SHARE,
     Denied,
     check_create,
     read_pod,
@@ -54,6 +57,7 @@ from kube_vgpu.webhook.placement.selectors import (
     canonical_annotations,
     parse_selectors,
 )
+from kube_vgpu.webhook.quota.charge import needs_gpu_size, parse_limits
 
 DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -139,11 +143,11 @@ class Admission:
         if namespace_labels.get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
             return ALLOWED
         try:
-            return self._mutate(pod)
+            return self._mutate(pod, namespace, namespace_labels)
         except Denied as denial:
             return Verdict(allowed=False, message=str(denial), reason=denial.reason)
 
-    def _mutate(self, pod: Mapping[str, Any]) -> Verdict:
+    def _mutate(self, pod: Mapping[str, Any], namespace: str, namespace_labels: Mapping[str, str]) -> Verdict:
         pod_request = read_pod(pod, self.config.resource_names)
         if not pod_request.asks_vgpu:
             return ALLOWED
@@ -191,9 +195,52 @@ class Admission:
             new_annotations[AFFINITY_MARKER] = placement.marker
         else:
             new_annotations.pop(AFFINITY_MARKER, None)
+        # Whatever the author wrote here is replaced: the node plugin trusts this figure.
+        charged = self._charged_gpu_memory(pod_request, selectors, placement, namespace, namespace_labels)
+        if charged is None:
+            new_annotations.pop(CHARGED_GPU_MEMORY, None)
+        else:
+            new_annotations[CHARGED_GPU_MEMORY] = str(charged)
         _set_annotations(pod, new_annotations, patch)
 
         return Verdict(allowed=True, patch=patch.operations, warnings=tuple(warnings))
+
+    def _charged_gpu_memory(
+        self,
+        pod_request: PodRequest,
+        selectors: Selectors,
+        placement: Placement,
+        namespace: str,
+        namespace_labels: Mapping[str, str],
+    ) -> int | None:
+        """The MiB of the GPU a share-of-card pod's memory is charged on, to record; None when the
+        charge does not depend on the GPU (or is not charged).
+
+        Quota sizes a container asking a percentage of a GPU's memory, or none (the whole card), on
+        the largest GPU it could get today. Only a `use-gputype` or UUID selector keeps it off a
+        larger GPU that joins later: the node affinity follows them, and so does Volcano's choice of
+        each GPU on a node (`checkType` and `checkGPUtype` in Volcano's
+        pkg/scheduler/api/devices/nvidia/vgpu/utils.go test every GPU's TYPE against
+        `nvidia.com/use-gputype`). Without one, in a namespace with a memory quota, the pod is
+        refused with how to ask; a `nouse-` selector only excludes, so it bounds nothing.
+        The node plugin refuses a booking on a GPU larger than the recorded figure.
+        """
+        if placement.mode != HAMI_CORE or parse_limits(namespace_labels).memory_mib is None:
+            return None
+        shares = [c.container for c in pod_request.containers if needs_gpu_size(c)]
+        if not shares:
+            return None
+        if selectors.use_types is None and selectors.use_uuids is None:
+            names = self.config.resource_names
+            raise Denied(
+                UNBOUNDED_SHARE,
+                f"namespace {namespace} has a GPU memory quota and container {shares[0]!r} asks for a share "
+                f"of a GPU's memory ({names.memory_percentage}, or no {names.memory}: the whole card), "
+                "which is charged on the largest GPU known now and could be placed on a larger one "
+                f"that joins later: state the memory in MiB ({names.memory}), or choose the GPU models "
+                "with the annotation nvidia.com/use-gputype (or volcano.sh/vgpu-use-gpuuuid)",
+            )
+        return placement.largest_gpu_mib
 
     def _default_resources(
         self, pod: Mapping[str, Any], pod_request: PodRequest, patch: PatchBuilder

@@ -27,6 +27,8 @@ OTHER_SCHEDULER = "other-scheduler"
 NO_MATCHING_GPU = "no-matching-gpu"
 ISOLATION_ESCAPE = "isolation-escape"
 QUOTA = "quota"
+# A share-of-card pod in a memory-quota namespace whose GPUs nothing bounds.
+UNBOUNDED_SHARE = "unbounded-share"
 STALE_CACHE = "stale-cache"
 # A pod over a work limit (selectors and affinity, or containers, volumes, mounts and env entries).
 OVER_LIMIT = "over-limit"
