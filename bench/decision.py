@@ -10,8 +10,7 @@ caches and lazily built members that a real review never has.
 
 The quota step is wired as the server wires it, with a shared reservation book; the bench's
 namespaces set no quota, so the book is never asked (`NamespaceQuota.admit` returns first, as in the
-server) and a stand-in that fails if it were serves. `--no-shared-book` wires the ledger alone instead
-(as tests of the pure path do): every review then also books a reservation in it.
+server) and a stand-in that fails if it were serves.
 
     .venv/bin/python bench/decision.py                      # 50,000 pods, 5,000 nodes
     .venv/bin/python bench/decision.py --pods 2000 --profile  # plus a cProfile of both phases
@@ -45,9 +44,8 @@ from kube_vgpu.webhook.admission.review import Verdict, encode_json, encode_resp
 from kube_vgpu.webhook.admission.validation import Validation  # noqa: E402
 from kube_vgpu.webhook.cache import CachedKind, ClusterCache  # noqa: E402
 from kube_vgpu.webhook.quota.charge import ZERO, Charge  # noqa: E402
-from kube_vgpu.webhook.quota.ledger import QuotaLedger  # noqa: E402
-from kube_vgpu.webhook.quota.shared import Answer, Ask, SharedBook  # noqa: E402
-from kube_vgpu.webhook.service import build_services  # noqa: E402
+from kube_vgpu.webhook.quota.shared import Answer, Ask, CacheState, SharedBook  # noqa: E402
+from kube_vgpu.webhook.service import build_quota, build_services  # noqa: E402
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_webhook", REPO / "bench" / "webhook.py")
@@ -79,17 +77,17 @@ class UnaskedBook:
         pass
 
 
-def _unasked_book(ledger: QuotaLedger) -> SharedBook:
+def _unasked_book(cache_state: Callable[[str], CacheState]) -> SharedBook:
     return UnaskedBook()
 
 
-def filled_phases(nodes: int, pods: int, *, shared_book: bool = True) -> Phases:
+def filled_phases(nodes: int, pods: int) -> Phases:
     """The webhook's two decisions over a cache holding the bench's fleet and pods (no API server)."""
     # Never started, so it makes no API call: it is filled below as its reflector fills it.
     cache = ClusterCache(cast(Kube, None))
     # Built first, as the server builds them: the quota ledger hears of every pod the cache lists.
-    shared = _unasked_book if shared_book else None
-    services = build_services(cache, Config(), WebhookMetrics(), shared=shared)
+    metrics = WebhookMetrics()
+    services = build_services(cache, Config(), metrics, build_quota(cache, Config(), metrics, _unasked_book))
     names = [f"team-{i}" for i in range(bench_webhook.NAMESPACES)] + [bench_webhook.REVIEW_NAMESPACE]
     metadata = [{"name": n, "labels": {}, "resourceVersion": "1"} for n in names]
 
@@ -196,14 +194,8 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=50_000, help="vGPU pods in the cache")
     parser.add_argument("--repeat", type=int, default=10_000, help="reviews per measured step")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of both phases")
-    parser.add_argument(
-        "--no-shared-book",
-        action="store_true",
-        help="wire the quota ledger alone (every validate review then books a reservation in it)",
-    )
     args = parser.parse_args()
-    phases = filled_phases(args.nodes, args.pods, shared_book=not args.no_shared_book)
-    print("quota: " + ("ledger alone (reserves)" if args.no_shared_book else "shared book, as the server"))
+    phases = filled_phases(args.nodes, args.pods)
     bodies = review_bodies(phases[0])
     asyncio.run(measure(phases, bodies, args.repeat))
     if args.profile:

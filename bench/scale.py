@@ -81,9 +81,13 @@ def parse_args() -> argparse.Namespace:
 async def cache_child(kubeconfig: str) -> None:
     """Sync a ClusterCache wired to the quota ledger as the webhook wires it, then print the top
     allocation sites still alive (tracemalloc started before any of it was built)."""
+    from collections.abc import Callable
+
     from kube_vgpu.contract.config import Config
     from kube_vgpu.kubeapi.client import Kube, load_api_client
     from kube_vgpu.webhook.cache import ClusterCache
+    from kube_vgpu.webhook.quota.shared import CacheState
+    from kube_vgpu.webhook.quota.shared_store import SharedReservations
     from kube_vgpu.webhook.service import build_quota
     from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
@@ -91,7 +95,13 @@ async def cache_child(kubeconfig: str) -> None:
     config = Config()
     kube = Kube(load_api_client(kubeconfig), component="webhook")
     cache = ClusterCache(kube, names=config.resource_names)
-    build_quota(cache, config, WebhookMetrics())
+
+    def book(cache_state: Callable[[str], CacheState]) -> SharedReservations:
+        # As the server wires it; it calls the API only to decide, which nothing here asks.
+        lifetime = config.webhook.cache_staleness_seconds
+        return SharedReservations(kube, "kube-vgpu", lifetime_seconds=lifetime, cache_state=cache_state)
+
+    build_quota(cache, config, WebhookMetrics(), book)
     started = time.perf_counter()
     await cache.start()
     await cache.wait_synced()

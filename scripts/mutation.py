@@ -77,9 +77,13 @@ GROUPS: dict[str, Group] = {
             "tests/webhook/quota/test_mig_geometry.py",
         ),
     ),
-    # The quota step and the replica-local ledger that decides with it.
+    # The quota step, the ledger of the cache's pods and how those pods are sized.
     "quota-ledger": Group(
-        modules=("src/kube_vgpu/webhook/quota/gate.py", "src/kube_vgpu/webhook/quota/ledger.py"),
+        modules=(
+            "src/kube_vgpu/webhook/quota/gate.py",
+            "src/kube_vgpu/webhook/quota/ledger.py",
+            "src/kube_vgpu/webhook/quota/sizing.py",
+        ),
         tests=(
             "tests/webhook/quota/test_gate.py",
             "tests/webhook/quota/test_ledger.py",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -9,10 +10,27 @@ from typing import Any
 import pytest
 
 from kube_vgpu.cli.main import main
-from kube_vgpu.contract.names import MODE_LABEL, NODE_REGISTER, QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL
+from kube_vgpu.contract.config import Config
+from kube_vgpu.contract.names import (
+    DEVICE_CONFIG_KEY,
+    HAMI_CORE,
+    MIG,
+    MODE_LABEL,
+    NODE_REGISTER,
+    QUOTA_CORES_LABEL,
+    QUOTA_MEMORY_LABEL,
+    VGPU_MODE,
+)
 from kube_vgpu.contract.register import GpuRecord, encode_register
+from kube_vgpu.kubeapi.client import Kube, load_api_client
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from kube_vgpu.webhook.cache import ClusterCache
+from kube_vgpu.webhook.quota.charge import Charge
+from kube_vgpu.webhook.service import build_quota
+from kube_vgpu.webhook.serving.metrics import WebhookMetrics
+from tests.support import webhook as support
 from tests.support.node import CORES, COUNT, MEMORY, container, make_pod, one_gpu_pod
+from tests.support.webhook_quota import memory_book, request_for
 
 A1 = "GPU-a1000000-0000-4000-8000-000000000001"
 A2 = "GPU-a1000000-0000-4000-8000-000000000002"
@@ -146,3 +164,92 @@ def test_an_unreachable_api_server_exits_1_with_the_reason(
     kubeconfig.write_text(text)
     code, out, err = top(kubeconfig, capsys)
     assert code == 1 and out == "" and "cannot read the cluster" in err
+
+
+async def test_top_and_the_webhook_count_a_namespace_alike(
+    apiserver: ApiServerStandin, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 34: a 9000 MiB `mig` pod holds a 9984 MiB slot (1g.10gb of an H100 80GB); a share of a
+    # card counts against the largest GPU its mode offers; `top` must show what the webhook enforces.
+    apiserver.put(support.gpu_node("a100", "hami-core", [(support.A100, 40960)]))
+    apiserver.put(support.gpu_node("h100", "mig", [(support.H100, 81920)]))
+    apiserver.put(namespace("team-q", {QUOTA_MEMORY_LABEL: "40000"}))
+    pods = {
+        "hami": support.pod(support.container(memory=2048, cores=20), annotations={VGPU_MODE: HAMI_CORE}),
+        "mig": support.pod(support.container(memory=9000, cores=30), annotations={VGPU_MODE: MIG}),
+        "half": support.pod(support.container(percent=50)),  # the default mode: hami-core's A100
+        "tenth-mig": support.pod(support.container(percent=10, cores=10), annotations={VGPU_MODE: MIG}),
+    }
+    for name, obj in pods.items():
+        obj["metadata"] |= {"name": name, "namespace": "team-q"}
+        apiserver.put(obj)
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    code, out, _ = top(kubeconfig, capsys, "-o", "json")
+    assert code == 0
+    shown = next(s for s in json.loads(out)["namespaces"] if s["name"] == "team-q")
+
+    kube = Kube(load_api_client(str(kubeconfig)), component="webhook")
+    cache = ClusterCache(kube, watch_timeout_seconds=5, retry_seconds=0.05)
+    quota = build_quota(cache, Config(), WebhookMetrics(), memory_book())
+    await cache.start()
+    try:
+        async with asyncio.timeout(30):
+            await cache.wait_synced()
+        enforced = quota.usage("team-q")
+        # 2048 + the 9984 MiB slot + half of the 40960 MiB A100 + 10 % of the H100 (8192 MiB) in a
+        # 1g.10gb slot; "half" states no cores: the whole GPU's.
+        assert enforced == Charge(4, 2048 + 9984 + 20480 + 9984, 20 + 30 + 100 + 10)
+        assert shown["memory_mib"] == {"used": enforced.memory_mib, "limit": 40000}
+        assert shown["vgpus"]["used"] == enforced.number and shown["cores"]["used"] == enforced.cores
+        assert shown["pods"] == 4 and shown["uncounted"] == []
+        # And the next review is refused with the very figure `top` shows.
+        following = support.pod(support.container(memory=9000, cores=30), annotations={VGPU_MODE: MIG})
+        following["metadata"] |= {"name": "next", "namespace": "team-q", "uid": "u-next"}
+        message = await quota.admit(request_for(following, {QUOTA_MEMORY_LABEL: "40000"}))
+        assert message is not None and f"in use {shown['memory_mib']['used']} MiB of 40000 MiB" in message
+    finally:
+        await cache.stop()
+        kube.close()
+
+
+DEVICE_CONFIG = """\
+nvidia:
+  resourceCountName: volcano.sh/vgpu-number
+  resourceMemoryName: volcano.sh/vgpu-memory
+  resourceMemoryPercentageName: volcano.sh/vgpu-memory-percentage
+  resourceCoreName: volcano.sh/vgpu-cores
+  knownMigGeometries:
+  - models: ["H100 80GB HBM3"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.12gb, memory: 12000, count: 6}]
+"""
+
+
+@pytest.mark.parametrize(("text", "charged"), [(DEVICE_CONFIG, 12000), ("nvidia: [", 9984)])
+def test_top_charges_mig_pods_by_volcanos_device_configmap_as_the_webhook_does(
+    apiserver: ApiServerStandin, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, charged: int
+) -> None:
+    node = Config().node
+    apiserver.put(namespace(node.device_config_namespace))
+    apiserver.put(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": node.device_config_name, "namespace": node.device_config_namespace},
+            "data": {DEVICE_CONFIG_KEY: text},
+        }
+    )
+    apiserver.put(support.gpu_node("h100", "mig", [(support.H100, 81920)]))
+    apiserver.put(namespace("team-q"))
+    mig = support.pod(
+        support.container(memory=9000), annotations={VGPU_MODE: MIG}, name="m", namespace="team-q"
+    )
+    apiserver.put(mig)
+    code, out, _ = top(apiserver.write_kubeconfig(tmp_path / "kubeconfig"), capsys, "-o", "json")
+    assert code == 0
+    # A geometry that does not parse: the shipped one (1g.10gb), as the webhook falls back to.
+    assert (
+        next(s for s in json.loads(out)["namespaces"] if s["name"] == "team-q")["memory_mib"]["used"]
+        == charged
+    )

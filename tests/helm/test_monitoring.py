@@ -22,9 +22,10 @@ from kube_vgpu.node.usage.metrics import UsageSampler
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.nvml.api import load_simulation
 from kube_vgpu.webhook.cache import ClusterCache
-from kube_vgpu.webhook.service import build_services
+from kube_vgpu.webhook.service import build_quota, build_services
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support.helm_render import CHART_DIR, Rendered, lint, render
+from tests.support.webhook_quota import memory_book
 
 KUBE = "v1.31.0"
 ALL_ON = {
@@ -200,7 +201,8 @@ def program_metrics(apiserver: ApiServerStandin) -> Iterator[tuple[set[str], dic
     node = Metrics(Inventory(gpus, 10, "n1"), Ledger(gpus, 10, ResourceNames(), "n1"), sampler)
     kube = Kube(apiserver.api_client())
     webhook = WebhookMetrics()
-    build_services(ClusterCache(kube, staleness_seconds=30), Config(), webhook)
+    cache = ClusterCache(kube, staleness_seconds=30)
+    build_services(cache, Config(), webhook, build_quota(cache, Config(), webhook, memory_book()))
     try:
         names = exported(node.registry) | exported(webhook.registry)
         yield names, exported_labels(node.registry) | exported_labels(webhook.registry)

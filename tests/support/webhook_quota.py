@@ -1,4 +1,5 @@
-"""Builders the quota tests share: pods as admission and the cache see them, a gate on hand-moved clocks.
+"""Builders the quota tests share: pods as admission and the cache see them, and the production quota
+path (ledger and shared reservations over an in-memory store) on hand-moved clocks.
 
 It holds no tests; it is named like a test module so it lives among the quota's test files.
 """
@@ -7,17 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL
 from kube_vgpu.contract.resources import parse_pod
+from kube_vgpu.webhook.admission.gates import QuotaRequest
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
+from kube_vgpu.webhook.quota.ledger import QuotaLedger
+from kube_vgpu.webhook.quota.shared import MAX_ENTRIES, CacheState
+from kube_vgpu.webhook.quota.shared_store import SharedReservations
+from tests.support.memory_store import MemoryStore
 
 NAMES = ResourceNames()
 PENDING = 60.0
+RELEASE = "kube-vgpu"
 _uids = itertools.count()
 
 
@@ -84,39 +91,94 @@ def in_cache(p: Mapping[str, Any], *, name: str | None = None) -> dict[str, Any]
     return {**p, "metadata": meta}
 
 
-def make_gate(clocks: Clocks | None = None, **kwargs: Any) -> NamespaceQuota:
-    """A quota gate reading `clocks` (fresh ones when not given)."""
+def make_gate(
+    clocks: Clocks | None = None,
+    *,
+    store: MemoryStore | None = None,
+    pending_seconds: float = PENDING,
+    max_entries: int = MAX_ENTRIES,
+    **kwargs: Any,
+) -> NamespaceQuota:
+    """The production quota path (ledger and shared reservations) on `clocks` (fresh ones when not
+    given) over an in-memory store; `kwargs` go to the ledger (sizers, `stream_current_at`)."""
     clocks = clocks or Clocks()
-    return NamespaceQuota(
+    ledger = QuotaLedger(
         names=NAMES,
-        pending_seconds=PENDING,
+        pending_seconds=pending_seconds,
         clock=lambda: clocks.mono,
         wall_clock=lambda: clocks.wall,
         **kwargs,
     )
+    book = SharedReservations(
+        store or MemoryStore(),
+        RELEASE,
+        lifetime_seconds=pending_seconds,
+        cache_state=ledger.cache_state,
+        wall_clock=lambda: clocks.wall,
+        clock=lambda: clocks.mono,
+        max_entries=max_entries,
+    )
+    return NamespaceQuota(ledger, book)
+
+
+def memory_book(
+    store: MemoryStore | None = None, lifetime_seconds: float = PENDING
+) -> Callable[[Callable[[str], CacheState]], SharedReservations]:
+    """A `build_quota` book: the shared reservations over an in-memory store (a fresh one when not given)."""
+
+    def book(cache_state: Callable[[str], CacheState]) -> SharedReservations:
+        return SharedReservations(
+            store or MemoryStore(), RELEASE, lifetime_seconds=lifetime_seconds, cache_state=cache_state
+        )
+
+    return book
+
+
+def request_for(
+    p: Mapping[str, Any],
+    labels: Mapping[str, str] | None,
+    *,
+    gpu: int | None = 81920,
+    dry_run: bool = False,
+    review: str | None = None,
+) -> QuotaRequest:
+    """The quota question the validating phase asks for `p` (`review`: its uid)."""
+    return QuotaRequest(
+        namespace=p["metadata"]["namespace"],
+        namespace_labels=labels,
+        pod=p,
+        request=parse_pod(p, NAMES),
+        largest_gpu_mib=gpu,
+        pod_uid=review or p["metadata"].get("uid") or f"review-{next(_uids)}",
+        dry_run=dry_run,
+    )
+
+
+async def close(gate: NamespaceQuota) -> None:
+    """Stop the book's writers and sweep (what the webhook does at exit)."""
+    book = gate.book
+    assert isinstance(book, SharedReservations)
+    await book.close()
 
 
 def admit(
     gate: NamespaceQuota,
     p: Mapping[str, Any],
-    labels: Mapping[str, str],
+    labels: Mapping[str, str] | None,
     *,
     gpu: int | None = 81920,
     dry_run: bool = False,
     review: str | None = None,
 ) -> str | None:
-    """One review of `p` through the gate, as the admission pipeline calls it."""
-    return asyncio.run(
-        gate.admit(
-            namespace=p["metadata"]["namespace"],
-            namespace_labels=labels,
-            pod=p,
-            request=parse_pod(p, NAMES),
-            largest_gpu_mib=gpu,
-            pod_uid=review or f"review-{next(_uids)}",
-            dry_run=dry_run,
-        )
-    )
+    """One review of `p` through the gate, as the admission pipeline calls it, on a loop of its own."""
+
+    async def once() -> str | None:
+        try:
+            return await gate.admit(request_for(p, labels, gpu=gpu, dry_run=dry_run, review=review))
+        finally:
+            await close(gate)
+
+    return asyncio.run(once())
 
 
 MEM_80G = {QUOTA_MEMORY_LABEL: "81920"}

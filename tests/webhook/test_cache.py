@@ -16,10 +16,10 @@ from kube_vgpu.kubeapi.client import Kube, WatchInterrupt, load_api_client
 from kube_vgpu.kubeapi.listwatch import KubeSource
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
-from kube_vgpu.webhook.quota.gate import NamespaceQuota
-from kube_vgpu.webhook.service import KnownNamespaceQuota, build_quota
+from kube_vgpu.webhook.service import build_quota
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support.webhook import A100, container, gpu_node, pod
+from tests.support.webhook_quota import memory_book
 
 
 class FakeClock:
@@ -208,9 +208,7 @@ async def test_pods_from_before_the_start_and_from_during_a_relist_are_both_coun
         return sources[kind]
 
     cache = ClusterCache(kube, watch_timeout_seconds=5, retry_seconds=0.05, page_size=1, source=source)
-    quota = build_quota(cache, Config(), WebhookMetrics())
-    assert isinstance(quota, KnownNamespaceQuota) and isinstance(quota.gate, NamespaceQuota)
-    ledger = quota.gate.ledger
+    ledger = build_quota(cache, Config(), WebhookMetrics(), memory_book()).ledger
     await cache.start()
     try:
         async with asyncio.timeout(10):
@@ -284,9 +282,7 @@ async def test_a_relist_after_410_takes_in_what_changed_in_the_gap_and_quota_fol
     first_uid = apiserver.put(vgpu_pod(name="recreated"))["metadata"]["uid"]
     kube = client(apiserver, tmp_path)
     cache = ClusterCache(kube, watch_timeout_seconds=5, retry_seconds=0.05)
-    quota = build_quota(cache, Config(), WebhookMetrics())
-    assert isinstance(quota, KnownNamespaceQuota) and isinstance(quota.gate, NamespaceQuota)
-    ledger = quota.gate.ledger
+    ledger = build_quota(cache, Config(), WebhookMetrics(), memory_book()).ledger
     seen: list[tuple[str, str, str]] = []
     cache.subscribe(
         "pod", lambda e: seen.append((e.type, e.obj["metadata"]["name"], e.obj["metadata"]["uid"]))

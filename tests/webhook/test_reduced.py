@@ -32,9 +32,8 @@ from kube_vgpu.webhook.placement.fit import never_fits_in
 from kube_vgpu.webhook.placement.inventory import Inventory, node_gpus
 from kube_vgpu.webhook.placement.resolve import resolve_placement
 from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
-from kube_vgpu.webhook.quota.charge import Charge, Limits
-from kube_vgpu.webhook.quota.gate import mig_slot_sizer, placement_sizer
 from kube_vgpu.webhook.quota.ledger import QuotaLedger
+from kube_vgpu.webhook.quota.sizing import mig_slot_sizer, placement_sizer
 from kube_vgpu.webhook.reduced import (
     NODE_PREFILTER,
     pod_prefilter,
@@ -174,24 +173,13 @@ def placement_answer(pod: dict[str, Any]) -> object:
     return (placement, never_fits_in(request, inventory()))
 
 
-def quota_answers(pods: list[dict[str, Any]], uids: list[str], reviews: list[tuple[str, str]]) -> object:
+def quota_answers(pods: list[dict[str, Any]], uids: list[str]) -> object:
     book = ledger()
-    # Reviews admitted before their pods show, as a Deployment's are: matched by generateName.
-    for namespace, generate_name in reviews:
-        book.try_reserve(
-            namespace,
-            Charge(number=1),
-            Limits(),
-            key=f"review-{generate_name}",
-            name=None,
-            generate_name=generate_name,
-            dry_run=False,
-        )
     for pod in pods:
         book.pod_seen(pod)
     state = {ns: book.cache_state(ns) for ns in ("team-a", "team-b")}
     return (
-        {ns: (book.usage(ns), book.reserved(ns)) for ns in ("team-a", "team-b")},
+        {ns: (book.usage(ns), book.unsized(ns)) for ns in ("team-a", "team-b")},
         {ns: (s.pods, [(s.accounts_for(u), s.released(u)) for u in uids]) for ns, s in state.items()},
     )
 
@@ -204,8 +192,7 @@ def test_decisions_from_reduced_pods_equal_those_from_whole_pods(corpus: list[di
     kept_uids = {r["metadata"]["uid"] for r in reduced}
     # Quota and the shared book's view of it: the same usage, pods counted and released.
     uids = [p["metadata"]["uid"] for p in whole]
-    reviews = [(p["metadata"]["namespace"], p["metadata"]["generateName"]) for p in whole]
-    assert quota_answers(whole, uids, reviews) == quota_answers(reduced, uids, reviews)
+    assert quota_answers(whole, uids) == quota_answers(reduced, uids)
     for pod in whole:
         slim = REDUCE(copy.deepcopy(pod))
         if slim is None:

@@ -1,5 +1,6 @@
 """`kube-vgpu top`: the cluster's GPUs, what is booked on them and each namespace's quota, read
-through the Kubernetes API (nodes, pods, namespaces: list only), like `kubectl top`."""
+through the Kubernetes API (nodes, pods, namespaces: list; Volcano's device ConfigMap: get, for the MIG
+geometry the webhook charges `mig` pods by), like `kubectl top`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import sys
 
 from kube_vgpu.cli.top_view import ClusterView, cluster_view, render_text
-from kube_vgpu.contract.config import ConfigError, ResourceNames, load_config
+from kube_vgpu.contract.config import Config, ConfigError, NodeConfig, load_config
+from kube_vgpu.contract.mig.geometry import DeviceConfig, MigGeometryError, parse_device_config
+from kube_vgpu.contract.names import DEVICE_CONFIG_KEY
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, KubeConfigError, load_api_client
 from kube_vgpu.kubeapi.flags import add_cluster_arguments
 
@@ -26,16 +29,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         default=None,
-        help="kube-vgpu configuration file, for renamed resources (default: every default)",
+        help="kube-vgpu configuration file, for renamed resources, the default mode and Volcano's device "
+        "ConfigMap, as the webhook reads them (default: every default)",
     )
 
 
-def read_view(kube: Kube, names: ResourceNames) -> ClusterView:
+def read_view(kube: Kube, config: Config) -> ClusterView:
     """List nodes, pods and namespaces and build the view (blocking); raises ApiError/ApiUnavailable."""
     nodes = kube.list("node")["items"]
     pods = kube.list("pod")["items"]
     namespaces = kube.list("namespace")["items"]
-    return cluster_view(nodes, pods, namespaces, names)
+    return cluster_view(
+        nodes,
+        pods,
+        namespaces,
+        config.resource_names,
+        geometry=read_geometry(kube, config.node),
+        default_mode=config.webhook.default_mode,
+    )
+
+
+def read_geometry(kube: Kube, node: NodeConfig) -> DeviceConfig | None:
+    """Volcano's device ConfigMap, which the webhook sizes `mig` pods with; None (the shipped
+    geometry, as the webhook falls back to) when it is absent or cannot be read or parsed."""
+    try:
+        found = kube.get("configmap", node.device_config_name, namespace=node.device_config_namespace)
+        text = ((found or {}).get("data") or {}).get(DEVICE_CONFIG_KEY)
+        return parse_device_config(text) if isinstance(text, str) else None
+    except (ApiError, MigGeometryError):
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kube-vgpu top: {exc}", file=sys.stderr)
         return 2
     try:
-        view = read_view(kube, config.resource_names)
+        view = read_view(kube, config)
     except (ApiError, ApiUnavailable) as exc:
         print(f"kube-vgpu top: cannot read the cluster: {exc}", file=sys.stderr)
         return 1

@@ -2,30 +2,29 @@
 
 Per node: its GPUs from the Volcano register annotation the node plugin publishes, and what the
 scheduler booked on them (`volcano.sh/vgpu-ids-new` of the live pods bound there, every record
-counted, as the node plugin's ledger counts). Per namespace: the quota charge of its live vGPU
-pods, as the webhook computes it, against the namespace's quota labels.
+counted, as the node plugin's ledger counts). Per namespace: the quota charge of its vGPU pods,
+counted by the webhook's own quota ledger and sizers (`kube_vgpu.webhook.quota.sizing.pod_ledger`),
+so a `mig` pod counts its slot and a share of a card the largest GPU it may land on, exactly as the
+next review in that namespace is decided; against the namespace's quota labels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.devices import DeviceListError
-from kube_vgpu.contract.names import MODE_LABEL, NODE_REGISTER
+from kube_vgpu.contract.mig.geometry import DeviceConfig
+from kube_vgpu.contract.mig.shipped import default_device_config
+from kube_vgpu.contract.names import HAMI_CORE, MODE_LABEL, NODE_REGISTER, Mode
 from kube_vgpu.contract.register import RegisterFormatError, decode_register
-from kube_vgpu.contract.resources import RequestError, parse_pod
 from kube_vgpu.node.deviceplugin.ledger import holds_devices, pod_uses
-from kube_vgpu.node.deviceplugin.selection import TERMINAL_PHASES
-from kube_vgpu.webhook.quota.charge import (
-    GpuSizeUnknown,
-    booked_memory,
-    parse_limits,
-    pod_charge,
-    restartable_init_flags,
-)
+from kube_vgpu.webhook.placement.inventory import Inventory
+from kube_vgpu.webhook.quota.charge import parse_limits
+from kube_vgpu.webhook.quota.sizing import pod_ledger
 
 
 @dataclass
@@ -64,7 +63,8 @@ class NamespaceView:
     vgpus: Quota = field(default_factory=Quota)
     memory_mib: Quota = field(default_factory=Quota)
     cores: Quota = field(default_factory=Quota)
-    uncounted: list[str] = field(default_factory=list)  # pods whose charge could not be computed
+    # Pods whose share of a card no known GPU could size: counted without that memory, as the webhook does.
+    uncounted: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -108,19 +108,28 @@ def _node_view(node: Mapping[str, Any]) -> NodeView | None:
     )
 
 
-def _live(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES
-
-
 def cluster_view(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     namespaces: Iterable[Mapping[str, Any]],
     names: ResourceNames,
+    *,
+    geometry: DeviceConfig | None = None,
+    default_mode: Mode = HAMI_CORE,
+    wall_clock: Callable[[], float] = time.time,
 ) -> ClusterView:
-    """The view of the cluster from raw API objects."""
+    """The view of the cluster from raw API objects; `geometry` is Volcano's MIG geometry (the
+    shipped one when None) and `default_mode` the webhook's: the webhook sizes pods with both."""
+    nodes, pods = list(nodes), list(pods)
     node_views = {v.name: v for v in (_node_view(n) for n in nodes) if v is not None}
-    largest_gpu = max((v.memory_mib // max(v.healthy_gpus, 1) for v in node_views.values()), default=None)
+    inventory = Inventory()
+    for obj in nodes:
+        inventory.upsert(obj)
+    mig = geometry or default_device_config()
+    ledger = pod_ledger(
+        lambda: inventory, lambda: mig, names, default_mode, pending_seconds=0.0, wall_clock=wall_clock
+    )
+    ledger.resync(pods)
     spaces: dict[str, NamespaceView] = {}
     for ns in namespaces:
         limits = parse_limits(_meta(ns).get("labels") or {})
@@ -133,9 +142,14 @@ def cluster_view(
                 limits.memory_mib,
                 limits.cores,
             )
+    for namespace in ledger.namespaces():
+        view = spaces.setdefault(namespace, NamespaceView(namespace))
+        usage = ledger.usage(namespace)
+        view.pods = len(ledger.pods(namespace))
+        view.vgpus.used, view.memory_mib.used, view.cores.used = usage.number, usage.memory_mib, usage.cores
+        view.uncounted = [f"{namespace}/{name}" for name in ledger.unsized(namespace)]
     for pod in pods:
         meta = _meta(pod)
-        pod_name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         node_name = (pod.get("spec") or {}).get("nodeName")
         node = node_views.get(node_name) if isinstance(node_name, str) else None
         if node is not None and holds_devices(pod, node.name):
@@ -146,31 +160,7 @@ def cluster_view(
             node.memory_allocated_mib += sum(u.memory_mib for u in uses)
             node.cores_allocated += sum(u.cores for u in uses)
             node.vgpus_allocated += len(uses)
-            node.pods.append(pod_name)
-        if not _live(pod):
-            continue
-        try:
-            request = parse_pod(pod, names)
-        except RequestError:
-            continue  # the webhook refuses such pods; nothing to charge
-        if not request.asks_vgpu:
-            continue
-        namespace = str(meta.get("namespace", ""))
-        view = spaces.setdefault(namespace, NamespaceView(namespace))
-        view.pods += 1
-        try:
-            charge = pod_charge(
-                request,
-                gpu_mib=largest_gpu,
-                sidecars=restartable_init_flags(pod),
-                booked_mib=booked_memory(pod, request),
-            )
-        except GpuSizeUnknown:
-            view.uncounted.append(pod_name)
-            continue
-        view.vgpus.used += charge.number
-        view.memory_mib.used += charge.memory_mib
-        view.cores.used += charge.cores
+            node.pods.append(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
     return ClusterView(
         nodes=sorted(node_views.values(), key=lambda v: v.name),
         namespaces=sorted(spaces.values(), key=lambda v: v.name),
@@ -226,6 +216,7 @@ def render_text(view: ClusterView) -> str:
     lines.extend(_table(ns_rows) if view.namespaces else ["no namespace has vGPU pods or a GPU quota"])
     for s in view.namespaces:
         if s.uncounted:
-            lines.append(f"namespace {s.name}: not counted (no GPU size known): {', '.join(s.uncounted)}")
+            unsized = ", ".join(s.uncounted)
+            lines.append(f"namespace {s.name}: counted without memory (no GPU known to size it): {unsized}")
     lines.append("(used/limit; '-' = no quota label)")
     return "\n".join(lines) + "\n"

@@ -103,7 +103,7 @@ async def _demo(args: argparse.Namespace) -> int:
             print("\nUsage read from NVML, each process mapped to its container by its cgroup:", flush=True)
             within = cluster.config.node.register_interval_seconds + 5.0
             print("\n".join(await usage_report(cluster, workloads, within)), flush=True)
-            view = await asyncio.to_thread(read_view, cluster.outside_kube(), cluster.config.resource_names)
+            view = await asyncio.to_thread(read_view, cluster.outside_kube(), cluster.config)
             print(f"\n$ kube-vgpu top\n{render_text(view)}", end="", flush=True)
             if not args.once:
                 assert cluster.webhook is not None

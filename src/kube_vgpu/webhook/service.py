@@ -14,13 +14,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kube_vgpu.contract.config import Config, NodeConfig
 from kube_vgpu.contract.mig.geometry import DeviceConfig, MigGeometryError, parse_device_config
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import DEVICE_CONFIG_KEY
-from kube_vgpu.contract.resources import PodRequest
 from kube_vgpu.httpedge.edge import EdgeServer
 from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
 from kube_vgpu.httpedge.metrics_server import MetricsServer
@@ -30,11 +28,11 @@ from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
 from kube_vgpu.webhook.placement.inventory import Inventory
-from kube_vgpu.webhook.quota.gate import NamespaceQuota, mig_slot_sizer, placement_sizer
-from kube_vgpu.webhook.quota.ledger import QuotaLedger
+from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics, SharedBookMetrics
-from kube_vgpu.webhook.quota.shared import SharedBook
+from kube_vgpu.webhook.quota.shared import CacheState, SharedBook
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
+from kube_vgpu.webhook.quota.sizing import pod_ledger
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES, AdmissionApp, Readiness, Services
 from kube_vgpu.webhook.serving.tls import CertReloader
@@ -67,95 +65,50 @@ class Options:
     network_policy: bool = False
 
 
-class KnownNamespaceQuota:
-    """The quota step for namespaces the cache holds; vGPU pods of any other namespace are refused.
-
-    The API server refuses creates in a namespace that does not exist before any webhook is called,
-    so such a review is a forgery or a namespace created a moment ago; either way nothing is
-    reserved or remembered for it, which bounds the quota's memory by the namespaces that exist.
-    """
-
-    def __init__(self, gate: QuotaGate, known: Callable[[str], bool]) -> None:
-        self.gate = gate
-        self.known = known
-
-    async def admit(
-        self,
-        *,
-        namespace: str,
-        namespace_labels: Mapping[str, str],
-        pod: Mapping[str, Any],
-        request: PodRequest,
-        largest_gpu_mib: int | None,
-        pod_uid: str,
-        dry_run: bool,
-    ) -> str | None:
-        """The wrapped gate's answer for a known namespace; a refusal naming the namespace otherwise."""
-        if not self.known(namespace):
-            log.info("event=quota_unknown_namespace namespace=%r pod_uid=%s", namespace, pod_uid)
-            return (
-                f"namespace {namespace!r} is unknown to the webhook: it does not exist, or it was "
-                "created in the last few seconds and the webhook has not seen it yet (then retry)"
-            )
-        return await self.gate.admit(
-            namespace=namespace,
-            namespace_labels=namespace_labels,
-            pod=pod,
-            request=request,
-            largest_gpu_mib=largest_gpu_mib,
-            pod_uid=pod_uid,
-            dry_run=dry_run,
-        )
+# Given the ledger's view of one namespace, the shared reservations decided against it.
+BookFactory = Callable[[Callable[[str], CacheState]], SharedBook]
 
 
 def build_quota(
     cache: ClusterCache,
     config: Config,
     metrics: WebhookMetrics,
+    book: BookFactory,
     geometry: Callable[[], DeviceConfig] = default_device_config,
-    shared: Callable[[QuotaLedger], SharedBook] | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
-) -> QuotaGate:
-    """The quota step: namespace quotas fed by the cache's pod events, decided
-    against the reservations every replica shares (`shared`, given the ledger it reads the cache
-    through; None: this process's ledger alone, as tests of the pure path use).
-
-    The one place the quota ledger is wired; return `webhook.gates.AllowAllQuota()` to switch it off.
-    """
-    names = config.resource_names
-    gate = NamespaceQuota(
-        names=names,
+) -> NamespaceQuota:
+    """The quota step: namespace quotas fed by the cache's pod events, decided against the
+    reservations every replica shares (`book`, given the ledger's `cache_state`). The one place the
+    quota is wired."""
+    ledger = pod_ledger(
+        lambda: cache.inventory,
+        geometry,
+        config.resource_names,
+        config.webhook.default_mode,
         # One setting for both: a reservation outlives no fresh cache, and no fresh cache outlives it.
         pending_seconds=config.webhook.cache_staleness_seconds,
-        gpu_size=placement_sizer(lambda: cache.inventory, names, config.webhook.default_mode),
-        gpu_memory=lambda uuid: _gpu_memory(cache, uuid),
-        slot_size=mig_slot_sizer(lambda: cache.inventory, geometry, names, config.webhook.default_mode),
         # The cache's clock: a forged review's reservation goes once the pod watch has passed it.
         clock=clock,
         stream_current_at=cache.pod_stream_current_at,
     )
-
-    if shared is not None:
-        gate.shared = shared(gate.ledger)
+    gate = NamespaceQuota(ledger, book(ledger.cache_state))
 
     def on_pod(event: CacheEvent) -> None:
         if event.type == "deleted":
-            gate.ledger.pod_gone(event.obj)
+            ledger.pod_gone(event.obj)
         else:
-            gate.ledger.pod_seen(event.obj)
+            ledger.pod_seen(event.obj)
 
     def on_relist(kind: CachedKind) -> None:
         if kind == "pod":
-            gate.ledger.resync(cache.objects("pod").values())
+            ledger.resync(cache.objects("pod").values())
         elif kind == "namespace":
             listed = set(cache.objects("namespace"))
-            held = set(gate.shared.namespaces()) if gate.shared is not None else set()
-            for name in set(gate.ledger.namespaces()) | set(gate.last_limits) | held:
+            for name in set(ledger.namespaces()) | set(gate.last_limits) | set(gate.book.namespaces()):
                 if name not in listed:
                     gate.forget_namespace(name)
-            if gate.shared is not None:
-                gate.shared.namespaces_listed(lambda name: cache.namespace_labels(name) is not None)
+            gate.book.namespaces_listed(lambda name: cache.namespace_labels(name) is not None)
 
     def on_namespace(event: CacheEvent) -> None:
         name = (event.obj.get("metadata") or {}).get("name")
@@ -170,12 +123,7 @@ def build_quota(
     cache.subscribe("namespace", on_namespace)
     cache.subscribe_relist(on_relist)
     QuotaMetrics(gate, metrics.registry, namespaces=namespaces)
-    return KnownNamespaceQuota(gate, lambda name: cache.namespace_labels(name) is not None)
-
-
-def _gpu_memory(cache: ClusterCache, uuid: str) -> int | None:
-    gpu = cache.inventory.gpu(uuid)
-    return None if gpu is None else gpu.memory_mib
+    return gate
 
 
 class CacheValidationView:
@@ -197,24 +145,13 @@ class CacheValidationView:
         """Synced and heard from within the staleness bound."""
         return self._cache.ready()
 
-    def pod_exists(self, namespace: str, name: str) -> bool:
-        """Whether the cache holds a pod of that name."""
-        return f"{namespace}/{name}" in self._cache.objects("pod")
-
 
 def build_services(
-    cache: ClusterCache,
-    config: Config,
-    metrics: WebhookMetrics,
-    geometry: Callable[[], DeviceConfig] = default_device_config,
-    shared: Callable[[QuotaLedger], SharedBook] | None = None,
-    *,
-    clock: Callable[[], float] = time.monotonic,
+    cache: ClusterCache, config: Config, metrics: WebhookMetrics, quota: QuotaGate
 ) -> Services:
-    """The handlers' dependencies, wired to a live cache (whose clock is `clock`)."""
+    """The handlers' dependencies, wired to a live cache and the quota step (`build_quota`)."""
     metrics.track_cache(cache)
     admission = Admission(config, cache)
-    quota = build_quota(cache, config, metrics, geometry, shared, clock=clock)
     validation = Validation(config, CacheValidationView(cache), quota)
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
@@ -256,21 +193,20 @@ class WebhookServer:
         self.geometry: DeviceConfig = default_device_config()
         self.reservations: SharedReservations | None = None
 
-        def shared(ledger: QuotaLedger) -> SharedBook:
+        def shared(cache_state: Callable[[str], CacheState]) -> SharedBook:
             book = SharedReservations(
                 self.kube,
                 options.release_namespace,
                 lifetime_seconds=config.webhook.cache_staleness_seconds,
-                cache_state=ledger.cache_state,
+                cache_state=cache_state,
                 clock=clock,
             )
             SharedBookMetrics(lambda: dataclasses.asdict(book.stats), self.metrics.registry)
             self.reservations = book
             return book
 
-        self.services = build_services(
-            self.cache, config, self.metrics, lambda: self.geometry, shared, clock=clock
-        )
+        quota = build_quota(self.cache, config, self.metrics, shared, lambda: self.geometry, clock=clock)
+        self.services = build_services(self.cache, config, self.metrics, quota)
         self.app = AdmissionApp(self.services, max_body_bytes=MAX_BODY_BYTES)
         self.metrics_server = MetricsServer(self._exposition, host=options.host, port=options.metrics_port)
         self.listener: Listener | None = None

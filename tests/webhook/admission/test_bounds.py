@@ -12,11 +12,11 @@ import pytest
 
 from kube_vgpu.contract.config import Config, ConfigError, WebhookConfig, parse_config
 from kube_vgpu.webhook.admission.bounds import DEFAULT_BOUNDS, WorkBounds, work_problem
-from kube_vgpu.webhook.admission.gates import AllowAllQuota, StaticView
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import Verdict, parse_review
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.placement.inventory import Inventory
+from tests.support.admission_view import AllowAllQuota, StaticView
 from tests.support.webhook import container, pod, review
 
 DEFAULTS = WebhookConfig()

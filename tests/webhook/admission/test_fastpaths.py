@@ -15,7 +15,7 @@ from kube_vgpu.webhook.placement.fit import never_fits, never_fits_in
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.selectors import ORIGINAL_NOUSE_GPUTYPE, SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.charge import LABELS, Limits, parse_limits
-from kube_vgpu.webhook.quota.gate import mig_slot_sizer
+from kube_vgpu.webhook.quota.sizing import mig_slot_sizer
 from tests.support.webhook import A100, H100, container, gpu_node, pod
 
 

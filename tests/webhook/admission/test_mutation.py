@@ -25,11 +25,11 @@ from kube_vgpu.contract.names import (
     VGPU_MODE_ALIAS,
     VGPU_NODE,
 )
-from kube_vgpu.webhook.admission.gates import StaticView
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import Verdict, parse_review
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.selectors import ORIGINAL_USE_GPUTYPE
+from tests.support.admission_view import StaticView
 from tests.support.webhook import (
     A10,
     A100,

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from kube_vgpu.contract.config import Config, WebhookConfig
 from kube_vgpu.contract.resources import iter_containers, parse_pod
-from kube_vgpu.webhook.admission.gates import StaticView
 from kube_vgpu.webhook.admission.mutation import DEFAULT_SCHEDULER, Admission
 from kube_vgpu.webhook.admission.patch import PatchBuilder, pointer
 from kube_vgpu.webhook.admission.review import MalformedReview, Verdict, make_patch, parse_review
@@ -27,6 +26,7 @@ from kube_vgpu.webhook.placement import affinity
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.resolve import resolve_placement, rewrite_gputype
 from kube_vgpu.webhook.placement.selectors import AFFINITY_MARKER, canonical_annotations, parse_selectors
+from tests.support.admission_view import StaticView
 from tests.support.webhook import A10, A100, CORES, H100, MEMORY, container, gpu_node, pod, review
 from tests.webhook.admission.test_fuzz import _pod as fuzz_pods
 

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kube_vgpu.contract.config import Config
-from kube_vgpu.webhook.admission.gates import StaticView
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.pod_shape import (
     _POD_ACCEPTS,
@@ -24,6 +23,7 @@ from kube_vgpu.webhook.admission.pod_shape import (
     pod_problem,
 )
 from kube_vgpu.webhook.admission.review import MalformedReview, nesting_depth, parse_review
+from tests.support.admission_view import StaticView
 from tests.support.webhook import container, pod, review
 
 _json = st.recursive(

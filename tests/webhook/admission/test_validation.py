@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from kube_vgpu.contract.config import Config, WebhookConfig
 from kube_vgpu.contract.names import BIND_PHASE, USE_GPUTYPE, VGPU_MODE, VGPU_NODE
-from kube_vgpu.contract.resources import PodRequest
-from kube_vgpu.webhook.admission.gates import StaticView
+from kube_vgpu.webhook.admission.gates import QuotaRequest
 from kube_vgpu.webhook.admission.review import Verdict, parse_review
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.placement.inventory import Inventory
+from tests.support.admission_view import StaticView
 from tests.support.webhook import A10, A100, H100, container, gpu_node, pod, review
 
 NODES = (
@@ -29,18 +29,10 @@ class RecordingQuota:
     answer: str | None = None
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
-    async def admit(
-        self,
-        *,
-        namespace: str,
-        namespace_labels: Mapping[str, str],
-        pod: Mapping[str, Any],
-        request: PodRequest,
-        largest_gpu_mib: int | None,
-        pod_uid: str,
-        dry_run: bool,
-    ) -> str | None:
-        self.calls.append({"largest": largest_gpu_mib, "uid": pod_uid, "dry_run": dry_run, "ns": namespace})
+    async def admit(self, ask: QuotaRequest) -> str | None:
+        self.calls.append(
+            {"largest": ask.largest_gpu_mib, "uid": ask.pod_uid, "dry_run": ask.dry_run, "ns": ask.namespace}
+        )
         return self.answer
 
 
@@ -54,13 +46,12 @@ def validate(
     username: str = "alice",
     dry_run: bool = False,
     fresh: bool = True,
-    existing: Sequence[tuple[str, str]] = (),
     config: Config | None = None,
 ) -> Verdict:
     inventory = Inventory()
     for node in NODES:
         inventory.upsert(node)
-    view = StaticView(inventory, namespaces, pods=frozenset(existing), is_fresh=fresh)
+    view = StaticView(inventory, namespaces, is_fresh=fresh)
     doc = review(obj, operation=operation, dry_run=dry_run)
     doc["request"]["oldObject"] = old
     doc["request"]["userInfo"] = {"username": username}
@@ -97,14 +88,14 @@ def test_quota_is_not_asked_for_pods_without_vgpu_or_after_earlier_denials() -> 
     assert quota.calls == []
 
 
-def test_an_existing_name_is_checked_but_reserves_nothing() -> None:
+def test_a_create_is_booked_unless_it_is_a_dry_run() -> None:
     quota = RecordingQuota()
-    taken = final(pod(container(memory=10), name="taken"))
-    assert validate(taken, quota=quota, existing=[("default", "taken")]).allowed
-    assert quota.calls[0]["dry_run"] is True
-    # A deleted-and-recreated name is still held to the quota.
+    obj = final(pod(container(memory=10), name="taken"))
+    assert validate(obj, quota=quota).allowed
+    assert validate(obj, quota=quota, dry_run=True).allowed
+    assert [call["dry_run"] for call in quota.calls] == [False, True]
     refusing = RecordingQuota("namespace default: over")
-    assert not validate(taken, quota=refusing, existing=[("default", "taken")]).allowed
+    assert not validate(obj, quota=refusing).allowed
 
 
 def test_a_stale_view_refuses_only_where_quota_applies_or_is_unknown() -> None:
@@ -170,7 +161,7 @@ def test_a_debug_update_of_any_kind_is_shape_checked_and_bounded_before_its_cont
             doc = review(obj, operation="UPDATE", kind=kind)
             doc["request"]["subResource"] = "ephemeralcontainers"
             doc["request"]["oldObject"] = obj
-            view = StaticView(Inventory(), LIMITED, pods=frozenset(), is_fresh=True)
+            view = StaticView(Inventory(), LIMITED, is_fresh=True)
             validation = Validation(Config(), view, RecordingQuota())
             verdict = asyncio.run(validation.review(parse_review(json.dumps(doc).encode())))
             assert (verdict.allowed, verdict.reason) == (False, reason), kind

@@ -11,11 +11,11 @@ import pytest
 
 from kube_vgpu.contract.config import Config, ResourceNames
 from kube_vgpu.contract.resources import parse_pod
-from kube_vgpu.webhook.admission.gates import StaticView
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import parse_review
 from kube_vgpu.webhook.placement.fit import never_fits
 from kube_vgpu.webhook.placement.inventory import Inventory, NodeGpus, node_gpus
+from tests.support.admission_view import StaticView
 from tests.support.webhook import container, gpu_node, pod, review
 
 A100 = "NVIDIA A100-SXM4-80GB"

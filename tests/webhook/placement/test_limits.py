@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from kube_vgpu.contract.config import Config, WebhookConfig, parse_config
 from kube_vgpu.contract.names import NOUSE_GPUTYPE, NOUSE_GPUUUID, USE_GPUTYPE, USE_GPUUUID
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.webhook.admission.gates import StaticView
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import Verdict, decode_patch, parse_review
 from kube_vgpu.webhook.placement import affinity
 from kube_vgpu.webhook.placement.inventory import Inventory
+from tests.support.admission_view import StaticView
 from tests.support.webhook import (
     A100,
     H100,

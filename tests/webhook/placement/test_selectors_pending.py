@@ -32,10 +32,10 @@ from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.standins.apiserver.selectors import LabelSelector, SelectorError
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.volcano.scheduler import Placement, VolcanoStandin, place
-from kube_vgpu.webhook.admission.gates import StaticView
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import Verdict, decode_patch, parse_review
 from kube_vgpu.webhook.placement.inventory import Inventory
+from tests.support.admission_view import StaticView
 from tests.support.webhook import (
     A10,
     A100,

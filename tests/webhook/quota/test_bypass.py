@@ -21,6 +21,7 @@ from tests.support.webhook import CORES, container, gpu_uuid, pod
 from tests.support.webhook_bypass import (
     AUTHOR,
     Cluster,
+    _sleep,
     gpu_pod,
     refused,
     running_pod,
@@ -117,16 +118,56 @@ def test_a_dry_run_reserves_nothing(cluster: Cluster) -> None:
     assert cluster.create(gpu_pod("one-gpu", "a"))["allowed"]
 
 
-def test_a_create_of_an_existing_name_reserves_nothing_but_is_still_checked(cluster: Cluster) -> None:
+def finished(cluster: Cluster, namespace: str, name: str) -> None:
+    """A pod of that name that ran and finished, as the webhook's cache shows it (issue 33)."""
+    stored = cluster.store(cluster.create(gpu_pod(namespace, name)))
+    cluster.apiserver.put({**stored, "status": {"phase": "Succeeded"}})
+    cluster.wait_cached(namespace, name)
+    for _ in range(500):  # until the quota has seen it finish: it no longer counts
+        if not refused(cluster.create(gpu_pod(namespace, "probe"), dry_run=True), "quota exceeded"):
+            return
+        cluster.webhook.call(_sleep(0.01))
+    raise AssertionError(f"the webhook never saw {namespace}/{name} finish")
+
+
+@pytest.mark.parametrize(("namespace", "other_admitted"), [("one-gpu", False), ("two-gpus", True)])
+def test_a_pod_created_again_under_a_finished_pods_name_is_booked(
+    cluster: Cluster, namespace: str, other_admitted: bool
+) -> None:
+    # A Job's pod, or `kubectl delete` + `kubectl apply`, while the pod watch is reconnecting: the
+    # cache still holds the finished `job` when the new one is admitted, and the API server stores it.
+    finished(cluster, namespace, "job")
+    assert cluster.create(gpu_pod(namespace, "job"))["allowed"]
+    other = cluster.create(gpu_pod(namespace, "other"))
+    if other_admitted:  # one vGPU left: the other pod fits, and nothing more does
+        assert other["allowed"]
+        assert refused(cluster.create(gpu_pod(namespace, "third")), "in use 2 vGPUs of 2 vGPUs")
+    else:
+        assert refused(other, f"namespace {namespace}: vgpu-number quota exceeded", "in use 1 vGPU of 1 vGPU")
+
+
+def test_a_create_of_a_live_pods_name_is_booked_until_the_pod_watch_is_past_it(cluster: Cluster) -> None:
     cluster.store(cluster.create(gpu_pod("two-gpus", "a")))
     cluster.wait_cached("two-gpus", "a")
-    # The API server will refuse these creates (AlreadyExists); the webhook books none of them.
-    for _ in range(3):
-        assert cluster.create(gpu_pod("two-gpus", "a"))["allowed"]
-    assert cluster.create(gpu_pod("two-gpus", "b"))["allowed"]  # the second vGPU is still free
+    # The API server will refuse this create (AlreadyExists); its booking holds the second vGPU
+    # until the webhook can tell the pod was never created, as a forged review's does.
+    assert cluster.create(gpu_pod("two-gpus", "a"))["allowed"]
+    assert refused(cluster.create(gpu_pod("two-gpus", "b")), "vgpu-number quota exceeded", "in use 2 vGPUs")
     # Checked all the same: a delete-and-recreate the cache has not caught up with cannot trade
     # a small pod for one over quota.
     assert refused(cluster.create(gpu_pod("two-gpus", "a", number=2)), "vgpu-number quota exceeded")
+    cluster.clock.now += NEVER_CREATED_AFTER - 1  # within the bound: the pod could still be stored
+    watch_moves_on(cluster, "tick-1")
+    assert refused(cluster.create(gpu_pod("two-gpus", "b")), "vgpu-number quota exceeded")
+    cluster.clock.now += 1  # past the API server's request timeout and the delivery slack
+    watch_moves_on(cluster, "tick-2")
+    assert cluster.create(gpu_pod("two-gpus", "b"))["allowed"]
+
+
+def watch_moves_on(cluster: Cluster, name: str) -> None:
+    """Any pod event: the webhook's pod watch confirms it is current at the clock's time."""
+    cluster.apiserver.put(gpu_pod("free", name))
+    cluster.wait_cached("free", name)
 
 
 def test_validation_without_a_uid_cannot_book_quota(cluster: Cluster) -> None:
@@ -152,14 +193,9 @@ def test_a_forged_review_books_quota_only_until_the_pod_watch_is_past_it(cluster
     assert cluster.call("/validate", admission_review(ghost, username=AUTHOR))["allowed"]
     assert refused(cluster.create(gpu_pod("one-gpu", "real")), "vgpu-number quota exceeded", "in use 1")
 
-    def watch_moves_on(name: str) -> None:
-        # Any pod event: the webhook's pod watch confirms it is current at the clock's time.
-        cluster.apiserver.put(gpu_pod("free", name))
-        cluster.wait_cached("free", name)
-
     cluster.clock.now += NEVER_CREATED_AFTER - 1  # within the bound: the pod could still be stored
-    watch_moves_on("tick-1")
+    watch_moves_on(cluster, "tick-1")
     assert refused(cluster.create(gpu_pod("one-gpu", "real")), "vgpu-number quota exceeded")
     cluster.clock.now += 1  # 65 s: past the API server's request timeout and the delivery slack
-    watch_moves_on("tick-2")
+    watch_moves_on(cluster, "tick-2")
     assert cluster.create(gpu_pod("one-gpu", "real"))["allowed"]  # long before the 120 s bound

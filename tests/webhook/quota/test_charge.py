@@ -14,7 +14,9 @@ from kube_vgpu.webhook.quota.charge import (
     Charge,
     GpuSizeUnknown,
     Limits,
+    Resource,
     booked_memory,
+    charge_reasons,
     container_charge,
     exceeded,
     exceeded_message,
@@ -355,3 +357,90 @@ def test_every_sidecar_adds_up_and_init_containers_are_sized_and_slotted_like_ap
 
 def test_labels_left_out_are_unlimited_next_to_one_that_is_set() -> None:
     assert parse_limits({QUOTA_NUMBER_LABEL: "2"}) == Limits(number=2, memory_mib=None, cores=None)
+
+
+# -- why a charge is what it is (issue 34) ----------------------------------------------------------------
+
+
+def reasons_of(p: dict[str, Any], gpu_mib: int | None = 81920, **slots: Any) -> dict[str, list[str]]:
+    return dict(charge_reasons(parse_pod(p, NAMES), names=NAMES, gpu_mib=gpu_mib, **slots))
+
+
+def test_a_refusal_gives_its_reasons_per_resource_after_the_figures() -> None:
+    reasons: dict[Resource, list[str]] = {"vgpu-cores": ["why one", "why two"], "vgpu-number": []}
+    both = exceeded_message(
+        "team-a",
+        ["vgpu-number", "vgpu-cores"],
+        Charge(1, 0, 50),
+        Charge(4, 0, 380),
+        Limits(4, None, 400),
+        reasons=reasons,
+    )
+    assert both == (
+        "namespace team-a: vgpu-number quota exceeded: requested 1 vGPU, in use 4 vGPUs of 4 vGPUs; "
+        "namespace team-a: vgpu-cores quota exceeded: requested 50%, in use 380% of 400% (why one; why two)"
+    )
+
+
+def test_only_containers_charged_more_than_they_state_get_a_reason() -> None:
+    stated = pod(ctr("a", number=2, memory=1000, cores=30), ctr("cpu"))
+    assert reasons_of(stated) == {}
+    assert reasons_of(pod(ctr("a", number=2, memory=1000), ctr("b", number=1, memory=5, cores=0))) == {
+        "vgpu-cores": [
+            f"container {name!r} sets no volcano.sh/vgpu-cores limit: no SM limit counts as the whole GPU, "
+            "100% per vGPU"
+            for name in ("a", "b")
+        ]
+    }
+
+
+def test_a_share_of_a_card_names_the_gpu_it_counts_against_and_nothing_without_one() -> None:
+    shares = pod(ctr("pct", percent=25, cores=10), ctr("whole", number=2, cores=10))
+    assert reasons_of(shares, gpu_mib=40960) == {
+        "vgpu-memory": [
+            "container 'pct' asks 25% of a GPU's memory: 10240 MiB per vGPU on the largest GPU it may "
+            "land on (40960 MiB)",
+            "container 'whole' sets neither volcano.sh/vgpu-memory nor volcano.sh/vgpu-memory-percentage, "
+            "so it holds a whole GPU: 40960 MiB per vGPU on the largest GPU it may land on (40960 MiB)",
+        ]
+    }
+    assert reasons_of(shares, gpu_mib=None) == {} and reasons_of(shares, gpu_mib=0) == {}
+
+
+def test_a_mig_slot_is_named_where_it_rounds_the_request_up() -> None:
+    def slot(mib: int) -> int:
+        return 10240 if mib <= 10240 else 20480
+
+    def describe(mib: int) -> str | None:
+        return "1g.10gb slot of 10240 MiB" if mib < 10240 else None
+
+    p = pod(ctr("small", memory=9000, cores=10), ctr("exact", memory=10240, cores=10))
+    assert reasons_of(p, slot=slot, describe_slot=describe) == {
+        "vgpu-memory": ["container 'small' asks 9000 MiB per vGPU, held as a 1g.10gb slot of 10240 MiB"]
+    }
+    # Without a name for the slot: its size alone.
+    assert reasons_of(p, slot=slot) == {
+        "vgpu-memory": ["container 'small' asks 9000 MiB per vGPU, held as a MIG slot of 10240 MiB"]
+    }
+    tenth = pod(ctr("pct", percent=10, cores=10))
+    assert reasons_of(tenth, gpu_mib=81920, slot=slot) == {
+        "vgpu-memory": [
+            "container 'pct' asks 10% of a GPU's memory: 8192 MiB per vGPU on the largest GPU it may land "
+            "on (81920 MiB), held as a MIG slot of 10240 MiB"
+        ]
+    }
+
+
+def test_every_container_is_looked_at_whatever_comes_before_it() -> None:
+    def slot(mib: int) -> int:
+        return 10240
+
+    # A container with no vGPU, then one whose share no GPU sizes, then one the slot rounds up.
+    p = pod(ctr("cpu"), ctr("pct", percent=25, cores=10), ctr("small", memory=9000))
+    assert reasons_of(p, gpu_mib=None, slot=slot) == {
+        "vgpu-cores": [
+            "container 'small' sets no volcano.sh/vgpu-cores limit: no SM limit counts as the whole GPU, "
+            "100% per vGPU"
+        ],
+        "vgpu-memory": ["container 'small' asks 9000 MiB per vGPU, held as a MIG slot of 10240 MiB"],
+    }

@@ -1,8 +1,8 @@
-"""Quota usage, reservations, limits and denials exported on the webhook's Prometheus registry."""
+"""Quota usage, reservations, limits and denials exported on the webhook's Prometheus registry, read
+from the production quota path (ledger and shared reservations)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -10,9 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, QUOTA_NUMBER_LABEL
-from kube_vgpu.contract.resources import parse_pod
-from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics
+from tests.support.webhook_quota import admit, make_gate
 
 NAMES = ResourceNames()
 
@@ -25,31 +24,17 @@ def gpu_pod(name: str, memory: int, *, uid: str | None = None, namespace: str = 
     return {"metadata": meta, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
 
 
-def admit(gate: NamespaceQuota, pod: Mapping[str, Any], labels: Mapping[str, str], review: str) -> str | None:
-    return asyncio.run(
-        gate.admit(
-            namespace=pod["metadata"]["namespace"],
-            namespace_labels=labels,
-            pod=pod,
-            request=parse_pod(pod, NAMES),
-            largest_gpu_mib=81920,
-            pod_uid=review,
-            dry_run=False,
-        )
-    )
-
-
 def sample(registry: CollectorRegistry, metric: str, namespace: str, resource: str) -> float | None:
     return registry.get_sample_value(metric, {"namespace": namespace, "resource": resource})
 
 
 def test_used_reserved_and_limit_per_namespace_and_resource() -> None:
     registry = CollectorRegistry()
-    gate = NamespaceQuota(names=NAMES, pending_seconds=60)
+    gate = make_gate()
     QuotaMetrics(gate, registry)
     labels = {QUOTA_MEMORY_LABEL: "10000", QUOTA_NUMBER_LABEL: "4"}
     gate.ledger.pod_seen(gpu_pod("old", 3000, uid="u1"))
-    assert admit(gate, gpu_pod("new", 2000), labels, "r1") is None
+    assert admit(gate, gpu_pod("new", 2000), labels, review="r1") is None
     assert sample(registry, "kube_vgpu_quota_used", "team-a", "vgpu-memory") == 5000
     assert sample(registry, "kube_vgpu_quota_used", "team-a", "vgpu-number") == 2
     assert sample(registry, "kube_vgpu_quota_used", "team-a", "vgpu-cores") == 50
@@ -61,20 +46,31 @@ def test_used_reserved_and_limit_per_namespace_and_resource() -> None:
 
 def test_denials_are_counted_by_reason() -> None:
     registry = CollectorRegistry()
-    gate = NamespaceQuota(names=NAMES, pending_seconds=60)
+    gate = make_gate()
     QuotaMetrics(gate, registry)
-    assert admit(gate, gpu_pod("a", 2000), {QUOTA_MEMORY_LABEL: "1000"}, "r1") is not None
-    assert admit(gate, gpu_pod("b", 2000), {QUOTA_MEMORY_LABEL: "1000"}, "r2") is not None
-    assert admit(gate, gpu_pod("c", 1), {QUOTA_CORES_LABEL: "many"}, "r3") is not None
+    assert admit(gate, gpu_pod("a", 2000), {QUOTA_MEMORY_LABEL: "1000"}) is not None
+    assert admit(gate, gpu_pod("b", 2000), {QUOTA_MEMORY_LABEL: "1000"}) is not None
+    assert admit(gate, gpu_pod("c", 1), {QUOTA_CORES_LABEL: "many"}) is not None
+    assert admit(gate, gpu_pod("d", 1), None) is not None  # an unknown namespace: not counted
     counted = {"namespace": "team-a", "reason": "vgpu-memory"}
     assert registry.get_sample_value("kube_vgpu_quota_denied_total", counted) == 2
     invalid = {"namespace": "team-a", "reason": "invalid-label"}
     assert registry.get_sample_value("kube_vgpu_quota_denied_total", invalid) == 1
+    reasons = {
+        s.labels["reason"]
+        for metric in registry.collect()
+        if metric.name == "kube_vgpu_quota_denied"
+        for s in metric.samples
+        if s.name == "kube_vgpu_quota_denied_total"
+    }
+    assert reasons == {"vgpu-memory", "invalid-label"}
+    gate.forget_namespace("team-a")  # the series of a deleted namespace go with it
+    assert registry.get_sample_value("kube_vgpu_quota_denied_total", counted) is None
 
 
 def test_limits_come_from_the_cache_namespaces_when_given_and_follow_relabels() -> None:
     registry = CollectorRegistry()
-    gate = NamespaceQuota(names=NAMES, pending_seconds=60)
+    gate = make_gate()
     namespaces: dict[str, dict[str, str]] = {"quiet": {QUOTA_NUMBER_LABEL: "8"}, "free": {}}
 
     def listing() -> Iterable[tuple[str, Mapping[str, str]]]:

@@ -60,3 +60,39 @@ def test_types_that_give_no_slot_do_not_stop_the_others_from_being_weighed() -> 
     # is skipped, and the next type still sets the charge.
     assert slot_mib(GEOMETRY, [A10, A100], 1) == 4864
     assert slot_mib(GEOMETRY, [H100, A100], 10_000) == 19968
+
+
+def test_a_slot_is_described_by_its_name_and_size_only_where_it_rounds_up() -> None:
+    slots = slot_sizer(GEOMETRY, [A100, A10])
+    assert slots(1) == 4864 and slots.describe(1) == "1g.5gb slot of 4864 MiB"
+    assert slots.describe(4864) is None  # exactly a slot: charged as asked
+    assert slots.describe(5000) == "2g.10gb slot of 9856 MiB"
+    assert slots.describe(30000) is None  # no slot fits: charged as asked
+    # The largest over the GPUs the pod may land on names it.
+    assert slot_sizer(GEOMETRY, [A100, H100]).describe(1) == "1g.10gb slot of 9984 MiB"
+    assert slot_sizer(GEOMETRY, [H100, A100]).describe(5000) == "1g.10gb slot of 9984 MiB"
+    assert slot_sizer(GEOMETRY, [A10]).describe(1) is None
+
+
+def test_among_slots_of_one_size_the_first_type_names_it() -> None:
+    twins = parse_device_config(
+        """\
+nvidia:
+  resourceCountName: volcano.sh/vgpu-number
+  resourceMemoryName: volcano.sh/vgpu-memory
+  resourceMemoryPercentageName: volcano.sh/vgpu-memory-percentage
+  resourceCoreName: volcano.sh/vgpu-cores
+  knownMigGeometries:
+  - models: ["A100-PCIE-40GB"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.first, memory: 5000, count: 7}]
+  - models: ["H100 80GB HBM3"]
+    allowedGeometries:
+    - group: group1
+      geometries: [{name: 1g.second, memory: 5000, count: 7}]
+"""
+    )
+    # The candidate TYPEs are kept sorted: A100's register TYPE sorts before H100's.
+    assert sorted([A100, H100]) == [A100, H100]
+    assert slot_sizer(twins, [H100, A100]).describe(1) == "1g.first slot of 5000 MiB"

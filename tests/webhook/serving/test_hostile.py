@@ -19,14 +19,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.names import QUOTA_NUMBER_LABEL
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.admission.review import MAX_NESTING
 from kube_vgpu.webhook.placement.selectors import AFFINITY_MARKER
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics
-from kube_vgpu.webhook.service import KnownNamespaceQuota
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support.webhook import (
     A100,
@@ -38,6 +36,7 @@ from tests.support.webhook import (
     review,
     write_tls,
 )
+from tests.support.webhook_quota import make_gate
 
 LIMIT = 3 * 1024 * 1024
 
@@ -285,8 +284,7 @@ def test_a_damaged_or_deeply_nested_marker_annotation_is_ignored(
 
 def test_metrics_render_whatever_names_the_labels_hold() -> None:
     metrics = WebhookMetrics()
-    gate = NamespaceQuota(names=ResourceNames(), pending_seconds=60)
-    quota_metrics = QuotaMetrics(gate, metrics.registry)
+    quota_metrics = QuotaMetrics(make_gate(), metrics.registry)
     odd = ["a\ud800b", 'quo"te', "new\nline", "back\\slash", "\udfff", "ünï"]
     for name in odd:
         metrics.denials.labels(name).inc()
@@ -341,9 +339,8 @@ def test_namespace_state_is_forgotten_with_the_namespace(
     assert post(conn, first, VALIDATE)[1]["response"]["allowed"]
     assert not post(conn, second, VALIDATE)[1]["response"]["allowed"]  # over quota: a denial series
     quota = webhook.server.services.validation.quota
-    assert isinstance(quota, KnownNamespaceQuota) and isinstance(quota.gate, NamespaceQuota)
-    ledger, shared = quota.gate.ledger, quota.gate.shared
-    assert shared is not None
+    assert isinstance(quota, NamespaceQuota)
+    ledger, shared = quota.ledger, quota.book
 
     def held() -> set[str]:
         return set(ledger.namespaces()) | set(shared.namespaces())
@@ -365,6 +362,6 @@ def test_a_review_for_a_namespace_that_does_not_exist_reserves_nothing(webhook: 
         assert status == 200 and not answer["response"]["allowed"]
         assert f"namespace 'forged-{i}' is unknown to the webhook" in answer["response"]["status"]["message"]
     quota = webhook.server.services.validation.quota
-    assert isinstance(quota, KnownNamespaceQuota) and isinstance(quota.gate, NamespaceQuota)
-    assert not [n for n in webhook.read(quota.gate.ledger.namespaces) if n.startswith("forged-")]
-    assert not [n for n in quota.gate.last_limits if n.startswith("forged-")]
+    assert isinstance(quota, NamespaceQuota)
+    assert not [n for n in webhook.read(quota.ledger.namespaces) if n.startswith("forged-")]
+    assert not [n for n in quota.last_limits if n.startswith("forged-")]

@@ -1,7 +1,7 @@
 """The validating decision for one pod CREATE or UPDATE (SPEC §2.2): no I/O of its own, a verdict out.
 
-Awaitable only because the quota step it calls last may record a reservation through the API
-(`webhook.quota_shared`); every rule here is plain computation on the request.
+Awaitable only because the quota step it calls last records a reservation through the API
+(`kube_vgpu.webhook.quota.shared`); every rule here is plain computation on the request.
 
 The API server calls this phase exactly once per write, after every mutation, with the final object:
 name, uid and creationTimestamp filled in (facts `apiserver-admission.md` §2). So quota is decided
@@ -18,8 +18,7 @@ from typing import Any
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import OPT_OUT_LABEL, OPT_OUT_VALUE
 from kube_vgpu.contract.resources import PodRequest, RequestError, parse_pod
-from kube_vgpu.webhook.admission.gates import QuotaGate, ValidationView
-from kube_vgpu.webhook.admission.mutation import resolve_placement
+from kube_vgpu.webhook.admission.gates import QuotaGate, QuotaRequest, ValidationView
 from kube_vgpu.webhook.admission.review import ALLOWED, AdmissionRequest, Verdict
 from kube_vgpu.webhook.admission.safety import (
     INVALID_ANNOTATION,
@@ -33,6 +32,7 @@ from kube_vgpu.webhook.admission.safety import (
     check_update,
     read_pod,
 )
+from kube_vgpu.webhook.placement.resolve import resolve_placement
 from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.charge import parse_limits, states_no_cores
 
@@ -88,14 +88,12 @@ class Validation:
         if not pod_request.asks_vgpu:
             return ALLOWED
         check_create(pod, pod_request, self.config)
-        name = (pod.get("metadata") or {}).get("name")
-        # A name the cache holds: the API server will refuse this create at the storage write, so
-        # booking it would hold quota for a pod that never exists. It is still checked, as if a dry
-        # run: the pod of that name may have been deleted a moment ago, and skipping the check
-        # would let a delete-and-recreate trade a small pod for a large one.
-        taken = isinstance(name, str) and bool(name) and self.view.pod_exists(namespace, name)
         warnings = self._charge_warnings(pod_request, namespace, namespace_labels)
-        refusal = await self._quota(request, pod_request, namespace, namespace_labels, reserve=not taken)
+        # Booked whenever admitted, even under the name of a pod the cache holds: that pod may have
+        # finished or be going, and the new one is then created. Where a live pod holds the name,
+        # the API server refuses the create at the storage write, and the booking lapses as one for
+        # a forged review does (`kube_vgpu.webhook.quota.shared.never_created`).
+        refusal = await self._quota(request, pod_request, namespace, namespace_labels)
         if refusal is not None:
             raise Denied(QUOTA, refusal)
         return Verdict(allowed=True, warnings=tuple(warnings)) if warnings else ALLOWED
@@ -118,8 +116,6 @@ class Validation:
         pod_request: PodRequest,
         namespace: str,
         namespace_labels: Mapping[str, str] | None,
-        *,
-        reserve: bool,
     ) -> str | None:
         pod = request.object or {}
         uid = (pod.get("metadata") or {}).get("uid")
@@ -149,13 +145,15 @@ class Validation:
             selectors, pod_request, self.view.inventory, self.config.webhook.default_mode
         )
         return await self.quota.admit(
-            namespace=namespace,
-            namespace_labels=namespace_labels or {},
-            pod=pod,
-            request=pod_request,
-            largest_gpu_mib=placement.largest_gpu_mib,
-            pod_uid=uid,
-            dry_run=request.dry_run or not reserve,
+            QuotaRequest(
+                namespace=namespace,
+                namespace_labels=namespace_labels,
+                pod=pod,
+                request=pod_request,
+                largest_gpu_mib=placement.largest_gpu_mib,
+                pod_uid=uid,
+                dry_run=request.dry_run,
+            )
         )
 
     def _charge_warnings(

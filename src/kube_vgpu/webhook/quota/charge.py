@@ -1,4 +1,4 @@
-"""What a pod costs against its namespace's GPU quota, and what the quota labels allow (SPEC §1, §2.2).
+"""What a pod costs against its namespace's GPU quota, and what the quota labels allow.
 
 Pure arithmetic: no I/O, no clock, nothing from aiohttp or the Kubernetes client, so every rule
 here is tested as plain function calls.
@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.devices import DeviceListError, decode_pod_devices
 from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, QUOTA_NUMBER_LABEL, VGPU_IDS_NEW
 from kube_vgpu.contract.resources import ContainerRequest, PodRequest, iter_containers
@@ -309,19 +310,78 @@ def exceeded(request: Charge, usage: Charge, limits: Limits) -> list[Resource]:
 
 
 def exceeded_message(
-    namespace: str, resources: Iterable[Resource], request: Charge, usage: Charge, limits: Limits
+    namespace: str,
+    resources: Iterable[Resource],
+    request: Charge,
+    usage: Charge,
+    limits: Limits,
+    *,
+    reasons: Mapping[Resource, Sequence[str]] | None = None,
 ) -> str:
-    """`namespace team-a: vgpu-memory quota exceeded: requested 24576 MiB, in use 65536 MiB of 81920 MiB`."""
+    """`namespace team-a: vgpu-memory quota exceeded: requested 24576 MiB, in use 65536 MiB of 81920 MiB`,
+    followed, per resource, by why the request is charged what it is (`charge_reasons`), if anything
+    other than the figure the pod states."""
     parts = []
     for resource in resources:
         limit = limits.get(resource)
         assert limit is not None
+        why = (reasons or {}).get(resource)
         parts.append(
             f"namespace {namespace}: {resource} quota exceeded: "
             f"requested {amount_text(resource, request.get(resource))}, "
             f"in use {amount_text(resource, usage.get(resource))} of {amount_text(resource, limit)}"
+            + (f" ({'; '.join(why)})" if why else "")
         )
     return "; ".join(parts)
+
+
+def charge_reasons(
+    request: PodRequest,
+    *,
+    names: ResourceNames,
+    gpu_mib: int | None,
+    slot: SlotSize | None = None,
+    describe_slot: Callable[[int], str | None] | None = None,
+) -> dict[Resource, list[str]]:
+    """Per resource, why the pod's containers are charged more than the figures they state: no SM
+    limit counts as the whole GPU; a share of a card counts against the largest GPU the pod may land
+    on (`gpu_mib`); a `mig` pod counts the slot its MiB rounds up to (`describe_slot` names it)."""
+    cores: list[str] = []
+    memory: list[str] = []
+    for c in request.containers:
+        if c.vgpus <= 0:
+            continue
+        if states_no_cores(c):
+            cores.append(
+                f"container {c.container!r} sets no {names.cores} limit: no SM limit counts as the "
+                f"whole GPU, {WHOLE_GPU_CORES}% per vGPU"
+            )
+        if c.memory_mib is not None:
+            per_vgpu, stated = c.memory_mib, f"asks {c.memory_mib} MiB per vGPU"
+        elif gpu_mib:
+            percent = c.memory_percent if c.memory_percent is not None else 100
+            per_vgpu = gpu_mib * percent // 100
+            share = (
+                f"asks {percent}% of a GPU's memory"
+                if c.memory_percent is not None
+                else f"sets neither {names.memory} nor {names.memory_percentage}, so it holds a whole GPU"
+            )
+            stated = f"{share}: {per_vgpu} MiB per vGPU on the largest GPU it may land on ({gpu_mib} MiB)"
+        else:
+            continue
+        held = describe_slot(per_vgpu) if describe_slot is not None else None
+        if held is None and slot is not None and slot(per_vgpu) > per_vgpu:
+            held = f"MIG slot of {slot(per_vgpu)} MiB"
+        if held is not None:
+            memory.append(f"container {c.container!r} {stated}, held as a {held}")
+        elif c.memory_mib is None:
+            memory.append(f"container {c.container!r} {stated}")
+    out: dict[Resource, list[str]] = {}
+    if cores:
+        out["vgpu-cores"] = cores
+    if memory:
+        out["vgpu-memory"] = memory
+    return out
 
 
 def invalid_label_message(namespace: str, invalid: Sequence[tuple[str, str]]) -> str:

@@ -2,9 +2,9 @@
 
 Every webhook replica books the pods it admits into one ConfigMap per quota namespace (in the
 release namespace), written with resourceVersion preconditions, so replicas never over-admit
-together (SPEC §2.2 step 1; facts `apiserver-admission.md` §2). This module is the pure part: the
-object's name, its `data` codec, pruning, and the decision for a batch of asks against one version
-of the object plus this replica's cache. `webhook.quota_shared_store` does the I/O.
+together. This module is the pure part: the object's name, its `data` codec, pruning, and the
+decision for a batch of asks against one version of the object plus this replica's cache.
+`kube_vgpu.webhook.quota.shared_store` does the I/O.
 
 `data` holds one key per reservation: the pod uid, whose value is `number,memoryMiB,cores,expires`
 (expires: Unix seconds on the writer's clock). About 60 bytes each, so 1,000 in flight is ~60 KB
@@ -176,7 +176,7 @@ class Ask:
     uid: str
     charge: Charge
     limits: Limits
-    reserve: bool  # False for dry runs and for a name that already exists: decide, book nothing
+    reserve: bool  # False for dry runs: decide, book nothing
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,7 @@ def decide(
 
 
 class SharedBook(Protocol):
-    """Where asks are decided against the shared reservations (`webhook.quota_shared_store`)."""
+    """Where asks are decided against the shared reservations (`kube_vgpu.webhook.quota.shared_store`)."""
 
     async def decide(self, namespace: str, ask: Ask) -> Answer:
         """The answer for `ask`, booked when it fits and reserves; `Unrecorded` when that failed."""

@@ -27,14 +27,15 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from kube_vgpu.kubeapi.client import ApiError, Kube, KubeError
+from kube_vgpu.kubeapi.client import ApiError, Kind, KubeError
 from kube_vgpu.webhook.quota.charge import Charge
 from kube_vgpu.webhook.quota.shared import (
     COMPONENT_LABEL,
+    MAX_ENTRIES,
     NAMESPACE_LABEL,
     OBJECT_COMPONENT,
     Answer,
@@ -68,6 +69,65 @@ SWEEP_SECONDS = 5.0
 ORPHAN_PAGE = 500
 
 
+Timeout = float | tuple[float, float] | None
+
+
+class ObjectApi(Protocol):
+    """The API calls the shared reservations make, with `kube_vgpu.kubeapi.client.Kube`'s contract:
+    `get` answers None for a missing object; `create` of an existing name raises ApiError 409;
+    `replace` with a stale `metadata.resourceVersion` raises 409 and of a missing object 404;
+    `delete` with a stale `resource_version` raises 409 and answers whether the object existed."""
+
+    def get(
+        self, kind: Kind, name: str, *, namespace: str | None = None, timeout: Timeout = None
+    ) -> dict[str, Any] | None:
+        """The object, or None."""
+        ...
+
+    def create(
+        self, kind: Kind, body: Mapping[str, Any], *, namespace: str | None = None, timeout: Timeout = None
+    ) -> dict[str, Any]:
+        """The object as stored."""
+        ...
+
+    def replace(
+        self,
+        kind: Kind,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        namespace: str | None = None,
+        timeout: Timeout = None,
+    ) -> dict[str, Any]:
+        """The object as stored."""
+        ...
+
+    def delete(
+        self,
+        kind: Kind,
+        name: str,
+        *,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+        timeout: Timeout = None,
+    ) -> bool:
+        """Whether the object existed."""
+        ...
+
+    def list(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None,
+        label_selector: str,
+        limit: int,
+        continue_token: str | None,
+        timeout: Timeout,
+    ) -> dict[str, Any]:
+        """One page of the List object (`metadata.continue` names the next)."""
+        ...
+
+
 @dataclass
 class SharedStats:
     """Counters the benchmark and metrics read."""
@@ -93,7 +153,7 @@ class SharedReservations:
 
     def __init__(
         self,
-        kube: Kube,
+        kube: ObjectApi,
         release_namespace: str,
         *,
         lifetime_seconds: float,
@@ -103,6 +163,7 @@ class SharedReservations:
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
         sweep_seconds: float = SWEEP_SECONDS,
+        max_entries: int = MAX_ENTRIES,
     ) -> None:
         self.kube = kube
         self.release_namespace = release_namespace
@@ -114,6 +175,7 @@ class SharedReservations:
         # The clock of the cache's `stream_current_at` (monotonic): first sightings are on it.
         self.clock = clock
         self.sweep_seconds = sweep_seconds
+        self.max_entries = max_entries
         self.sightings = Sightings()
         self._sweeper: asyncio.Task[None] | None = None
         self.stats = SharedStats()
@@ -344,7 +406,13 @@ class SharedReservations:
             state = self.cache_state(namespace)
             seen = self.sightings.note(namespace, entries, self.clock())
             kept, answers = decide(
-                entries, asks, state, now=self.wall(), lifetime=self.lifetime, first_seen=seen
+                entries,
+                asks,
+                state,
+                now=self.wall(),
+                lifetime=self.lifetime,
+                max_entries=self.max_entries,
+                first_seen=seen,
             )
             # The entries booked now are first seen now, during their admission (those pruned are
             # kept in mind until the object no longer holds them: this write may yet fail).
