@@ -22,6 +22,7 @@ from kube_vgpu.contract.names import (
     UUID_LABEL_PREFIX,
 )
 from kube_vgpu.kubeapi.rawlist import contains_any
+from kube_vgpu.webhook.quota.claims import names_class
 
 Reducer = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 Prefilter = Callable[[bytes], bool]
@@ -167,3 +168,59 @@ def reduce_namespace(namespace: dict[str, Any]) -> dict[str, Any]:
     meta = meta if isinstance(meta, dict) else {}
     slim_meta = _metadata(meta, ("name", "uid", "resourceVersion", "labels"))
     return {"metadata": slim_meta}
+
+
+_CLAIM_METADATA = ("name", "namespace", "uid", "resourceVersion", "generateName", "deletionTimestamp")
+_DEVICE_REQUEST_FIELDS = ("name", "deviceClassName", "allocationMode", "count", "capacity")
+_RESULT_FIELDS = ("request", "driver", "pool", "device", "shareID", "consumedCapacity")
+
+
+def _slim_request(raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        return raw
+    slim: dict[str, Any] = {}
+    if "name" in raw:
+        slim["name"] = raw["name"]
+    exactly = raw.get("exactly")
+    if isinstance(exactly, dict):
+        slim["exactly"] = {k: exactly[k] for k in _DEVICE_REQUEST_FIELDS if k in exactly}
+    elif exactly is not None:
+        slim["exactly"] = exactly
+    first = raw.get("firstAvailable")
+    if isinstance(first, list):
+        slim["firstAvailable"] = [
+            {k: s[k] for k in _DEVICE_REQUEST_FIELDS if k in s} if isinstance(s, dict) else s for s in first
+        ]
+    elif first is not None:
+        slim["firstAvailable"] = first
+    return slim
+
+
+def claim_reducer(classes: frozenset[str]) -> Reducer:
+    """The ResourceClaim reducer: a claim naming one of `classes` keeps what quota and `top` read
+    (its requests' classes, counts and capacity requests; its allocation results); any other claim
+    is kept as its identity alone, so a pod naming it is known not to use kube-vgpu's devices."""
+
+    def reduce(claim: dict[str, Any]) -> dict[str, Any] | None:
+        meta = claim.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        slim_meta = _metadata(meta, _CLAIM_METADATA)
+        if "namespace" in slim_meta:
+            slim_meta["namespace"] = _intern(slim_meta["namespace"])
+        if not names_class(claim, classes):
+            return {"metadata": slim_meta}
+        requests = claim["spec"]["devices"]["requests"]  # names_class found them
+        slim: dict[str, Any] = {
+            "metadata": slim_meta,
+            "spec": {"devices": {"requests": [_slim_request(r) for r in requests]}},
+        }
+        status = claim.get("status")
+        allocation = status.get("allocation") if isinstance(status, dict) else None
+        devices = allocation.get("devices") if isinstance(allocation, dict) else None
+        results = devices.get("results") if isinstance(devices, dict) else None
+        if isinstance(results, list):
+            kept = [{k: r[k] for k in _RESULT_FIELDS if k in r} for r in results if isinstance(r, dict)]
+            slim["status"] = {"allocation": {"devices": {"results": kept}}}
+        return slim
+
+    return reduce

@@ -87,8 +87,10 @@ def pod_ledger(
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     stream_current_at: Callable[[], float | None] = lambda: None,
+    claim_classes: frozenset[str] = frozenset(),
 ) -> QuotaLedger:
-    """The ledger of the pods a cache shows, each sized against `inventory` and the MIG `geometry`."""
+    """The ledger of the pods a cache shows, each sized against `inventory` and the MIG `geometry`,
+    and of the ResourceClaims of `claim_classes` (a request naming no memory sized as the largest GPU)."""
 
     def gpu_memory(uuid: str) -> int | None:
         gpu = inventory().gpu(uuid)
@@ -103,4 +105,6 @@ def pod_ledger(
         clock=clock,
         wall_clock=wall_clock,
         stream_current_at=stream_current_at,
+        claim_classes=claim_classes,
+        largest_gpu=lambda: inventory().largest_memory_any(),
     )
