@@ -43,14 +43,16 @@ from kube_vgpu.webhook.reduced import (
     pod_reducer,
     reduce_namespace,
     reduce_node,
+    template_reducer,
 )
 
 log = logging.getLogger("kube_vgpu.webhook.cache")
 
-CachedKind = Literal["node", "namespace", "pod", "resourceclaim"]
+CachedKind = Literal["node", "namespace", "pod", "resourceclaim", "resourceclaimtemplate"]
 KINDS: tuple[CachedKind, ...] = ("node", "namespace", "pod")
 # Watched besides KINDS when DRA device classes are configured (`claim_classes`).
 CLAIM_KIND: CachedKind = "resourceclaim"
+TEMPLATE_KIND: CachedKind = "resourceclaimtemplate"
 EventType = Literal["added", "modified", "deleted"]
 
 
@@ -100,7 +102,7 @@ class ClusterCache:
     ) -> None:
         # ResourceClaims are watched only where DRA classes are configured: elsewhere the cluster may
         # not serve resource.k8s.io, and RBAC grants nothing there.
-        self.kinds: tuple[CachedKind, ...] = (*KINDS, CLAIM_KIND) if claim_classes else KINDS
+        self.kinds: tuple[CachedKind, ...] = (*KINDS, CLAIM_KIND, TEMPLATE_KIND) if claim_classes else KINDS
         self._kube = kube
         # Where each kind is read (tests wrap it to act between the pages of a list).
         self._source: Callable[[CachedKind], RawSource] = source or (lambda kind: KubeSource(kube, kind))
@@ -117,6 +119,7 @@ class ClusterCache:
             "namespace": reduce_namespace,
             "pod": pod_reducer(names),
             CLAIM_KIND: claim_reducer(claim_classes),
+            TEMPLATE_KIND: template_reducer(claim_classes),
         }
         # Listed pods and nodes whose JSON cannot be kept are dropped undecoded (most of a list).
         self._prefilters: dict[CachedKind, Prefilter | None] = {
@@ -126,6 +129,7 @@ class ClusterCache:
             # Every claim is kept (as a stub when it names no kube-vgpu class): a pod naming a claim the
             # cache lacks is then one the webhook has not seen yet, not one of another driver.
             CLAIM_KIND: None,
+            TEMPLATE_KIND: None,
         }
         self._stores: dict[CachedKind, dict[str, dict[str, Any]]] = {k: {} for k in self.kinds}
         self._pod_uids: dict[str, str] = {}  # uid -> key of every cached pod
@@ -209,6 +213,11 @@ class ClusterCache:
     def claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The cached ResourceClaim `namespace/name` (None: not cached, or claims not watched)."""
         store = self._stores.get(CLAIM_KIND)
+        return None if store is None else store.get(f"{namespace}/{name}")
+
+    def claim_template(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The cached ResourceClaimTemplate `namespace/name` (None: not cached, or not watched)."""
+        store = self._stores.get(TEMPLATE_KIND)
         return None if store is None else store.get(f"{namespace}/{name}")
 
     def subscribe_relist(self, listener: RelistListener) -> None:

@@ -224,3 +224,22 @@ def claim_reducer(classes: frozenset[str]) -> Reducer:
         return slim
 
     return reduce
+
+
+def template_reducer(classes: frozenset[str]) -> Reducer:
+    """The ResourceClaimTemplate reducer: the claim spec it stamps out, reduced as `claim_reducer`
+    reduces a claim's, when it names one of `classes`; its identity alone otherwise."""
+    claims = claim_reducer(classes)
+
+    def reduce(template: dict[str, Any]) -> dict[str, Any] | None:
+        meta = template.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        spec = template.get("spec")
+        inner = spec.get("spec") if isinstance(spec, dict) else None
+        slim_claim = claims({"metadata": meta, "spec": inner}) or {}
+        slim: dict[str, Any] = {"metadata": slim_claim.get("metadata", {})}
+        if "spec" in slim_claim:
+            slim["spec"] = {"spec": slim_claim["spec"]}
+        return slim
+
+    return reduce

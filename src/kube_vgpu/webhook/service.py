@@ -166,7 +166,14 @@ def build_services(
     """The handlers' dependencies, wired to a live cache and the quota step (`build_quota`)."""
     metrics.track_cache(cache)
     admission = Admission(config, cache)
-    validation = Validation(config, CacheValidationView(cache), quota, claims)
+    validation = Validation(
+        config,
+        CacheValidationView(cache),
+        quota,
+        claims,
+        claim_objects=cache.claim,
+        template_objects=cache.claim_template,
+    )
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
 

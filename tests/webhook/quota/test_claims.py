@@ -181,7 +181,7 @@ def test_unknown_fields_are_ignored_and_shapes_refused() -> None:
         ),
         ({"spec": {"devices": {"requests": [{"name": "a", "firstAvailable": []}]}}}, "non-empty list"),
     ):
-        with pytest.raises(ClaimError, match=".") as caught:
+        with pytest.raises(ClaimError) as caught:
             parse_claim(bad, CLASSES)
         assert says in str(caught.value)
 

@@ -12,12 +12,13 @@ patches. Pod labels exempt nothing; only a namespace label opts a namespace out.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import OPT_OUT_LABEL, OPT_OUT_VALUE
 from kube_vgpu.contract.resources import PodRequest, RequestError, parse_pod
+from kube_vgpu.webhook.admission.claim_use import ClaimUse, Lookup, pod_claim_use
 from kube_vgpu.webhook.admission.gates import (
     ClaimQuotaGate,
     ClaimQuotaRequest,
@@ -47,6 +48,12 @@ MISSING_UID = "missing-uid"
 # The subresource `kubectl debug` writes to add an ephemeral container to a running pod.
 EPHEMERAL_CONTAINERS = "ephemeralcontainers"
 RESOURCE_GROUP = "resource.k8s.io"
+# A pod whose container would use two requests of kube-vgpu's DRA classes.
+DRA_CLAIMS = "dra-claims"
+
+
+def _not_cached(namespace: str, name: str) -> Mapping[str, Any] | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,10 @@ class Validation:
     quota: QuotaGate
     # The quota step for ResourceClaims of `config.webhook.dra_device_classes` (None: not judged).
     claims: ClaimQuotaGate | None = None
+    # The cached ResourceClaims and ResourceClaimTemplates, by namespace and name (a pod naming one
+    # the cache lacks is treated as using kube-vgpu's GPUs).
+    claim_objects: Lookup = field(default=_not_cached)
+    template_objects: Lookup = field(default=_not_cached)
 
     async def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
@@ -102,9 +113,15 @@ class Validation:
         namespace_labels: Mapping[str, str] | None,
     ) -> Verdict:
         pod_request = read_pod(pod, self.config.resource_names)
-        if not pod_request.asks_vgpu:
+        dra = self._claim_use(pod, namespace)
+        if not pod_request.asks_vgpu and not dra.uses:
             return ALLOWED
+        if dra.problem is not None:
+            raise Denied(DRA_CLAIMS, dra.problem)
         check_create(pod, pod_request, self.config)
+        if not pod_request.asks_vgpu:
+            # Its GPUs come from its claims, which were charged when they were created.
+            return ALLOWED
         warnings = self._charge_warnings(pod_request, namespace, namespace_labels)
         # Booked whenever admitted, even under the name of a pod the cache holds: that pod may have
         # finished or be going, and the new one is then created. Where a live pod holds the name,
@@ -114,6 +131,15 @@ class Validation:
         if refusal is not None:
             raise Denied(QUOTA, refusal)
         return Verdict(allowed=True, warnings=tuple(warnings)) if warnings else ALLOWED
+
+    def _claim_use(self, pod: Mapping[str, Any], namespace: str) -> ClaimUse:
+        return pod_claim_use(
+            pod,
+            namespace,
+            self.config.webhook.dra_device_classes,
+            self.claim_objects,
+            self.template_objects,
+        )
 
     async def _claim(self, request: AdmissionRequest) -> Verdict:
         """A ResourceClaim CREATE: charged against its namespace's GPU quota when a request names one
@@ -197,7 +223,8 @@ class Validation:
             asks_vgpu = parse_pod(pod, self.config.resource_names).asks_vgpu
         except RequestError:
             asks_vgpu = True  # stored pods were admitted; be strict with whatever this is
-        if asks_vgpu:
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        if asks_vgpu or self._claim_use(pod, namespace).uses:
             check_containers(pod, self.config)
 
     async def _quota(
