@@ -136,6 +136,7 @@ class ClusterCache:
         self._synced: dict[CachedKind, bool] = dict.fromkeys(self.kinds, False)
         self._contact: dict[CachedKind, float | None] = dict.fromkeys(self.kinds, None)
         self._pods_current_at: float | None = None
+        self._claims_current_at: float | None = None
         self._listeners: dict[CachedKind, list[Listener]] = {k: [] for k in self.kinds}
         self._relist_listeners: list[RelistListener] = []
         self.inventory = Inventory()
@@ -177,6 +178,16 @@ class ClusterCache:
         Bookmarks make it advance on a quiet cluster. The time is taken on the watch thread as the
         answer arrives, so it never runs ahead of the pod events applied before it."""
         return self._pods_current_at
+
+    def quota_streams_current_at(self) -> float | None:
+        """`pod_stream_current_at`, or, where ResourceClaims are watched too, the earlier of the
+        pod and claim streams: a reservation (of a pod or a claim) is judged never created only once
+        both watches have moved past it."""
+        if CLAIM_KIND not in self.kinds:
+            return self._pods_current_at
+        if self._pods_current_at is None or self._claims_current_at is None:
+            return None
+        return min(self._pods_current_at, self._claims_current_at)
 
     def sizes(self) -> Mapping[str, int]:
         """Objects cached per kind, and `gpu-node` for the nodes in the GPU inventory."""
@@ -314,6 +325,8 @@ class ClusterCache:
         self._contact[kind] = at
         if kind == "pod" and reason == "bookmark":
             self._pods_current_at = at
+        elif kind == CLAIM_KIND and reason == "bookmark":
+            self._claims_current_at = at
 
     def _on_failure(self, kind: CachedKind) -> None:
         self.failures[kind] += 1
@@ -354,6 +367,8 @@ class ClusterCache:
         self._contact[kind] = change.at
         if kind == "pod":
             self._pods_current_at = change.at
+        elif kind == CLAIM_KIND:
+            self._claims_current_at = change.at
         if change.type == "DELETED" or change.obj is None:
             # Deleted, or no longer kept (a node that lost its GPU labels).
             old = self._drop(kind, change.key)
@@ -372,6 +387,8 @@ class ClusterCache:
         self._contact[kind] = result.at
         if kind == "pod":
             self._pods_current_at = result.at
+        elif kind == CLAIM_KIND:
+            self._claims_current_at = result.at
         store = self._stores[kind]
         fresh = dict(result.items)
         for key in [k for k in store if k not in fresh]:

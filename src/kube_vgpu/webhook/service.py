@@ -90,7 +90,7 @@ def build_quota(
         pending_seconds=config.webhook.cache_staleness_seconds,
         # The cache's clock: a forged review's reservation goes once the pod watch has passed it.
         clock=clock,
-        stream_current_at=cache.pod_stream_current_at,
+        stream_current_at=cache.quota_streams_current_at,
         claim_classes=frozenset(config.webhook.dra_device_classes),
     )
     gate = NamespaceQuota(ledger, book(ledger.cache_state))

@@ -84,6 +84,9 @@ async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
     try:
         async with asyncio.timeout(30):
             await cache.wait_synced()
+        # A reservation is judged never created only once both watches moved past it.
+        both, pods = cache.quota_streams_current_at(), cache.pod_stream_current_at()
+        assert both is not None and pods is not None and both <= pods
         # 20 GiB + a whole (largest known) GPU; 10 + 100 cores; the NIC claim costs nothing.
         assert quota.usage("team-a") == Charge(2, 20480 + 81920, 110)
         assert cache.claim("team-a", "nic") == {
@@ -159,6 +162,7 @@ async def test_without_classes_claims_are_not_watched(apiserver: ApiServerStandi
             await cache.wait_synced()
         assert not apiserver.requests(path_prefix="/apis/resource.k8s.io")
         assert cache.claim("team-a", "x") is None
+        assert cache.quota_streams_current_at() == cache.pod_stream_current_at() is not None
     finally:
         await cache.stop()
         kube.close()
