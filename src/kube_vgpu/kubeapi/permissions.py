@@ -55,6 +55,8 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     # count against quota and tell which pods use kube-vgpu's devices.
     ApiCall("webhook", "list", "resourceclaims", "resource.k8s.io", why="DRA: claims count against quota"),
     ApiCall("webhook", "watch", "resourceclaims", "resource.k8s.io", why="DRA: claims count against quota"),
+    ApiCall("webhook", "list", "resourceslices", "resource.k8s.io", why="DRA: the largest GPU a claim gets"),
+    ApiCall("webhook", "watch", "resourceslices", "resource.k8s.io", why="DRA: the largest GPU a claim gets"),
     ApiCall("webhook", "list", "resourceclaimtemplates", "resource.k8s.io", why="DRA: pods using kube-vgpu"),
     ApiCall("webhook", "watch", "resourceclaimtemplates", "resource.k8s.io", why="DRA: pods using kube-vgpu"),
     # node plugin: its node's registration, labels and capacity; the pods bound to it.

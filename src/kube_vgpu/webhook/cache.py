@@ -37,22 +37,26 @@ from kube_vgpu.kubeapi.rawlist import Prefilter
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.reduced import (
     NODE_PREFILTER,
+    SLICE_PREFILTER,
     Reducer,
     claim_reducer,
     pod_prefilter,
     pod_reducer,
     reduce_namespace,
     reduce_node,
+    reduce_slice,
+    slice_memory_mib,
     template_reducer,
 )
 
 log = logging.getLogger("kube_vgpu.webhook.cache")
 
-CachedKind = Literal["node", "namespace", "pod", "resourceclaim", "resourceclaimtemplate"]
+CachedKind = Literal["node", "namespace", "pod", "resourceclaim", "resourceclaimtemplate", "resourceslice"]
 KINDS: tuple[CachedKind, ...] = ("node", "namespace", "pod")
 # Watched besides KINDS when DRA device classes are configured (`claim_classes`).
 CLAIM_KIND: CachedKind = "resourceclaim"
 TEMPLATE_KIND: CachedKind = "resourceclaimtemplate"
+SLICE_KIND: CachedKind = "resourceslice"
 EventType = Literal["added", "modified", "deleted"]
 
 
@@ -102,7 +106,9 @@ class ClusterCache:
     ) -> None:
         # ResourceClaims are watched only where DRA classes are configured: elsewhere the cluster may
         # not serve resource.k8s.io, and RBAC grants nothing there.
-        self.kinds: tuple[CachedKind, ...] = (*KINDS, CLAIM_KIND, TEMPLATE_KIND) if claim_classes else KINDS
+        self.kinds: tuple[CachedKind, ...] = (
+            (*KINDS, CLAIM_KIND, TEMPLATE_KIND, SLICE_KIND) if claim_classes else KINDS
+        )
         self._kube = kube
         # Where each kind is read (tests wrap it to act between the pages of a list).
         self._source: Callable[[CachedKind], RawSource] = source or (lambda kind: KubeSource(kube, kind))
@@ -120,6 +126,7 @@ class ClusterCache:
             "pod": pod_reducer(names),
             CLAIM_KIND: claim_reducer(claim_classes),
             TEMPLATE_KIND: template_reducer(claim_classes),
+            SLICE_KIND: reduce_slice,
         }
         # Listed pods and nodes whose JSON cannot be kept are dropped undecoded (most of a list).
         self._prefilters: dict[CachedKind, Prefilter | None] = {
@@ -130,6 +137,7 @@ class ClusterCache:
             # cache lacks is then one the webhook has not seen yet, not one of another driver.
             CLAIM_KIND: None,
             TEMPLATE_KIND: None,
+            SLICE_KIND: SLICE_PREFILTER,
         }
         self._stores: dict[CachedKind, dict[str, dict[str, Any]]] = {k: {} for k in self.kinds}
         self._pod_uids: dict[str, str] = {}  # uid -> key of every cached pod
@@ -225,6 +233,19 @@ class ClusterCache:
         """The cached ResourceClaim `namespace/name` (None: not cached, or claims not watched)."""
         store = self._stores.get(CLAIM_KIND)
         return None if store is None else store.get(f"{namespace}/{name}")
+
+    def largest_dra_gpu_mib(self) -> int | None:
+        """MiB of the largest GPU kube-vgpu's DRA driver publishes (None: none, or not watched): what
+        a claim request naming no memory gets, on a DRA node group."""
+        sizes = [m for s in self._stores.get(SLICE_KIND, {}).values() for m in slice_memory_mib(s)]
+        return max(sizes, default=None)
+
+    def largest_claim_gpu_mib(self) -> int | None:
+        """The largest GPU a claim could get: on a DRA node or on a node the inventory knows."""
+        sizes = [
+            m for m in (self.largest_dra_gpu_mib(), self.inventory.largest_memory_any()) if m is not None
+        ]
+        return max(sizes, default=None)
 
     def claim_template(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The cached ResourceClaimTemplate `namespace/name` (None: not cached, or not watched)."""

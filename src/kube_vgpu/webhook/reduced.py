@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
+from kube_vgpu.contract.dra import DRIVER, MEMORY_CAPACITY
 from kube_vgpu.contract.names import (
     HOSTNAME_LABEL,
     MODE_LABEL,
@@ -22,7 +23,7 @@ from kube_vgpu.contract.names import (
     UUID_LABEL_PREFIX,
 )
 from kube_vgpu.kubeapi.rawlist import contains_any
-from kube_vgpu.webhook.quota.claims import names_class
+from kube_vgpu.webhook.quota.claims import ClaimError, names_class, quantity
 
 Reducer = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 Prefilter = Callable[[bytes], bool]
@@ -243,3 +244,41 @@ def template_reducer(classes: frozenset[str]) -> Reducer:
         return slim
 
     return reduce
+
+
+# What a ResourceSlice's raw JSON must hold for `reduce_slice` to keep it: kube-vgpu's driver name.
+SLICE_PREFILTER: Prefilter = contains_any((DRIVER,))
+
+
+def reduce_slice(resource_slice: dict[str, Any]) -> dict[str, Any] | None:
+    """A ResourceSlice of kube-vgpu's DRA driver as claim sizing reads it (each device's name and
+    memory capacity), or None for another driver's."""
+    spec = resource_slice.get("spec")
+    if not isinstance(spec, dict) or spec.get("driver") != DRIVER:
+        return None
+    meta = resource_slice.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    devices = []
+    for device in spec.get("devices") or ():
+        if not isinstance(device, dict):
+            continue
+        capacity = device.get("capacity")
+        memory = capacity.get(MEMORY_CAPACITY) if isinstance(capacity, dict) else None
+        value = memory.get("value") if isinstance(memory, dict) else None
+        devices.append({"name": device.get("name"), "capacity": {MEMORY_CAPACITY: {"value": value}}})
+    return {
+        "metadata": _metadata(meta, ("name", "uid", "resourceVersion")),
+        "spec": {"driver": DRIVER, "devices": devices},
+    }
+
+
+def slice_memory_mib(resource_slice: Mapping[str, Any]) -> list[int]:
+    """The memory of each device of a reduced slice, in MiB (a capacity that does not read is left out)."""
+    out = []
+    for device in (resource_slice.get("spec") or {}).get("devices") or ():
+        try:
+            value = quantity(device["capacity"][MEMORY_CAPACITY]["value"], "memory")
+        except (ClaimError, KeyError, TypeError):
+            continue
+        out.append(int(value // (1024 * 1024)))
+    return out

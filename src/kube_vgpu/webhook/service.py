@@ -92,6 +92,7 @@ def build_quota(
         clock=clock,
         stream_current_at=cache.quota_streams_current_at,
         claim_classes=frozenset(config.webhook.dra_device_classes),
+        largest_claim_gpu=cache.largest_claim_gpu_mib,
     )
     gate = NamespaceQuota(ledger, book(ledger.cache_state))
 
@@ -107,7 +108,12 @@ def build_quota(
         else:
             ledger.claim_seen(event.obj)
 
+    def on_gpus(event: CacheEvent) -> None:
+        ledger.resize_claims()
+
     def on_relist(kind: CachedKind) -> None:
+        if kind in ("resourceslice", "node"):
+            ledger.resize_claims()
         if kind == "pod":
             ledger.resync(cache.objects("pod").values())
         elif kind == "resourceclaim":
@@ -130,6 +136,9 @@ def build_quota(
 
     cache.subscribe("pod", on_pod)
     cache.subscribe("resourceclaim", on_claim)
+    if config.webhook.dra_device_classes:
+        cache.subscribe("resourceslice", on_gpus)
+        cache.subscribe("node", on_gpus)
     cache.subscribe("namespace", on_namespace)
     cache.subscribe_relist(on_relist)
     QuotaMetrics(gate, metrics.registry, namespaces=namespaces)
@@ -173,6 +182,7 @@ def build_services(
         claims,
         claim_objects=cache.claim,
         template_objects=cache.claim_template,
+        largest_claim_gpu=cache.largest_claim_gpu_mib,
     )
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)

@@ -354,3 +354,23 @@ def test_first_available_explained_and_all_refused_in_a_quota_namespace() -> Non
     assert one is not None and "requested 51200 MiB" in one and "charged the most any could cost" in one
     assert two is not None and "allocationMode All" in two and "ask allocationMode ExactCount" in two
     assert three is None
+
+
+def test_a_claim_charged_a_whole_card_grows_with_the_largest_gpu_and_never_shrinks() -> None:
+    """The slices and the claims are listed in any order: a claim first counted before any GPU was
+    known (or a smaller one) is re-sized when a larger GPU appears, never down."""
+    largest: list[int | None] = [None]
+    gate = make_gate(Clocks(), store=MemoryStore(), claim_classes=CLASSES, largest_gpu=lambda: largest[0])
+    ledger = gate.ledger
+    whole, sized = claim(exact()), claim(exact(memory="1Gi", cores="5"))
+    ledger.claim_seen(whole)
+    ledger.claim_seen(sized)
+    assert ledger.usage("team-a") == Charge(2, 1024, 105)
+    assert ledger.unsized("team-a") == [f"resourceclaim/{whole['metadata']['name']}"]
+    for known, expected in ((40960, 40960), (81920, 81920), (40960, 81920)):
+        largest[0] = known
+        ledger.resize_claims()
+        assert ledger.usage("team-a") == Charge(2, expected + 1024, 105), known
+    assert ledger.unsized("team-a") == []
+    ledger.claim_gone(whole)
+    assert ledger.usage("team-a") == Charge(1, 1024, 5)

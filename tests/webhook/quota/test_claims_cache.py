@@ -75,6 +75,21 @@ async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
         "spec": {"spec": claim("x", "10Gi")["spec"]},
     }
     apiserver.put(template)
+    # A DRA node's 96 GiB GPU is larger than any the inventory knows: a claim naming no memory gets it.
+    for name, driver, memory in (("dra-node", DEVICE_CLASS, "96Gi"), ("other", "gpu.example.com", "200Gi")):
+        apiserver.put(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": name},
+                "spec": {
+                    "driver": driver,
+                    "nodeName": name,
+                    "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [{"name": "gpu-0", "capacity": {"memory": {"value": memory}}}],
+                },
+            }
+        )
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     kube = Kube(load_api_client(str(kubeconfig)), component="webhook")
     cache = ClusterCache(kube, watch_timeout_seconds=5, retry_seconds=0.05, claim_classes=frozenset(CLASSES))
@@ -88,7 +103,8 @@ async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
         both, pods = cache.quota_streams_current_at(), cache.pod_stream_current_at()
         assert both is not None and pods is not None and both <= pods
         # 20 GiB + a whole (largest known) GPU; 10 + 100 cores; the NIC claim costs nothing.
-        assert quota.usage("team-a") == Charge(2, 20480 + 81920, 110)
+        assert cache.largest_dra_gpu_mib() == 98304 and cache.largest_claim_gpu_mib() == 98304
+        assert quota.usage("team-a") == Charge(2, 20480 + 98304, 110)
         assert cache.claim("team-a", "nic") == {
             "metadata": {
                 k: v
@@ -103,7 +119,7 @@ async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
         stored = apiserver.put(fresh)
         uid = stored["metadata"]["uid"]
         await wait_for(
-            cache, lambda: quota.usage("team-a").memory_mib == 20480 + 81920 + 5120, "the new claim counted"
+            cache, lambda: quota.usage("team-a").memory_mib == 20480 + 98304 + 5120, "the new claim counted"
         )
         ask = ClaimQuotaRequest(
             "team-a", {QUOTA_MEMORY_LABEL: "61440"}, "fresh", parse_claim(stored, CLASSES), 81920, uid, False

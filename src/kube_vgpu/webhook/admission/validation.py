@@ -11,7 +11,7 @@ patches. Pod labels exempt nothing; only a namespace label opts a namespace out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,8 @@ class Validation:
     # the cache lacks is treated as using kube-vgpu's GPUs).
     claim_objects: Lookup = field(default=_not_cached)
     template_objects: Lookup = field(default=_not_cached)
+    # The largest GPU a claim could get (None: the inventory's largest, from the view).
+    largest_claim_gpu: Callable[[], int | None] | None = None
 
     async def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
@@ -184,7 +186,11 @@ class Validation:
                 namespace_labels=namespace_labels,
                 claim_name=shown,
                 request=claim_request,
-                largest_gpu_mib=self.view.inventory.largest_memory_any(),
+                largest_gpu_mib=(
+                    self.largest_claim_gpu()
+                    if self.largest_claim_gpu is not None
+                    else self.view.inventory.largest_memory_any()
+                ),
                 claim_uid=uid,
                 dry_run=request.dry_run,
             )

@@ -43,7 +43,7 @@ from kube_vgpu.webhook.quota.charge import (
     pod_needs_gpu_size,
     restartable_init_flags,
 )
-from kube_vgpu.webhook.quota.claims import ClaimError, claim_charge, names_class, parse_claim
+from kube_vgpu.webhook.quota.claims import ClaimError, ClaimRequest, claim_charge, names_class, parse_claim
 from kube_vgpu.webhook.quota.shared import CacheState
 
 log = logging.getLogger("kube_vgpu.webhook.quota")
@@ -66,6 +66,9 @@ class _Pod:
     name: str = ""
     unsized: bool = False  # a share of a card no known GPU could size: counted without its memory
     claim: bool = False  # a ResourceClaim, not a pod
+    # A claim with a request naming no memory: what it asks (re-sized when a larger GPU appears).
+    claim_request: ClaimRequest | None = None
+    sized_with: int | None = None  # the GPU size such a claim was charged by
 
 
 @dataclass
@@ -254,9 +257,28 @@ class QuotaLedger:
             unsized=request.needs_gpu_size and gpu_mib is None,
             claim=True,
             seen_at=self._clock(),
+            claim_request=request if request.needs_gpu_size else None,
+            sized_with=gpu_mib,
         )
         ns.pods[uid] = entry
         ns.pods_total += entry.charge
+
+    def resize_claims(self) -> None:
+        """A GPU may have joined: a claim charged a whole card is charged the largest GPU now known
+        when that is larger (never less: it may get that card). The cache calls it on slice and node
+        changes, so the order in which kinds are first listed does not matter."""
+        largest = self.largest_gpu()
+        if largest is None:
+            return
+        for ns in self._namespaces.values():
+            for entry in ns.pods.values():
+                request = entry.claim_request
+                if request is None or (entry.sized_with is not None and entry.sized_with >= largest):
+                    continue
+                charge = claim_charge(request, largest)
+                if entry.counted:
+                    ns.pods_total += charge - entry.charge
+                entry.charge, entry.sized_with, entry.unsized = charge, largest, False
 
     def claim_gone(self, claim: Mapping[str, Any]) -> None:
         """A ResourceClaim was deleted from the cache: its share is free at once."""
