@@ -19,8 +19,15 @@ from kube_vgpu.webhook.quota.charge import Charge
 from kube_vgpu.webhook.quota.claims import (
     MAX_REQUESTS,
     ClaimError,
+    ClaimRequest,
+    all_devices_message,
     claim_charge,
+    claim_reasons,
+    cores_percent,
+    memory_mib,
+    names_class,
     parse_claim,
+    quantity,
 )
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from tests.support.memory_store import MemoryStore
@@ -374,3 +381,150 @@ def test_a_claim_charged_a_whole_card_grows_with_the_largest_gpu_and_never_shrin
     assert ledger.unsized("team-a") == []
     ledger.claim_gone(whole)
     assert ledger.usage("team-a") == Charge(1, 1024, 5)
+
+
+# -- every field the parser reads, exactly (mutation testing: scripts/mutation.py quota) -------------
+
+
+def test_names_class_finds_the_class_anywhere_and_never_raises() -> None:
+    ours, theirs = exact("a"), exact("b", device_class=OTHER_CLASS)
+    assert names_class(claim(ours), CLASSES)
+    assert names_class(claim(theirs, ours), CLASSES)  # not only the first request
+    assert not names_class(claim(theirs), CLASSES)
+    assert names_class(claim(theirs, ours, first_available=True), CLASSES)
+    assert not names_class(claim(theirs, first_available=True), CLASSES)
+    odd: list[Any] = [
+        {},
+        {"spec": []},
+        {"spec": {"devices": []}},
+        {"spec": {"devices": {"requests": {}}}},
+        {"spec": {"devices": {"requests": ["x", {"exactly": None, "firstAvailable": ["y", None]}]}}},
+        {"spec": {"devices": {"requests": [{"firstAvailable": {"deviceClassName": DEVICE_CLASS}}]}}},
+    ]
+    assert [names_class(o, CLASSES) for o in odd] == [False] * len(odd)
+    late = {"spec": {"devices": {"requests": ["x", {"exactly": {"deviceClassName": DEVICE_CLASS}}]}}}
+    assert names_class(late, CLASSES)
+
+
+OTHER_CLASS = "gpu.nvidia.com"
+
+
+def test_the_parsed_requests_keep_their_names_and_kind() -> None:
+    parsed = parse_claim(claim(exact("solo", memory="1Gi"), exact("nic", device_class=OTHER_CLASS)), CLASSES)
+    (solo,) = parsed.requests
+    assert (solo.name, solo.first_available, [a.request for a in solo.alternatives]) == (
+        "solo",
+        False,
+        ["solo"],
+    )
+    first = parse_claim(
+        claim(exact("a", device_class=OTHER_CLASS), exact("b"), first_available=True), CLASSES
+    )
+    (gpu,) = first.requests
+    assert (gpu.name, gpu.first_available, [a.request for a in gpu.alternatives]) == ("gpu", True, ["gpu/b"])
+    assert parse_claim({"spec": {}}, CLASSES) == ClaimRequest()  # no devices at all: nothing asked
+    assert parse_claim({"spec": {"devices": {}}}, CLASSES) == ClaimRequest()
+    eight = claim(*[exact(f"s{i}", memory="1Gi") for i in range(8)], first_available=True)
+    assert len(parse_claim(eight, CLASSES).requests[0].alternatives) == 8
+    every = parse_claim(claim(exact("all", mode="All", count=3)), CLASSES)
+    assert every.all_devices == ("all",) and every.requests[0].alternatives[0].count == 0
+    assert parse_claim(claim(exact(mode="ExactCount")), CLASSES).all_devices == ()
+
+
+def test_each_malformed_field_gets_its_own_message() -> None:
+    def refusal(obj: Any) -> str:
+        with pytest.raises(ClaimError) as caught:
+            parse_claim(obj, CLASSES)
+        return str(caught.value)
+
+    requests = lambda *r: {"spec": {"devices": {"requests": list(r)}}}  # noqa: E731
+    assert refusal({"spec": "x"}) == "spec must be an object"
+    assert refusal({"spec": {"devices": "x"}}) == "spec.devices must be an object"
+    assert refusal(requests(5)) == "spec.devices.requests[0] must be an object"
+    assert refusal(requests({"name": ""})) == "spec.devices.requests[0].name must be a non-empty string"
+    assert (
+        refusal(requests({"name": 7, "exactly": {}}))
+        == "spec.devices.requests[0].name must be a non-empty string"
+    )
+    assert (
+        refusal(requests({"name": "g", "exactly": "x"}))
+        == "spec.devices.requests[0] ('g').exactly must be an object"
+    )
+    sub = requests({"name": "g", "firstAvailable": ["x"]})
+    assert refusal(sub) == "spec.devices.requests[0] ('g').firstAvailable[0] must be an object"
+    unnamed = requests({"name": "g", "firstAvailable": [{"deviceClassName": DEVICE_CLASS}]})
+    assert (
+        refusal(unnamed) == "spec.devices.requests[0] ('g').firstAvailable[0].name must be a non-empty string"
+    )
+    bad_sub = requests(
+        {"name": "g", "firstAvailable": [{"name": "s", "deviceClassName": DEVICE_CLASS, "count": 0}]}
+    )
+    assert refusal(bad_sub) == (
+        "spec.devices.requests[0] ('g').firstAvailable[0].count must be a positive integer, got '0'"
+    )
+    long_name = "n" * 100
+    assert refusal(requests({"name": long_name})) == (
+        f"spec.devices.requests[0] ({'n' * 64!r}) must set exactly one of exactly and firstAvailable"
+    )
+    assert refusal(claim(exact(mode="M" * 100))).endswith(
+        f"allocationMode must be ExactCount or All, got {'M' * 64!r}"
+    )
+    assert refusal(claim(exact(count="2"))).endswith("count must be a positive integer, got '2'")  # type: ignore[arg-type]
+    assert refusal(claim({**exact(), "capacity": "x"})).endswith("('gpu').exactly.capacity must be an object")
+    assert refusal(claim({**exact(), "capacity": {"requests": []}})).endswith(
+        "('gpu').exactly.capacity.requests must be an object"
+    )
+    assert refusal(claim(exact(memory=True))).endswith(  # type: ignore[arg-type]
+        'capacity.requests.memory must be a quantity such as "20Gi", got a bool'
+    )
+
+
+def test_the_reasons_name_each_rule_exactly() -> None:
+    parsed = parse_claim(
+        claim(exact("a", memory="10Gi", cores="10"), exact("b"), first_available=True), CLASSES
+    )
+    reasons = claim_reasons(parsed, 81920)
+    alternatives = (
+        "request 'gpu' lists 2 alternatives of kube-vgpu's classes in firstAvailable and is charged the "
+        "most any could cost (1 GPU(s), 81920 MiB, 100% cores)"
+    )
+    assert reasons == {
+        "vgpu-number": [alternatives],
+        "vgpu-memory": [
+            alternatives,
+            "request 'gpu/b' names no memory, so it gets a whole GPU: 81920 MiB per device on the "
+            "largest GPU it could get",
+        ],
+        "vgpu-cores": [
+            alternatives,
+            "request 'gpu/b' names no cores, so it may use every SM: 100% per device",
+        ],
+    }
+    # No GPU size known: nothing said about memory; a fully stated request: nothing at all.
+    assert "vgpu-memory" not in claim_reasons(parse_claim(claim(exact(cores="5")), CLASSES), None)
+    assert claim_reasons(parse_claim(claim(exact(memory="1Gi", cores="5")), CLASSES), 81920) == {}
+    assert all_devices_message("team-a", ("a", "b/c")) == (
+        "namespace team-a: request 'a', 'b/c' asks allocationMode All (every matching GPU), which a GPU "
+        "quota cannot bound; ask allocationMode ExactCount with a count"
+    )
+
+
+def test_quantities_are_read_exactly() -> None:
+    for text, mib in (
+        ("1Ki", 256),
+        ("1048576", 256),
+        ("300Mi", 300),
+        ("0.5Gi", 512),
+        ("2e9", 1908),
+        ("+1Gi", 1024),
+    ):
+        assert memory_mib(text, "m") == mib, text
+    assert memory_mib(2**30, "m") == 1024  # an integer, as JSON may carry it
+    assert cores_percent("99.5", "c") == 100 and cores_percent("1m", "c") == 1
+    for bad in ("", "1 Gi", "Gi", "1.2.3", "1e", "--1"):
+        with pytest.raises(ClaimError, match="is not a Kubernetes quantity"):
+            quantity(bad, "x")
+    with pytest.raises(ClaimError, match="out of any GPU's range"):
+        quantity("1e-129", "x")
+    assert 0 < quantity("1e-128", "x") < 1
+    assert quantity("0e999999", "x") == 0  # zero at any exponent is zero, not out of range
