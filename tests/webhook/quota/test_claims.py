@@ -528,3 +528,29 @@ def test_quantities_are_read_exactly() -> None:
         quantity("1e-129", "x")
     assert 0 < quantity("1e-128", "x") < 1
     assert quantity("0e999999", "x") == 0  # zero at any exponent is zero, not out of range
+
+
+def test_the_edges_the_first_mutation_runs_found() -> None:
+    assert quantity("0" * 63 + "1", "x") == 1  # MAX_TEXT characters: still read
+    with pytest.raises(ClaimError, match="is not a Kubernetes quantity"):
+        quantity("0" * 64 + "1", "x")
+    with pytest.raises(ClaimError) as caught:
+        parse_claim(claim(exact(count="c" * 100)), CLASSES)  # type: ignore[arg-type]
+    assert str(caught.value).endswith(f"count must be a positive integer, got {'c' * 64!r}")
+    with pytest.raises(ClaimError) as caught:
+        parse_claim(claim({**exact(), "name": ""}, first_available=True), CLASSES)
+    assert str(caught.value) == (
+        "spec.devices.requests[0] ('gpu').firstAvailable[0].name must be a non-empty string"
+    )
+    with pytest.raises(ClaimError) as caught:
+        parse_claim({"spec": {"devices": {"requests": "x"}}}, CLASSES)
+    assert str(caught.value) == "spec.devices.requests must be a list"
+    # firstAvailable of other classes only: not a request of ours.
+    assert (
+        parse_claim(claim(exact(device_class=OTHER_CLASS), first_available=True), CLASSES) == ClaimRequest()
+    )
+    # One alternative of ours beside another class's: charged as that one, nothing to explain.
+    one = claim(
+        exact("a", memory="1Gi", cores="1"), exact("b", device_class=OTHER_CLASS), first_available=True
+    )
+    assert claim_reasons(parse_claim(one, CLASSES), 81920) == {}
