@@ -138,3 +138,12 @@ cdi_ids_for  # standins/kubelet/dra.py
 _.env_map  # standins/kubelet/dra.py
 _.mount_at  # standins/kubelet/dra.py
 _.inject_xid  # standins/nvml/core.py: an XID error event on a GPU
+
+# ResourceClaim wire fields (webhook/quota/claims.py): TypedDict keys read by subscript, and the
+# TypedDict naming one request entry.
+_.deviceClassName  # webhook/quota/claims.py
+_.allocationMode  # webhook/quota/claims.py
+_.firstAvailable  # webhook/quota/claims.py
+DeviceRequest  # webhook/quota/claims.py
+# The pod watch's own freshness: tests of the cache read it beside the claim-aware one.
+_.pod_stream_current_at  # webhook/cache.py

@@ -69,11 +69,13 @@ GROUPS: dict[str, Group] = {
             "src/kube_vgpu/webhook/quota/charge.py",
             "src/kube_vgpu/webhook/quota/mig_charge.py",
             "src/kube_vgpu/webhook/quota/shared.py",
+            "src/kube_vgpu/webhook/quota/claims.py",
         ),
         tests=(
             "tests/webhook/quota/test_charge.py",
             "tests/webhook/quota/test_mig_charge.py",
             "tests/webhook/quota/test_shared.py",
+            "tests/webhook/quota/test_claims.py",
             "tests/webhook/quota/test_mig_geometry.py",
         ),
     ),
@@ -87,6 +89,7 @@ GROUPS: dict[str, Group] = {
         tests=(
             "tests/webhook/quota/test_gate.py",
             "tests/webhook/quota/test_ledger.py",
+            "tests/webhook/quota/test_claims.py",
             "tests/webhook/quota/test_mig_geometry.py",
         ),
     ),

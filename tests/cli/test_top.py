@@ -11,6 +11,7 @@ import pytest
 
 from kube_vgpu.cli.main import main
 from kube_vgpu.contract.config import Config
+from kube_vgpu.contract.dra import DEVICE_CLASS
 from kube_vgpu.contract.names import (
     DEVICE_CONFIG_KEY,
     HAMI_CORE,
@@ -122,7 +123,9 @@ def test_json_view_per_node_and_per_namespace(cluster: Path, capsys: pytest.Capt
         "memory_mib": {"used": 0, "limit": 1000},
         "cores": {"used": 0, "limit": None},
         "uncounted": [],
+        "claims": 0,
     }
+    assert view["dra_devices"] == []  # no ResourceClaims in this cluster
 
 
 def test_text_view_is_two_tables(cluster: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,7 +146,7 @@ def test_text_view_is_two_tables(cluster: Path, capsys: pytest.CaptureFixture[st
     a100 = next(line.split() for line in lines if line.startswith("gpu-a100"))
     assert a100 == ["gpu-a100", "hami-core", "1/2", "14336/81920", "17%", "50/100", "50%", "2/10", "2"]
     team_a = next(line.split() for line in lines if line.startswith("team-a"))
-    assert team_a == ["team-a", "3", "3/-", "13288/30000", "140/200"]  # "h": no SM limit, 100
+    assert team_a == ["team-a", "3", "0", "3/-", "13288/30000", "140/200"]  # "h": no SM limit, 100
 
 
 def test_a_broken_register_annotation_is_named_not_fatal(
@@ -253,3 +256,86 @@ def test_top_charges_mig_pods_by_volcanos_device_configmap_as_the_webhook_does(
         next(s for s in json.loads(out)["namespaces"] if s["name"] == "team-q")["memory_mib"]["used"]
         == charged
     )
+
+
+def dra_claim(
+    name: str,
+    namespace: str,
+    memory: str | None,
+    cores: str | None,
+    results: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS}
+    amounts = {k: v for k, v in (("memory", memory), ("cores", cores)) if v is not None}
+    if amounts:
+        exactly["capacity"] = {"requests": amounts}
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
+    if results is not None:
+        claim["status"] = {"allocation": {"devices": {"results": results}}}
+    return claim
+
+
+def result(device: str, consumed: dict[str, str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"request": "gpu", "driver": DEVICE_CLASS, "pool": "dra-node", "device": device}
+    if consumed is not None:
+        out["consumedCapacity"] = consumed
+    return out
+
+
+def test_dra_shares_per_gpu_and_claims_per_namespace(
+    cluster: Path, apiserver: ApiServerStandin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Claims count in their namespace with the webhook's ledger (20 GiB/30; a claim naming
+    nothing: 100 cores, and the largest known GPU's memory); each allocated GPU shows what its
+    claims consumed, a result without consumedCapacity (a whole device) named apart."""
+    apiserver.put(
+        dra_claim("a", "team-a", "20Gi", "30", [result("gpu-0", {"memory": "20Gi", "cores": "30"})])
+    )
+    apiserver.put(dra_claim("b", "team-b", "10Gi", "5", [result("gpu-0", {"memory": "10Gi", "cores": "5"})]))
+    apiserver.put(dra_claim("whole", "team-b", None, None, [result("gpu-1", None)]))
+    apiserver.put(dra_claim("waiting", "team-a", "300Mi", "1"))  # not allocated yet: charged, on no GPU
+    other = dra_claim("nic", "team-a", "1Gi", "1", [result("nic-0", {"memory": "1Gi"})])
+    other["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "nic.example.com"
+    other["status"]["allocation"]["devices"]["results"][0]["driver"] = "nic.example.com"
+    apiserver.put(other)
+    code, out, _ = top(cluster, capsys, "-o", "json")
+    assert code == 0
+    view = json.loads(out)
+    spaces = {s["name"]: s for s in view["namespaces"]}
+    assert spaces["team-a"]["claims"] == 2 and spaces["team-a"]["pods"] == 3
+    assert spaces["team-a"]["memory_mib"]["used"] == 10240 + 2048 + 1000 + 20480 + 300
+    assert spaces["team-b"]["claims"] == 2
+    # No node of this cluster labels its GPUs' UUIDs, so no GPU size is known: the claim naming no
+    # memory is counted without it, and named, as the webhook's ledger counts it.
+    assert spaces["team-b"]["memory_mib"]["used"] == 4096 + 10240
+    assert spaces["team-b"]["uncounted"] == ["team-b/resourceclaim/whole"]
+    assert spaces["team-b"]["cores"]["used"] == 20 + 5 + 100
+    assert view["dra_devices"] == [
+        {
+            "pool": "dra-node",
+            "device": "gpu-0",
+            "claims": ["team-a/a", "team-b/b"],
+            "memory_mib": 30720,
+            "cores": 35,
+            "whole": [],
+        },
+        {
+            "pool": "dra-node",
+            "device": "gpu-1",
+            "claims": ["team-b/whole"],
+            "memory_mib": 0,
+            "cores": 0,
+            "whole": ["team-b/whole"],
+        },
+    ]
+    code, text, _ = top(cluster, capsys)
+    assert "DRA GPU (POOL/DEVICE)" in text
+    assert [line.split() for line in text.splitlines() if line.startswith("dra-node/")] == [
+        ["dra-node/gpu-0", "2", "30720", "35"],
+        ["dra-node/gpu-1", "1", "0", "+", "1", "whole", "0"],
+    ]

@@ -89,6 +89,7 @@ CASES: dict[str, Case] = {
     "k8s-1.37": Case("v1.37.0"),
     "no-match-conditions": Case("v1.33.0", {"webhook": {"matchConditions": "disabled"}}),
     "cert-manager": Case("v1.31.0", {"certManager": {"enabled": True}}),
+    "dra": Case("v1.36.0", {"dra": {"enabled": True}}),
     "ignore": Case("v1.32.0", {"webhook": {"failurePolicy": "Ignore", "timeoutSeconds": 10}}),
     "custom-names": Case(
         "v1.33.0",
@@ -544,6 +545,12 @@ def test_config_map_parses_with_the_programs_own_parser_and_carries_the_values(
                 **_snake(cfg["webhook"]),
                 # The chart adds the node plugin's service account to the configured writers.
                 "annotation_writers": (*cfg["webhook"]["annotationWriters"], _node_account(rendered)),
+                # dra.enabled turns the listed DRA classes (kube-vgpu's own when none) on; off, none.
+                "dra_device_classes": tuple(
+                    (cfg["webhook"]["draDeviceClasses"] or ["vgpu.kube-vgpu.io"])
+                    if case.merged()["dra"]["enabled"]
+                    else ()
+                ),
             }
         ),
         node=NodeConfig(**{**_snake(cfg["node"]), "ignored_xids": tuple(cfg["node"]["ignoredXids"])}),

@@ -216,3 +216,25 @@ through which many control planes reach webhooks. `true` fails without any.
 {{- end -}}
 {{- toJson $sources -}}
 {{- end -}}
+
+{{/* The DeviceClasses whose ResourceClaims the webhook judges, comma-separated: config.webhook.draDeviceClasses,
+or kube-vgpu's own class when dra.enabled and none are listed; empty when DRA is off. */}}
+{{- define "kube-vgpu.draDeviceClasses" -}}
+{{- if .Values.dra.enabled -}}
+{{- join "," (.Values.config.webhook.draDeviceClasses | default (list "vgpu.kube-vgpu.io")) -}}
+{{- end -}}
+{{- end }}
+
+{{/* CEL: does the ResourceClaim name one of the DRA classes, directly or as a firstAvailable
+alternative? Every access is guarded: an evaluation error would fail the write. */}}
+{{- define "kube-vgpu.claimNamesClassExpression" -}}
+{{- $quoted := list }}
+{{- range (include "kube-vgpu.draDeviceClasses" . | splitList ",") }}
+{{- $quoted = append $quoted (printf "'%s'" .) }}
+{{- end }}
+{{- $classes := printf "[%s]" (join ", " $quoted) -}}
+has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r,
+  (has(r.exactly) && has(r.exactly.deviceClassName) && r.exactly.deviceClassName in {{ $classes }}) ||
+  (has(r.firstAvailable) && r.firstAvailable.exists(s,
+    has(s.deviceClassName) && s.deviceClassName in {{ $classes }})))
+{{- end }}

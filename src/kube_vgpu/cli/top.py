@@ -1,6 +1,7 @@
 """`kube-vgpu top`: the cluster's GPUs, what is booked on them and each namespace's quota, read
-through the Kubernetes API (nodes, pods, namespaces: list; Volcano's device ConfigMap: get, for the MIG
-geometry the webhook charges `mig` pods by), like `kubectl top`."""
+through the Kubernetes API (nodes, pods, namespaces and, where the cluster serves them, ResourceClaims:
+list; Volcano's device ConfigMap: get, for the MIG geometry the webhook charges `mig` pods by), like
+`kubectl top`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 from kube_vgpu.cli.top_view import ClusterView, cluster_view, render_text
 from kube_vgpu.contract.config import Config, ConfigError, NodeConfig, load_config
+from kube_vgpu.contract.dra import DEVICE_CLASS
 from kube_vgpu.contract.mig.geometry import DeviceConfig, MigGeometryError, parse_device_config
 from kube_vgpu.contract.names import DEVICE_CONFIG_KEY
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, KubeConfigError, load_api_client
@@ -39,6 +41,12 @@ def read_view(kube: Kube, config: Config) -> ClusterView:
     nodes = kube.list("node")["items"]
     pods = kube.list("pod")["items"]
     namespaces = kube.list("namespace")["items"]
+    # The webhook's classes, or kube-vgpu's own: where no claim of them exists nothing is added.
+    classes = frozenset(config.webhook.dra_device_classes or (DEVICE_CLASS,))
+    try:
+        claims = kube.list("resourceclaim")["items"]
+    except ApiError:
+        claims = []  # a cluster without resource.k8s.io/v1 (before Kubernetes 1.34)
     return cluster_view(
         nodes,
         pods,
@@ -46,6 +54,8 @@ def read_view(kube: Kube, config: Config) -> ClusterView:
         config.resource_names,
         geometry=read_geometry(kube, config.node),
         default_mode=config.webhook.default_mode,
+        claims=claims,
+        claim_classes=classes,
     )
 
 

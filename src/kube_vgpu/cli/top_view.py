@@ -5,11 +5,14 @@ scheduler booked on them (`volcano.sh/vgpu-ids-new` of the live pods bound there
 counted, as the node plugin's ledger counts). Per namespace: the quota charge of its vGPU pods,
 counted by the webhook's own quota ledger and sizers (`kube_vgpu.webhook.quota.sizing.pod_ledger`),
 so a `mig` pod counts its slot and a share of a card the largest GPU it may land on, exactly as the
-next review in that namespace is decided; against the namespace's quota labels.
+next review in that namespace is decided; against the namespace's quota labels. ResourceClaims of
+kube-vgpu's DRA classes count there too (the same ledger), and each GPU a DRA driver allocated shows
+the shares its claims consumed (`status.allocation.devices.results[].consumedCapacity`).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -17,6 +20,7 @@ from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.devices import DeviceListError
+from kube_vgpu.contract.dra import CORES_CAPACITY, DRIVER, MEMORY_CAPACITY
 from kube_vgpu.contract.mig.geometry import DeviceConfig
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import HAMI_CORE, MODE_LABEL, NODE_REGISTER, Mode
@@ -24,6 +28,7 @@ from kube_vgpu.contract.register import RegisterFormatError, decode_register
 from kube_vgpu.node.deviceplugin.bookings import holds_devices, pod_uses
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.charge import parse_limits
+from kube_vgpu.webhook.quota.claims import ClaimError, names_class, quantity
 from kube_vgpu.webhook.quota.sizing import pod_ledger
 
 
@@ -65,6 +70,21 @@ class NamespaceView:
     cores: Quota = field(default_factory=Quota)
     # Pods whose share of a card no known GPU could size: counted without that memory, as the webhook does.
     uncounted: list[str] = field(default_factory=list)
+    # ResourceClaims of kube-vgpu's DRA classes counted (their charge is in the figures above).
+    claims: int = 0
+
+
+@dataclass
+class DraDeviceView:
+    """One GPU allocated by kube-vgpu's DRA driver: the shares its claims consumed."""
+
+    pool: str
+    device: str
+    claims: list[str] = field(default_factory=list)
+    memory_mib: int = 0
+    cores: int = 0
+    # Claims that consumed no stated amount (a device allocated whole, without consumable capacity).
+    whole: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -73,6 +93,7 @@ class ClusterView:
 
     nodes: list[NodeView]
     namespaces: list[NamespaceView]
+    dra_devices: list[DraDeviceView] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """The `-o json` document."""
@@ -117,9 +138,13 @@ def cluster_view(
     geometry: DeviceConfig | None = None,
     default_mode: Mode = HAMI_CORE,
     wall_clock: Callable[[], float] = time.time,
+    claims: Iterable[Mapping[str, Any]] = (),
+    claim_classes: frozenset[str] = frozenset(),
 ) -> ClusterView:
     """The view of the cluster from raw API objects; `geometry` is Volcano's MIG geometry (the
-    shipped one when None) and `default_mode` the webhook's: the webhook sizes pods with both."""
+    shipped one when None) and `default_mode` the webhook's: the webhook sizes pods with both.
+    `claims` of `claim_classes` count per namespace as the webhook counts them."""
+    claims = list(claims)
     nodes, pods = list(nodes), list(pods)
     node_views = {v.name: v for v in (_node_view(n) for n in nodes) if v is not None}
     inventory = Inventory()
@@ -127,9 +152,16 @@ def cluster_view(
         inventory.upsert(obj)
     mig = geometry or default_device_config()
     ledger = pod_ledger(
-        lambda: inventory, lambda: mig, names, default_mode, pending_seconds=0.0, wall_clock=wall_clock
+        lambda: inventory,
+        lambda: mig,
+        names,
+        default_mode,
+        pending_seconds=0.0,
+        wall_clock=wall_clock,
+        claim_classes=claim_classes,
     )
     ledger.resync(pods)
+    ledger.resync_claims(claims)
     spaces: dict[str, NamespaceView] = {}
     for ns in namespaces:
         limits = parse_limits(_meta(ns).get("labels") or {})
@@ -145,7 +177,9 @@ def cluster_view(
     for namespace in ledger.namespaces():
         view = spaces.setdefault(namespace, NamespaceView(namespace))
         usage = ledger.usage(namespace)
-        view.pods = len(ledger.pods(namespace))
+        counted = ledger.pods(namespace)
+        view.claims = sum(1 for name in counted if name.startswith("resourceclaim/"))
+        view.pods = len(counted) - view.claims
         view.vgpus.used, view.memory_mib.used, view.cores.used = usage.number, usage.memory_mib, usage.cores
         view.uncounted = [f"{namespace}/{name}" for name in ledger.unsized(namespace)]
     for pod in pods:
@@ -164,7 +198,45 @@ def cluster_view(
     return ClusterView(
         nodes=sorted(node_views.values(), key=lambda v: v.name),
         namespaces=sorted(spaces.values(), key=lambda v: v.name),
+        dra_devices=dra_devices(claims, claim_classes),
     )
+
+
+def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = claim.get("status")
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    return [r for r in results if isinstance(r, Mapping)] if isinstance(results, list) else []
+
+
+def dra_devices(claims: Iterable[Mapping[str, Any]], classes: frozenset[str]) -> list[DraDeviceView]:
+    """Per GPU of kube-vgpu's DRA driver, the shares allocated claims consumed (memory rounded up to
+    MiB, as the driver's policy hands it out); a result whose amounts cannot be read counts as whole."""
+    out: dict[tuple[str, str], DraDeviceView] = {}
+    for claim in claims:
+        if not names_class(claim, classes):
+            continue
+        meta = _meta(claim)
+        who = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        for result in _results(claim):
+            if result.get("driver") != DRIVER:
+                continue
+            pool, device = str(result.get("pool", "")), str(result.get("device", ""))
+            view = out.setdefault((pool, device), DraDeviceView(pool, device))
+            view.claims.append(who)
+            consumed = result.get("consumedCapacity")
+            try:
+                if not isinstance(consumed, Mapping) or MEMORY_CAPACITY not in consumed:
+                    raise ClaimError("no memory consumed")
+                memory = math.ceil(quantity(consumed[MEMORY_CAPACITY], "memory") / (1024 * 1024))
+                cores = math.ceil(quantity(consumed.get(CORES_CAPACITY, "100"), "cores"))
+            except ClaimError:
+                view.whole.append(who)
+                continue
+            view.memory_mib += memory
+            view.cores += cores
+    return sorted(out.values(), key=lambda v: (v.pool, v.device))
 
 
 def _ratio(used: int, total: int | None) -> str:
@@ -202,12 +274,13 @@ def render_text(view: ClusterView) -> str:
         if n.problem:
             lines.append(f"node {n.name}: {n.problem}")
     lines.append("")
-    ns_rows = [["NAMESPACE", "PODS", "VGPUS", "MEMORY(MiB)", "CORES(%)"]]
+    ns_rows = [["NAMESPACE", "PODS", "CLAIMS", "VGPUS", "MEMORY(MiB)", "CORES(%)"]]
     for s in view.namespaces:
         ns_rows.append(
             [
                 s.name,
                 str(s.pods),
+                str(s.claims),
                 _ratio(s.vgpus.used, s.vgpus.limit),
                 _ratio(s.memory_mib.used, s.memory_mib.limit),
                 _ratio(s.cores.used, s.cores.limit),
@@ -219,4 +292,13 @@ def render_text(view: ClusterView) -> str:
             unsized = ", ".join(s.uncounted)
             lines.append(f"namespace {s.name}: counted without memory (no GPU known to size it): {unsized}")
     lines.append("(used/limit; '-' = no quota label)")
+    if view.dra_devices:
+        lines.append("")
+        dra_rows = [["DRA GPU (POOL/DEVICE)", "CLAIMS", "MEMORY(MiB)", "CORES(%)"]]
+        for d in view.dra_devices:
+            whole = f" + {len(d.whole)} whole" if d.whole else ""
+            dra_rows.append(
+                [f"{d.pool}/{d.device}", str(len(d.claims)), f"{d.memory_mib}{whole}", str(d.cores)]
+            )
+        lines.extend(_table(dra_rows))
     return "\n".join(lines) + "\n"

@@ -72,6 +72,11 @@ class WebhookConfig:
     # 1-100: /mutate writes this vgpu-cores into vGPU containers that state none; 0: it does not,
     # and such a container is charged a whole GPU's cores (100 per vGPU) against a cores quota.
     default_cores: int = 0
+    # DeviceClasses whose ResourceClaims count against namespace GPU quotas and make a pod that uses
+    # them a vGPU pod. Empty: the webhook neither watches nor judges ResourceClaims (clusters without
+    # DRA node groups, where it may not read resource.k8s.io at all); the chart sets kube-vgpu's
+    # class when DRA is enabled.
+    dra_device_classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

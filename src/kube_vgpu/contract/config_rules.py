@@ -44,6 +44,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "maxEnvPerContainer": {"type": "integer", "minimum": 1},
         "annotationWriters": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "defaultCores": {"type": "integer", "minimum": 0, "maximum": 100},
+        "draDeviceClasses": {"type": "array", "items": {"type": "string", "pattern": _DNS_SUBDOMAIN}},
     },
     "node": {
         # At most 1024: each slot is a device in ListAndWatch, and past that a large node's list nears

@@ -51,6 +51,14 @@ _OWN_CALLS: Final[tuple[ApiCall, ...]] = (
     ApiCall("webhook", "update", "configmaps", why="shared quota reservations (release namespace)"),
     ApiCall("webhook", "delete", "configmaps", why="reservations of a deleted namespace (release namespace)"),
     ApiCall("webhook", "list", "configmaps", why="reservations of namespaces deleted meanwhile (release ns)"),
+    # ...and, where DRA classes are configured (`webhook.draDeviceClasses`), the ResourceClaims that
+    # count against quota and tell which pods use kube-vgpu's devices.
+    ApiCall("webhook", "list", "resourceclaims", "resource.k8s.io", why="DRA: claims count against quota"),
+    ApiCall("webhook", "watch", "resourceclaims", "resource.k8s.io", why="DRA: claims count against quota"),
+    ApiCall("webhook", "list", "resourceslices", "resource.k8s.io", why="DRA: the largest GPU a claim gets"),
+    ApiCall("webhook", "watch", "resourceslices", "resource.k8s.io", why="DRA: the largest GPU a claim gets"),
+    ApiCall("webhook", "list", "resourceclaimtemplates", "resource.k8s.io", why="DRA: pods using kube-vgpu"),
+    ApiCall("webhook", "watch", "resourceclaimtemplates", "resource.k8s.io", why="DRA: pods using kube-vgpu"),
     # node plugin: its node's registration, labels and capacity; the pods bound to it.
     ApiCall("node", "list", "nodes", why="read its own node (field selector)"),
     ApiCall("node", "watch", "nodes", why="capacity zeroed by the kubelet"),

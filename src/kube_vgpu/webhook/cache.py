@@ -37,17 +37,26 @@ from kube_vgpu.kubeapi.rawlist import Prefilter
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.reduced import (
     NODE_PREFILTER,
+    SLICE_PREFILTER,
     Reducer,
+    claim_reducer,
     pod_prefilter,
     pod_reducer,
     reduce_namespace,
     reduce_node,
+    reduce_slice,
+    slice_memory_mib,
+    template_reducer,
 )
 
 log = logging.getLogger("kube_vgpu.webhook.cache")
 
-CachedKind = Literal["node", "namespace", "pod"]
+CachedKind = Literal["node", "namespace", "pod", "resourceclaim", "resourceclaimtemplate", "resourceslice"]
 KINDS: tuple[CachedKind, ...] = ("node", "namespace", "pod")
+# Watched besides KINDS when DRA device classes are configured (`claim_classes`).
+CLAIM_KIND: CachedKind = "resourceclaim"
+TEMPLATE_KIND: CachedKind = "resourceclaimtemplate"
+SLICE_KIND: CachedKind = "resourceslice"
 EventType = Literal["added", "modified", "deleted"]
 
 
@@ -93,7 +102,13 @@ class ClusterCache:
         max_retry_seconds: float = 10.0,
         page_size: int = DEFAULT_PAGE_SIZE,
         source: Callable[[CachedKind], RawSource] | None = None,
+        claim_classes: frozenset[str] = frozenset(),
     ) -> None:
+        # ResourceClaims are watched only where DRA classes are configured: elsewhere the cluster may
+        # not serve resource.k8s.io, and RBAC grants nothing there.
+        self.kinds: tuple[CachedKind, ...] = (
+            (*KINDS, CLAIM_KIND, TEMPLATE_KIND, SLICE_KIND) if claim_classes else KINDS
+        )
         self._kube = kube
         # Where each kind is read (tests wrap it to act between the pages of a list).
         self._source: Callable[[CachedKind], RawSource] = source or (lambda kind: KubeSource(kube, kind))
@@ -109,26 +124,35 @@ class ClusterCache:
             "node": reduce_node,
             "namespace": reduce_namespace,
             "pod": pod_reducer(names),
+            CLAIM_KIND: claim_reducer(claim_classes),
+            TEMPLATE_KIND: template_reducer(claim_classes),
+            SLICE_KIND: reduce_slice,
         }
         # Listed pods and nodes whose JSON cannot be kept are dropped undecoded (most of a list).
         self._prefilters: dict[CachedKind, Prefilter | None] = {
             "node": NODE_PREFILTER,
             "namespace": None,
             "pod": pod_prefilter(names),
+            # Every claim is kept (as a stub when it names no kube-vgpu class): a pod naming a claim the
+            # cache lacks is then one the webhook has not seen yet, not one of another driver.
+            CLAIM_KIND: None,
+            TEMPLATE_KIND: None,
+            SLICE_KIND: SLICE_PREFILTER,
         }
-        self._stores: dict[CachedKind, dict[str, dict[str, Any]]] = {k: {} for k in KINDS}
+        self._stores: dict[CachedKind, dict[str, dict[str, Any]]] = {k: {} for k in self.kinds}
         self._pod_uids: dict[str, str] = {}  # uid -> key of every cached pod
-        self._synced: dict[CachedKind, bool] = dict.fromkeys(KINDS, False)
-        self._contact: dict[CachedKind, float | None] = dict.fromkeys(KINDS, None)
+        self._synced: dict[CachedKind, bool] = dict.fromkeys(self.kinds, False)
+        self._contact: dict[CachedKind, float | None] = dict.fromkeys(self.kinds, None)
         self._pods_current_at: float | None = None
-        self._listeners: dict[CachedKind, list[Listener]] = {k: [] for k in KINDS}
+        self._claims_current_at: float | None = None
+        self._listeners: dict[CachedKind, list[Listener]] = {k: [] for k in self.kinds}
         self._relist_listeners: list[RelistListener] = []
         self.inventory = Inventory()
-        self.relists: dict[CachedKind, int] = dict.fromkeys(KINDS, 0)
+        self.relists: dict[CachedKind, int] = dict.fromkeys(self.kinds, 0)
         # Failed list/watch calls per kind (each followed by a retry after a backoff).
-        self.failures: dict[CachedKind, int] = dict.fromkeys(KINDS, 0)
+        self.failures: dict[CachedKind, int] = dict.fromkeys(self.kinds, 0)
         # Objects read by the last full list per kind, those dropped at the edge included.
-        self.listed_read: dict[CachedKind, int] = dict.fromkeys(KINDS, 0)
+        self.listed_read: dict[CachedKind, int] = dict.fromkeys(self.kinds, 0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._reflectors: dict[CachedKind, Reflector[dict[str, Any]]] = {}
@@ -149,7 +173,7 @@ class ClusterCache:
     def objects(self, kind: CachedKind) -> Mapping[str, Mapping[str, Any]]:
         """The cached objects of a kind by key (read-only view; do not mutate the dicts): every
         namespace, the nodes with kube-vgpu GPU labels, the pods that ask for a vGPU."""
-        return self._stores[kind]
+        return self._stores.get(kind, {})
 
     def has_pod_uid(self, uid: str) -> bool:
         """Whether a pod of this uid is in the cache (only vGPU pods are cached)."""
@@ -162,6 +186,16 @@ class ClusterCache:
         Bookmarks make it advance on a quiet cluster. The time is taken on the watch thread as the
         answer arrives, so it never runs ahead of the pod events applied before it."""
         return self._pods_current_at
+
+    def quota_streams_current_at(self) -> float | None:
+        """`pod_stream_current_at`, or, where ResourceClaims are watched too, the earlier of the
+        pod and claim streams: a reservation (of a pod or a claim) is judged never created only once
+        both watches have moved past it."""
+        if CLAIM_KIND not in self.kinds:
+            return self._pods_current_at
+        if self._pods_current_at is None or self._claims_current_at is None:
+            return None
+        return min(self._pods_current_at, self._claims_current_at)
 
     def sizes(self) -> Mapping[str, int]:
         """Objects cached per kind, and `gpu-node` for the nodes in the GPU inventory."""
@@ -191,8 +225,32 @@ class ClusterCache:
     # -- subscriptions ---------------------------------------------------------------------------
 
     def subscribe(self, kind: CachedKind, listener: Listener) -> None:
-        """Call `listener` on every add, modify and delete of `kind` (also those a re-list reveals)."""
-        self._listeners[kind].append(listener)
+        """Call `listener` on every add, modify and delete of `kind` (also those a re-list reveals);
+        a kind this cache does not watch has no events."""
+        self._listeners.setdefault(kind, []).append(listener)
+
+    def claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The cached ResourceClaim `namespace/name` (None: not cached, or claims not watched)."""
+        store = self._stores.get(CLAIM_KIND)
+        return None if store is None else store.get(f"{namespace}/{name}")
+
+    def largest_dra_gpu_mib(self) -> int | None:
+        """MiB of the largest GPU kube-vgpu's DRA driver publishes (None: none, or not watched): what
+        a claim request naming no memory gets, on a DRA node group."""
+        sizes = [m for s in self._stores.get(SLICE_KIND, {}).values() for m in slice_memory_mib(s)]
+        return max(sizes, default=None)
+
+    def largest_claim_gpu_mib(self) -> int | None:
+        """The largest GPU a claim could get: on a DRA node or on a node the inventory knows."""
+        sizes = [
+            m for m in (self.largest_dra_gpu_mib(), self.inventory.largest_memory_any()) if m is not None
+        ]
+        return max(sizes, default=None)
+
+    def claim_template(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The cached ResourceClaimTemplate `namespace/name` (None: not cached, or not watched)."""
+        store = self._stores.get(TEMPLATE_KIND)
+        return None if store is None else store.get(f"{namespace}/{name}")
 
     def subscribe_relist(self, listener: RelistListener) -> None:
         """Call `listener(kind)` after each full list of a kind has been reconciled into the cache."""
@@ -206,7 +264,7 @@ class ClusterCache:
             raise RuntimeError("the cluster cache is already started")
         self._loop = asyncio.get_running_loop()
         self._stopping.clear()
-        for kind in KINDS:
+        for kind in self.kinds:
             reflector: Reflector[dict[str, Any]] = Reflector(
                 self._source(kind),
                 self._handlers(kind),
@@ -288,6 +346,8 @@ class ClusterCache:
         self._contact[kind] = at
         if kind == "pod" and reason == "bookmark":
             self._pods_current_at = at
+        elif kind == CLAIM_KIND and reason == "bookmark":
+            self._claims_current_at = at
 
     def _on_failure(self, kind: CachedKind) -> None:
         self.failures[kind] += 1
@@ -328,6 +388,8 @@ class ClusterCache:
         self._contact[kind] = change.at
         if kind == "pod":
             self._pods_current_at = change.at
+        elif kind == CLAIM_KIND:
+            self._claims_current_at = change.at
         if change.type == "DELETED" or change.obj is None:
             # Deleted, or no longer kept (a node that lost its GPU labels).
             old = self._drop(kind, change.key)
@@ -346,6 +408,8 @@ class ClusterCache:
         self._contact[kind] = result.at
         if kind == "pod":
             self._pods_current_at = result.at
+        elif kind == CLAIM_KIND:
+            self._claims_current_at = result.at
         store = self._stores[kind]
         fresh = dict(result.items)
         for key in [k for k in store if k not in fresh]:

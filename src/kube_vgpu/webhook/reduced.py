@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kube_vgpu.contract.config import ResourceNames
+from kube_vgpu.contract.dra import DRIVER, MEMORY_CAPACITY
 from kube_vgpu.contract.names import (
     HOSTNAME_LABEL,
     MODE_LABEL,
@@ -22,6 +23,7 @@ from kube_vgpu.contract.names import (
     UUID_LABEL_PREFIX,
 )
 from kube_vgpu.kubeapi.rawlist import contains_any
+from kube_vgpu.webhook.quota.claims import ClaimError, names_class, quantity
 
 Reducer = Callable[[dict[str, Any]], "dict[str, Any] | None"]
 Prefilter = Callable[[bytes], bool]
@@ -167,3 +169,116 @@ def reduce_namespace(namespace: dict[str, Any]) -> dict[str, Any]:
     meta = meta if isinstance(meta, dict) else {}
     slim_meta = _metadata(meta, ("name", "uid", "resourceVersion", "labels"))
     return {"metadata": slim_meta}
+
+
+_CLAIM_METADATA = ("name", "namespace", "uid", "resourceVersion", "generateName", "deletionTimestamp")
+_DEVICE_REQUEST_FIELDS = ("name", "deviceClassName", "allocationMode", "count", "capacity")
+_RESULT_FIELDS = ("request", "driver", "pool", "device", "shareID", "consumedCapacity")
+
+
+def _slim_request(raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        return raw
+    slim: dict[str, Any] = {}
+    if "name" in raw:
+        slim["name"] = raw["name"]
+    exactly = raw.get("exactly")
+    if isinstance(exactly, dict):
+        slim["exactly"] = {k: exactly[k] for k in _DEVICE_REQUEST_FIELDS if k in exactly}
+    elif exactly is not None:
+        slim["exactly"] = exactly
+    first = raw.get("firstAvailable")
+    if isinstance(first, list):
+        slim["firstAvailable"] = [
+            {k: s[k] for k in _DEVICE_REQUEST_FIELDS if k in s} if isinstance(s, dict) else s for s in first
+        ]
+    elif first is not None:
+        slim["firstAvailable"] = first
+    return slim
+
+
+def claim_reducer(classes: frozenset[str]) -> Reducer:
+    """The ResourceClaim reducer: a claim naming one of `classes` keeps what quota and `top` read
+    (its requests' classes, counts and capacity requests; its allocation results); any other claim
+    is kept as its identity alone, so a pod naming it is known not to use kube-vgpu's devices."""
+
+    def reduce(claim: dict[str, Any]) -> dict[str, Any] | None:
+        meta = claim.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        slim_meta = _metadata(meta, _CLAIM_METADATA)
+        if "namespace" in slim_meta:
+            slim_meta["namespace"] = _intern(slim_meta["namespace"])
+        if not names_class(claim, classes):
+            return {"metadata": slim_meta}
+        requests = claim["spec"]["devices"]["requests"]  # names_class found them
+        slim: dict[str, Any] = {
+            "metadata": slim_meta,
+            "spec": {"devices": {"requests": [_slim_request(r) for r in requests]}},
+        }
+        status = claim.get("status")
+        allocation = status.get("allocation") if isinstance(status, dict) else None
+        devices = allocation.get("devices") if isinstance(allocation, dict) else None
+        results = devices.get("results") if isinstance(devices, dict) else None
+        if isinstance(results, list):
+            kept = [{k: r[k] for k in _RESULT_FIELDS if k in r} for r in results if isinstance(r, dict)]
+            slim["status"] = {"allocation": {"devices": {"results": kept}}}
+        return slim
+
+    return reduce
+
+
+def template_reducer(classes: frozenset[str]) -> Reducer:
+    """The ResourceClaimTemplate reducer: the claim spec it stamps out, reduced as `claim_reducer`
+    reduces a claim's, when it names one of `classes`; its identity alone otherwise."""
+    claims = claim_reducer(classes)
+
+    def reduce(template: dict[str, Any]) -> dict[str, Any] | None:
+        meta = template.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        spec = template.get("spec")
+        inner = spec.get("spec") if isinstance(spec, dict) else None
+        slim_claim = claims({"metadata": meta, "spec": inner}) or {}
+        slim: dict[str, Any] = {"metadata": slim_claim.get("metadata", {})}
+        if "spec" in slim_claim:
+            slim["spec"] = {"spec": slim_claim["spec"]}
+        return slim
+
+    return reduce
+
+
+# What a ResourceSlice's raw JSON must hold for `reduce_slice` to keep it: kube-vgpu's driver name.
+SLICE_PREFILTER: Prefilter = contains_any((DRIVER,))
+
+
+def reduce_slice(resource_slice: dict[str, Any]) -> dict[str, Any] | None:
+    """A ResourceSlice of kube-vgpu's DRA driver as claim sizing reads it (each device's name and
+    memory capacity), or None for another driver's."""
+    spec = resource_slice.get("spec")
+    if not isinstance(spec, dict) or spec.get("driver") != DRIVER:
+        return None
+    meta = resource_slice.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    devices = []
+    for device in spec.get("devices") or ():
+        if not isinstance(device, dict):
+            continue
+        capacity = device.get("capacity")
+        memory = capacity.get(MEMORY_CAPACITY) if isinstance(capacity, dict) else None
+        value = memory.get("value") if isinstance(memory, dict) else None
+        devices.append({"name": device.get("name"), "capacity": {MEMORY_CAPACITY: {"value": value}}})
+    return {
+        "metadata": _metadata(meta, ("name", "uid", "resourceVersion")),
+        "spec": {"driver": DRIVER, "devices": devices},
+    }
+
+
+def slice_memory_mib(resource_slice: Mapping[str, Any]) -> list[int]:
+    """The memory of each device of a reduced slice, in MiB (a capacity that does not read is left out)."""
+    out = []
+    for device in (resource_slice.get("spec") or {}).get("devices") or ():
+        try:
+            value = quantity(device["capacity"][MEMORY_CAPACITY]["value"], "memory")
+        except (ClaimError, KeyError, TypeError):
+            continue
+        out.append(int(value // (1024 * 1024)))
+    return out

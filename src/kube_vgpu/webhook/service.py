@@ -23,7 +23,7 @@ from kube_vgpu.httpedge.edge import EdgeServer
 from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
 from kube_vgpu.httpedge.metrics_server import MetricsServer
 from kube_vgpu.kubeapi.client import Kube, KubeError, load_api_client
-from kube_vgpu.webhook.admission.gates import QuotaGate
+from kube_vgpu.webhook.admission.gates import ClaimQuotaGate, QuotaGate
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
@@ -90,7 +90,9 @@ def build_quota(
         pending_seconds=config.webhook.cache_staleness_seconds,
         # The cache's clock: a forged review's reservation goes once the pod watch has passed it.
         clock=clock,
-        stream_current_at=cache.pod_stream_current_at,
+        stream_current_at=cache.quota_streams_current_at,
+        claim_classes=frozenset(config.webhook.dra_device_classes),
+        largest_claim_gpu=cache.largest_claim_gpu_mib,
     )
     gate = NamespaceQuota(ledger, book(ledger.cache_state))
 
@@ -102,13 +104,26 @@ def build_quota(
 
     nodes_listed = False
 
+    def on_claim(event: CacheEvent) -> None:
+        if event.type == "deleted":
+            ledger.claim_gone(event.obj)
+        else:
+            ledger.claim_seen(event.obj)
+
+    def on_gpus(event: CacheEvent) -> None:
+        ledger.resize_claims()
+
     def on_relist(kind: CachedKind) -> None:
         nonlocal nodes_listed
+        if kind in ("resourceslice", "node"):
+            ledger.resize_claims()
         if kind == "node" and not nodes_listed:
             nodes_listed = True
             ledger.size_again(cache.objects("pod").values())
         elif kind == "pod":
             ledger.resync(cache.objects("pod").values())
+        elif kind == "resourceclaim":
+            ledger.resync_claims(cache.objects("resourceclaim").values())
         elif kind == "namespace":
             listed = set(cache.objects("namespace"))
             for name in set(ledger.namespaces()) | set(gate.last_limits) | set(gate.book.namespaces()):
@@ -126,6 +141,10 @@ def build_quota(
             yield name, cache.namespace_labels(name) or {}
 
     cache.subscribe("pod", on_pod)
+    cache.subscribe("resourceclaim", on_claim)
+    if config.webhook.dra_device_classes:
+        cache.subscribe("resourceslice", on_gpus)
+        cache.subscribe("node", on_gpus)
     cache.subscribe("namespace", on_namespace)
     cache.subscribe_relist(on_relist)
     QuotaMetrics(gate, metrics.registry, namespaces=namespaces)
@@ -153,12 +172,24 @@ class CacheValidationView:
 
 
 def build_services(
-    cache: ClusterCache, config: Config, metrics: WebhookMetrics, quota: QuotaGate
+    cache: ClusterCache,
+    config: Config,
+    metrics: WebhookMetrics,
+    quota: QuotaGate,
+    claims: ClaimQuotaGate | None = None,
 ) -> Services:
     """The handlers' dependencies, wired to a live cache and the quota step (`build_quota`)."""
     metrics.track_cache(cache)
     admission = Admission(config, cache)
-    validation = Validation(config, CacheValidationView(cache), quota)
+    validation = Validation(
+        config,
+        CacheValidationView(cache),
+        quota,
+        claims,
+        claim_objects=cache.claim,
+        template_objects=cache.claim_template,
+        largest_claim_gpu=cache.largest_claim_gpu_mib,
+    )
     readiness = Readiness(synced=lambda: cache.synced, ready=cache.ready, wait_synced=cache.wait_synced)
     return Services(admission=admission, validation=validation, readiness=readiness, metrics=metrics)
 
@@ -190,6 +221,7 @@ class WebhookServer:
             names=config.resource_names,
             staleness_seconds=config.webhook.cache_staleness_seconds,
             clock=clock,
+            claim_classes=frozenset(config.webhook.dra_device_classes),
         )
         self.metrics = WebhookMetrics()
         self.metrics.report_caller_protection(
@@ -212,7 +244,7 @@ class WebhookServer:
             return book
 
         quota = build_quota(self.cache, config, self.metrics, shared, lambda: self.geometry, clock=clock)
-        self.services = build_services(self.cache, config, self.metrics, quota)
+        self.services = build_services(self.cache, config, self.metrics, quota, quota)
         self.app = AdmissionApp(self.services, max_body_bytes=MAX_BODY_BYTES)
         self.metrics_server = MetricsServer(self._exposition, host=options.host, port=options.metrics_port)
         self.listener: Listener | None = None

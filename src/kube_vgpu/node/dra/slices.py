@@ -21,15 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kube_vgpu.contract import dra
 from kube_vgpu.node.dra.attributes import GpuFacts, device_attributes
 
-DRIVER = "vgpu.kube-vgpu.io"
+# One definition with the webhook, which charges claims by the same request policy.
+DRIVER = dra.DRIVER
+MEMORY_MIN_MIB = dra.MEMORY_MIN_MIB
+CORES = dra.CORES
 UNHEALTHY_TAINT_KEY = f"{DRIVER}/unhealthy"
-# The smallest memory share: a CUDA context alone takes a few hundred MiB on current GPUs, so a
-# smaller share could not run a kernel; 256 MiB keeps every share usable and still lets an 80 GiB
-# card be split 320 ways, past any realistic count of processes on one GPU.
-MEMORY_MIN_MIB = 256
-CORES = 100
 # k8s.io/api/resource/v1/types.go: ResourceSliceMaxDevices, and the lower limit that applies once a
 # slice uses taints or counters (ResourceSliceMaxDevicesWithAdvancedFeatures).
 MAX_DEVICES = 128
@@ -104,14 +103,17 @@ def build_device(
                 "value": memory,
                 "requestPolicy": {
                     "default": memory,
-                    "validRange": {"min": quantity_mib(min(MEMORY_MIN_MIB, facts.memory_mib)), "step": "1Mi"},
+                    "validRange": {
+                        "min": quantity_mib(min(MEMORY_MIN_MIB, facts.memory_mib)),
+                        "step": quantity_mib(dra.MEMORY_STEP_MIB),
+                    },
                 },
             },
             "cores": {
                 "value": str(CORES),
                 "requestPolicy": {
                     "default": str(CORES),
-                    "validRange": {"min": "1", "max": str(CORES), "step": "1"},
+                    "validRange": {"min": str(dra.CORES_MIN), "max": str(CORES), "step": "1"},
                 },
             },
         }

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from kube_vgpu.contract.resources import PodRequest
 from kube_vgpu.webhook.placement.inventory import Inventory
+from kube_vgpu.webhook.quota.claims import ClaimRequest
 
 
 class AdmissionView(Protocol):
@@ -64,4 +65,29 @@ class QuotaGate(Protocol):
     async def admit(self, ask: QuotaRequest) -> str | None:
         """None when the pod fits its namespace's quota (and, unless a dry run, is now booked), else
         the denial message."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClaimQuotaRequest:
+    """One quota question for a ResourceClaim of kube-vgpu's DRA classes: may it be created?"""
+
+    namespace: str
+    namespace_labels: Mapping[str, str] | None
+    claim_name: str  # for messages and logs (`name`, or `generateName*`)
+    request: ClaimRequest
+    # The memory of the largest GPU in the cluster (None: unknown): what a request naming no memory
+    # is charged per device.
+    largest_gpu_mib: int | None
+    # The claim's uid keys the reservation shared with the pods' (deciding twice books it once).
+    claim_uid: str
+    dry_run: bool
+
+
+class ClaimQuotaGate(Protocol):
+    """The quota step for ResourceClaims, through the same shared reservations as pods."""
+
+    async def admit_claim(self, ask: ClaimQuotaRequest) -> str | None:
+        """None when the claim fits its namespace's quota (and, unless a dry run, is now booked),
+        else the denial message."""
         ...

@@ -13,14 +13,21 @@ patches. Pod labels exempt nothing; only a namespace label opts a namespace out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import OPT_OUT_LABEL, OPT_OUT_VALUE
 from kube_vgpu.contract.resources import PodRequest, RequestError, parse_pod
-from kube_vgpu.webhook.admission.gates import QuotaGate, QuotaRequest, ValidationView
+from kube_vgpu.webhook.admission.claim_use import ClaimUse, Lookup, pod_claim_use
+from kube_vgpu.webhook.admission.gates import (
+    ClaimQuotaGate,
+    ClaimQuotaRequest,
+    QuotaGate,
+    QuotaRequest,
+    ValidationView,
+)
 from kube_vgpu.webhook.admission.review import ALLOWED, AdmissionRequest, Verdict
 from kube_vgpu.webhook.admission.safety import (
     INVALID_ANNOTATION,
@@ -37,10 +44,18 @@ from kube_vgpu.webhook.admission.safety import (
 from kube_vgpu.webhook.placement.resolve import resolve_placement
 from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.charge import parse_limits, states_no_cores
+from kube_vgpu.webhook.quota.claims import ClaimError, parse_claim
 
 MISSING_UID = "missing-uid"
 # The subresource `kubectl debug` writes to add an ephemeral container to a running pod.
 EPHEMERAL_CONTAINERS = "ephemeralcontainers"
+RESOURCE_GROUP = "resource.k8s.io"
+# A pod whose container would use two requests of kube-vgpu's DRA classes.
+DRA_CLAIMS = "dra-claims"
+
+
+def _not_cached(namespace: str, name: str) -> Mapping[str, Any] | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -50,9 +65,24 @@ class Validation:
     config: Config
     view: ValidationView
     quota: QuotaGate
+    # The quota step for ResourceClaims of `config.webhook.dra_device_classes` (None: not judged).
+    claims: ClaimQuotaGate | None = None
+    # The cached ResourceClaims and ResourceClaimTemplates, by namespace and name (a pod naming one
+    # the cache lacks is treated as using kube-vgpu's GPUs).
+    claim_objects: Lookup = field(default=_not_cached)
+    template_objects: Lookup = field(default=_not_cached)
+    # The largest GPU a claim could get (None: the inventory's largest, from the view).
+    largest_claim_gpu: Callable[[], int | None] | None = None
 
     async def review(self, request: AdmissionRequest) -> Verdict:
         """The verdict for one AdmissionReview request (already parsed and shape-checked)."""
+        if (
+            request.kind["group"] == RESOURCE_GROUP
+            and request.kind["kind"] == "ResourceClaim"
+            and request.operation == "CREATE"
+            and not request.sub_resource
+        ):
+            return await self._claim(request)
         pod = request.object
         debug = request.operation == "UPDATE" and request.sub_resource == EPHEMERAL_CONTAINERS
         if pod is None or not (request.is_pod_create or request.is_pod_update or debug):
@@ -87,9 +117,15 @@ class Validation:
         namespace_labels: Mapping[str, str] | None,
     ) -> Verdict:
         pod_request = read_pod(pod, self.config.resource_names)
-        if not pod_request.asks_vgpu:
+        dra = self._claim_use(pod, namespace)
+        if not pod_request.asks_vgpu and not dra.uses:
             return ALLOWED
+        if dra.problem is not None:
+            raise Denied(DRA_CLAIMS, dra.problem)
         check_create(pod, pod_request, self.config)
+        if not pod_request.asks_vgpu:
+            # Its GPUs come from its claims, which were charged when they were created.
+            return ALLOWED
         warnings = self._charge_warnings(pod_request, namespace, namespace_labels)
         # Booked whenever admitted, even under the name of a pod the cache holds: that pod may have
         # finished or be going, and the new one is then created. Where a live pod holds the name,
@@ -100,6 +136,92 @@ class Validation:
             raise Denied(QUOTA, refusal)
         return Verdict(allowed=True, warnings=tuple(warnings)) if warnings else ALLOWED
 
+    def _claim_use(self, pod: Mapping[str, Any], namespace: str) -> ClaimUse:
+        return pod_claim_use(
+            pod,
+            namespace,
+            self.config.webhook.dra_device_classes,
+            self.claim_objects,
+            self.template_objects,
+        )
+
+    async def _claim(self, request: AdmissionRequest) -> Verdict:
+        """A ResourceClaim CREATE: charged against its namespace's GPU quota when a request names one
+        of kube-vgpu's DeviceClasses (`kube_vgpu.webhook.quota.claims`); any other claim passes."""
+        classes = self.config.webhook.dra_device_classes
+        claim = request.object
+        if self.claims is None or not classes:
+            return ALLOWED
+        if claim is None:
+            return Verdict(
+                allowed=False,
+                reason=MALFORMED_OBJECT,
+                message="request.object is missing for a ResourceClaim CREATE",
+            )
+        meta = claim.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        namespace = request.namespace or str(meta.get("namespace", ""))
+        namespace_labels = self.view.namespace_labels(namespace)
+        if (namespace_labels or {}).get(OPT_OUT_LABEL) == OPT_OUT_VALUE:
+            return ALLOWED
+        name = meta.get("name") if isinstance(meta.get("name"), str) else None
+        generate_name = meta.get("generateName") if isinstance(meta.get("generateName"), str) else None
+        shown = str(name or f"{generate_name or ''}*")[:253]
+        try:
+            claim_request = parse_claim(claim, classes)
+        except ClaimError as exc:
+            return Verdict(
+                allowed=False, reason=MALFORMED_OBJECT, message=f"malformed ResourceClaim {shown}: {exc}"
+            )
+        if not claim_request.asks_vgpu:
+            return ALLOWED
+        uid = meta.get("uid")
+        try:
+            self._quota_preconditions(namespace, namespace_labels, uid, "ResourceClaim")
+        except Denied as denial:
+            return Verdict(allowed=False, message=str(denial), reason=denial.reason)
+        if not isinstance(uid, str) or not uid:
+            return ALLOWED
+        refusal = await self.claims.admit_claim(
+            ClaimQuotaRequest(
+                namespace=namespace,
+                namespace_labels=namespace_labels,
+                claim_name=shown,
+                request=claim_request,
+                largest_gpu_mib=(
+                    self.largest_claim_gpu()
+                    if self.largest_claim_gpu is not None
+                    else self.view.inventory.largest_memory_any()
+                ),
+                claim_uid=uid,
+                dry_run=request.dry_run,
+            )
+        )
+        if refusal is not None:
+            return Verdict(allowed=False, message=refusal, reason=QUOTA)
+        return ALLOWED
+
+    def _quota_preconditions(
+        self, namespace: str, namespace_labels: Mapping[str, str] | None, uid: object, what: str
+    ) -> None:
+        """Refuse a quota decision the cache cannot back (stale) or no uid could key; a namespace
+        with no quota needs neither."""
+        limits = parse_limits(namespace_labels or {})
+        if (namespace_labels is None or limits.any or limits.invalid) and not self.view.fresh():
+            raise Denied(
+                STALE_CACHE,
+                f"namespace {namespace}: the webhook has not heard from the API server within "
+                f"{self.config.webhook.cache_staleness_seconds:.0f} s, so the namespace's GPU usage is "
+                "not known and quota cannot be checked; retry once the API server is reachable",
+            )
+        if (not isinstance(uid, str) or not uid) and (limits.any or limits.invalid):
+            raise Denied(
+                MISSING_UID,
+                "request.object.metadata.uid is missing: quota is decided on the stored object, which "
+                f"the API server sends only to a validating webhook; register {what} CREATE on /validate "
+                "in a ValidatingWebhookConfiguration",
+            )
+
     def _ephemeral(self, pod: Mapping[str, Any]) -> None:
         """`kubectl debug` on a vGPU pod: the debug container joins the pod on its GPU node, so it
         gets every check a container gets at CREATE (privilege and capabilities included), through
@@ -109,7 +231,8 @@ class Validation:
             asks_vgpu = parse_pod(pod, self.config.resource_names).asks_vgpu
         except RequestError:
             asks_vgpu = True  # stored pods were admitted; be strict with whatever this is
-        if asks_vgpu:
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        if asks_vgpu or self._claim_use(pod, namespace).uses:
             check_containers(pod, self.config)
 
     async def _quota(

@@ -266,6 +266,10 @@ class Inventory:
         sizes = [m for node_mode, m in self._matching(flt) if node_mode == mode and m is not None]
         return max(sizes, default=None)
 
+    def largest_memory_any(self) -> int | None:
+        """MiB of the largest GPU on any node, whatever its mode (None: none known)."""
+        return max((m for _, m in self._matching(GpuFilter()) if m is not None), default=None)
+
     def types_matching(self, flt: GpuFilter, mode: Mode) -> frozenset[str]:
         """Register TYPEs of the GPUs that pass the filter on nodes in `mode` (MIG charges need them)."""
         return frozenset(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from kube_vgpu.webhook.admission.gates import QuotaRequest
+from kube_vgpu.webhook.admission.gates import ClaimQuotaRequest, QuotaRequest
 from kube_vgpu.webhook.quota.charge import (
     Charge,
     QuotaLimits,
@@ -28,6 +28,7 @@ from kube_vgpu.webhook.quota.charge import (
     restartable_init_flags,
     unsized_message,
 )
+from kube_vgpu.webhook.quota.claims import all_devices_message, claim_charge, claim_reasons
 from kube_vgpu.webhook.quota.ledger import QuotaLedger, pod_metadata
 from kube_vgpu.webhook.quota.mig_charge import MigSlots
 from kube_vgpu.webhook.quota.shared import Ask, SharedBook, Unrecorded
@@ -132,6 +133,56 @@ class NamespaceQuota:
         message = exceeded_message(namespace, answer.over, charge, answer.usage, limits, reasons=reasons)
         return self._deny(namespace, answer.over[0], message, shown)
 
+    async def admit_claim(self, ask: ClaimQuotaRequest) -> str | None:
+        """`admit` for a ResourceClaim of kube-vgpu's classes (`kube_vgpu.webhook.quota.claims`):
+        decided and booked through the same shared reservations as pods, keyed by the claim's uid."""
+        request, namespace, shown = ask.request, ask.namespace, f"resourceclaim/{ask.claim_name}"
+        if not request.asks_vgpu:
+            return None
+        if ask.namespace_labels is None:
+            log.info("event=quota_unknown_namespace namespace=%r claim_uid=%s", namespace, ask.claim_uid)
+            return unknown_namespace_message(namespace)
+        limits = parse_limits(ask.namespace_labels)
+        self.last_limits[namespace] = limits
+        if limits.invalid:
+            return self._deny(
+                namespace, "invalid-label", invalid_label_message(namespace, limits.invalid), shown
+            )
+        if not limits.any:
+            return None
+        if request.all_devices:
+            message = all_devices_message(namespace, request.all_devices)
+            return self._deny(namespace, "all-devices", message, shown)
+        gpu_mib = ask.largest_gpu_mib
+        if gpu_mib is None and request.needs_gpu_size:
+            if limits.memory_mib is not None:
+                return self._deny(namespace, "unsized", unsized_claim_message(namespace), shown)
+            gpu_mib = 0
+        charge = claim_charge(request, gpu_mib)
+        try:
+            answer = await self.book.decide(namespace, Ask(ask.claim_uid, charge, limits, not ask.dry_run))
+        except Unrecorded as exc:
+            return self._deny(namespace, "unrecorded", unrecorded_message(namespace, exc), shown)
+        if answer.full:
+            return self._deny(namespace, "unrecorded", full_message(namespace), shown)
+        if answer.fits:
+            log.debug(
+                "event=quota_admitted namespace=%s claim=%s uid=%s number=%d memory_mib=%d cores=%d "
+                "dry_run=%s",
+                namespace,
+                shown,
+                ask.claim_uid,
+                charge.number,
+                charge.memory_mib,
+                charge.cores,
+                ask.dry_run,
+            )
+            return None
+        message = exceeded_message(
+            namespace, answer.over, charge, answer.usage, limits, reasons=claim_reasons(request, gpu_mib)
+        )
+        return self._deny(namespace, answer.over[0], f"ResourceClaim {ask.claim_name}: {message}", shown)
+
     def _deny(self, namespace: str, reason: Resource | str, message: str, pod: str) -> str:
         log.info(
             "event=quota_denied namespace=%s pod=%s reason=%s message=%r", namespace, pod, reason, message
@@ -146,6 +197,15 @@ def unknown_namespace_message(namespace: str) -> str:
     return (
         f"namespace {namespace!r} is unknown to the webhook: it does not exist, or it was "
         "created in the last few seconds and the webhook has not seen it yet (then retry)"
+    )
+
+
+def unsized_claim_message(namespace: str) -> str:
+    """A claim request names no memory, and no GPU is known to size the whole card it gets."""
+    return (
+        f"namespace {namespace}: vgpu-memory quota: a request of the ResourceClaim names no memory "
+        "(it gets a whole GPU) and no GPU is known to size it, so its charge cannot be computed; "
+        "write capacity.requests.memory or wait for a GPU node"
     )
 
 

@@ -13,6 +13,11 @@ stuck on a lost node does not hold quota forever). A pod's charge is computed on
 first sees it, and again only when its `volcano.sh/vgpu-ids-new` booking changes: pod resources are
 immutable, so nothing else can change it, and freezing it keeps usage from drifting as the GPU
 inventory changes.
+
+ResourceClaims of kube-vgpu's DRA classes count the same way, keyed by their uid beside the pods
+(`claim_seen`, `claim_gone`, `resync_claims`): from the moment the cache shows one until it is
+deleted, charged once by `kube_vgpu.webhook.quota.claims` (a claim's spec is immutable). A pod that
+uses such a claim asks for no vGPU in its limits, so it is not charged again.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from kube_vgpu.webhook.quota.charge import (
     pod_needs_gpu_size,
     restartable_init_flags,
 )
+from kube_vgpu.webhook.quota.claims import ClaimError, ClaimRequest, claim_charge, names_class, parse_claim
 from kube_vgpu.webhook.quota.shared import NamespaceSnapshot
 
 log = logging.getLogger("kube_vgpu.webhook.quota")
@@ -59,6 +65,10 @@ class _Pod:
     seen_at: float = 0.0  # when the ledger first saw the pod, on its monotonic clock
     name: str = ""
     unsized: bool = False  # a share of a card no known GPU could size: counted without its memory
+    claim: bool = False  # a ResourceClaim, not a pod
+    # A claim with a request naming no memory: what it asks (re-sized when a larger GPU appears).
+    claim_request: ClaimRequest | None = None
+    sized_with: int | None = None  # the GPU size such a claim was charged by
 
 
 @dataclass
@@ -108,7 +118,12 @@ class QuotaLedger:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         stream_current_at: Callable[[], float | None] = lambda: None,
+        claim_classes: frozenset[str] = frozenset(),
+        largest_gpu: Callable[[], int | None] = lambda: None,
     ) -> None:
+        # The DeviceClasses whose ResourceClaims count, and the largest GPU a claim could get.
+        self.claim_classes = claim_classes
+        self.largest_gpu = largest_gpu
         self.names = names
         # When the cache's pod list/watch last confirmed it was current, on `clock` (None: never).
         self._stream_current_at = stream_current_at
@@ -199,9 +214,12 @@ class QuotaLedger:
             if isinstance(namespace, str) and isinstance(uid, str):
                 listed.setdefault(namespace, set()).add(uid)
                 self.pod_seen(pod)
+        self._drop_unlisted(listed, claims=False)
+
+    def _drop_unlisted(self, listed: Mapping[str, set[str]], *, claims: bool) -> None:
         for ns in list(self._namespaces.values()):
             present = listed.get(ns.name, set())
-            for uid in [u for u in ns.pods if u not in present]:
+            for uid in [u for u, p in ns.pods.items() if p.claim == claims and u not in present]:
                 self._uncount(ns, uid)
                 del ns.pods[uid]
                 self._gone[uid] = self._clock()
@@ -214,6 +232,77 @@ class QuotaLedger:
         without its slot, until the scheduler booked it."""
         for pod in pods:
             self.pod_seen(pod, size_again=True)
+
+    def claim_seen(self, claim: Mapping[str, Any]) -> None:
+        """A ResourceClaim was added or modified in the cache: counted until it is deleted."""
+        meta = pod_metadata(claim)
+        namespace, uid = meta.get("namespace"), meta.get("uid")
+        if not isinstance(namespace, str) or not isinstance(uid, str):
+            return
+        ns = self._namespaces.get(namespace)
+        previous = ns.pods.get(uid) if ns is not None else None
+        if previous is not None or not names_class(claim, self.claim_classes):
+            return  # a claim's spec is immutable: its charge never changes
+        try:
+            request = parse_claim(claim, self.claim_classes)
+        except ClaimError as exc:
+            # Only claims that bypassed admission can be malformed; the scheduler allocates none.
+            log.warning(
+                "event=quota_claim_unreadable namespace=%s claim=%s reason=%r",
+                namespace,
+                meta.get("name"),
+                str(exc),
+            )
+            return
+        if not request.asks_vgpu:
+            return
+        gpu_mib = self.largest_gpu() if request.needs_gpu_size else None
+        ns = self._namespace(namespace)
+        entry = _Pod(
+            claim_charge(request, gpu_mib),
+            None,
+            True,
+            name=f"resourceclaim/{meta.get('name') or ''}",
+            unsized=request.needs_gpu_size and gpu_mib is None,
+            claim=True,
+            seen_at=self._clock(),
+            claim_request=request if request.needs_gpu_size else None,
+            sized_with=gpu_mib,
+        )
+        ns.pods[uid] = entry
+        ns.pods_total += entry.charge
+
+    def resize_claims(self) -> None:
+        """A GPU may have joined: a claim charged a whole card is charged the largest GPU now known
+        when that is larger (never less: it may get that card). The cache calls it on slice and node
+        changes, so the order in which kinds are first listed does not matter."""
+        largest = self.largest_gpu()
+        if largest is None:
+            return
+        for ns in self._namespaces.values():
+            for entry in ns.pods.values():
+                request = entry.claim_request
+                if request is None or (entry.sized_with is not None and entry.sized_with >= largest):
+                    continue
+                charge = claim_charge(request, largest)
+                if entry.counted:
+                    ns.pods_total += charge - entry.charge
+                entry.charge, entry.sized_with, entry.unsized = charge, largest, False
+
+    def claim_gone(self, claim: Mapping[str, Any]) -> None:
+        """A ResourceClaim was deleted from the cache: its share is free at once."""
+        self.pod_gone(claim)
+
+    def resync_claims(self, claims: Iterable[Mapping[str, Any]]) -> None:
+        """The cache re-listed ResourceClaims: `claims` is now every claim. Known claims keep their charge."""
+        listed: dict[str, set[str]] = {}
+        for claim in claims:
+            meta = pod_metadata(claim)
+            namespace, uid = meta.get("namespace"), meta.get("uid")
+            if isinstance(namespace, str) and isinstance(uid, str):
+                listed.setdefault(namespace, set()).add(uid)
+                self.claim_seen(claim)
+        self._drop_unlisted(listed, claims=True)
 
     def cache_state(self, namespace: str) -> NamespaceSnapshot:
         """What the cache says about `namespace` for a decision against shared reservations."""

@@ -87,8 +87,11 @@ def pod_ledger(
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     stream_current_at: Callable[[], float | None] = lambda: None,
+    claim_classes: frozenset[str] = frozenset(),
+    largest_claim_gpu: Callable[[], int | None] | None = None,
 ) -> QuotaLedger:
-    """The ledger of the pods a cache shows, each sized against `inventory` and the MIG `geometry`."""
+    """The ledger of the pods a cache shows, each sized against `inventory` and the MIG `geometry`,
+    and of the ResourceClaims of `claim_classes` (a request naming no memory sized as the largest GPU)."""
 
     def gpu_memory(uuid: str) -> int | None:
         gpu = inventory().gpu(uuid)
@@ -103,4 +106,6 @@ def pod_ledger(
         clock=clock,
         wall_clock=wall_clock,
         stream_current_at=stream_current_at,
+        claim_classes=claim_classes,
+        largest_gpu=largest_claim_gpu or (lambda: inventory().largest_memory_any()),
     )
