@@ -147,3 +147,11 @@ def test_listed_classes_replace_the_default(dra: Rendered) -> None:
     assert _passes(hook, _claim({"name": "g", "exactly": {"deviceClassName": "b.example.com"}}))
     assert not _passes(hook, _claim({"name": "g", "exactly": {"deviceClassName": DEVICE_CLASS}}))
     assert _config(r)["webhook"]["draDeviceClasses"] == ["a.example.com", "b.example.com"]
+
+
+def test_a_dra_node_group_brings_quotas_over_its_claims_without_dra_enabled() -> None:
+    group = {"name": "dra", "mode": "hami-core", "api": "dra", "nodeSelector": {"kube-vgpu.io/dra": "true"}}
+    r = render({"node": {"groups": [group]}}, kube_version=KUBE)
+    hook = _hook(r, "claims.vgpu.kube-vgpu.io")
+    assert _passes(hook, _claim({"name": "g", "exactly": {"deviceClassName": DEVICE_CLASS}}))
+    assert _config(r)["webhook"]["draDeviceClasses"] == [DEVICE_CLASS]

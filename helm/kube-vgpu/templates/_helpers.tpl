@@ -218,9 +218,14 @@ through which many control planes reach webhooks. `true` fails without any.
 {{- end -}}
 
 {{/* The DeviceClasses whose ResourceClaims the webhook judges, comma-separated: config.webhook.draDeviceClasses,
-or kube-vgpu's own class when dra.enabled and none are listed; empty when DRA is off. */}}
+or kube-vgpu's own class when none are listed; empty when DRA is off (dra.enabled false and no node
+group with `api: dra`: a DRA node group always brings quotas over its claims). */}}
 {{- define "kube-vgpu.draDeviceClasses" -}}
-{{- if .Values.dra.enabled -}}
+{{- $dra := .Values.dra.enabled }}
+{{- range $group := .Values.node.groups }}
+{{- if eq ($group.api | default "deviceplugin") "dra" }}{{ $dra = true }}{{ end }}
+{{- end }}
+{{- if $dra -}}
 {{- join "," (.Values.config.webhook.draDeviceClasses | default (list "vgpu.kube-vgpu.io")) -}}
 {{- end -}}
 {{- end }}
