@@ -545,10 +545,12 @@ def test_config_map_parses_with_the_programs_own_parser_and_carries_the_values(
                 **_snake(cfg["webhook"]),
                 # The chart adds the node plugin's service account to the configured writers.
                 "annotation_writers": (*cfg["webhook"]["annotationWriters"], _node_account(rendered)),
-                # dra.enabled turns the listed DRA classes (kube-vgpu's own when none) on; off, none.
+                # dra.enabled, or a node group with `api: dra`, turns the listed DRA classes
+                # (kube-vgpu's own when none) on; otherwise none.
                 "dra_device_classes": tuple(
                     (cfg["webhook"]["draDeviceClasses"] or ["vgpu.kube-vgpu.io"])
                     if case.merged()["dra"]["enabled"]
+                    or any(g.get("api") == "dra" for g in case.merged()["node"]["groups"])
                     else ()
                 ),
             }
