@@ -150,6 +150,32 @@ def found_message(state: HookPathState, node_name: str) -> str:
 OnChange = Callable[[HookPathState], None]
 
 
+def hold_while_missing(
+    state: HookPathState,
+    node_name: str,
+    *,
+    set_hold: Callable[[str | None], bool],
+    announce: Callable[[bool, str], None],
+    while_missing: str,
+) -> None:
+    """Hold the node's GPUs while HAMi-core is unusable and release them once it is, logging and
+    announcing (a node Event) each change; `while_missing` says what the hold means for this API."""
+    if state.ready:
+        log.info("event=hami_core_ready node=%s folder=%s", node_name, state.folder)
+        if set_hold(None):
+            announce(True, found_message(state, node_name))
+        return
+    log.warning(
+        "event=hami_core_missing node=%s folder=%s problem=%r: %s",
+        node_name,
+        state.folder,
+        state.problem,
+        while_missing,
+    )
+    set_hold(f"HAMi-core not usable in {state.folder}: {state.problem}")
+    announce(False, missing_message(state, node_name))
+
+
 class HookPathWatch:
     """Checks the folder every `interval` seconds; `on_change` hears every change of the verdict,
     and, while HAMi-core stays unusable, the same verdict again every `remind_seconds`: the API

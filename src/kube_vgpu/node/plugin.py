@@ -41,7 +41,7 @@ from kube_vgpu.node.deviceplugin.server import (
     socket_identity,
     socket_name,
 )
-from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, found_message, missing_message
+from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, hold_while_missing
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.mig.start import reconcile_interval, start_mig
 from kube_vgpu.node.nvml.gpus import GpuInfo, check_inventory, discover
@@ -231,20 +231,13 @@ class NodePlugin:
     def _hook_path_changed(self, state: HookPathState) -> None:
         """HAMi-core became (un)usable, or is still missing: hold or release the node's offer, say so."""
         assert self.inventory is not None
-        name = self.settings.node_name
-        if state.ready:
-            log.info("event=hami_core_ready node=%s folder=%s", name, state.folder)
-            if self.inventory.set_hold(None):
-                self.api.events.hami_core(True, found_message(state, name))
-            return
-        log.warning(
-            "event=hami_core_missing node=%s folder=%s problem=%r: no hami-core capacity offered",
-            name,
-            state.folder,
-            state.problem,
+        hold_while_missing(
+            state,
+            self.settings.node_name,
+            set_hold=self.inventory.set_hold,
+            announce=self.api.events.hami_core,
+            while_missing="no hami-core capacity offered",
         )
-        self.inventory.set_hold(f"HAMi-core not usable in {state.folder}: {state.problem}")
-        self.api.events.hami_core(False, missing_message(state, name))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coroutine, name=f"kube-vgpu-{name}")

@@ -42,7 +42,7 @@ from kube_vgpu.node.dra.server import (
     inventory_cards,
     serve_dra,
 )
-from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, found_message, missing_message
+from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, hold_while_missing
 from kube_vgpu.node.nvml.gpus import GpuInfo, check_inventory, discover
 from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
 from kube_vgpu.node.nvml.inventory import LiveGpus
@@ -254,20 +254,13 @@ class DraNodePlugin:
     def _hook_path_changed(self, state: HookPathState) -> None:
         """HAMi-core became (un)usable, or is still missing: hold or release the GPUs, say so."""
         assert self.inventory is not None
-        name = self.settings.node_name
-        if state.ready:
-            log.info("event=hami_core_ready node=%s folder=%s", name, state.folder)
-            if self.inventory.set_hold(None):
-                self.api.events.hami_core(True, found_message(state, name))
-            return
-        log.warning(
-            "event=hami_core_missing node=%s folder=%s problem=%r: every GPU tainted, no share prepared",
-            name,
-            state.folder,
-            state.problem,
+        hold_while_missing(
+            state,
+            self.settings.node_name,
+            set_hold=self.inventory.set_hold,
+            announce=self.api.events.hami_core,
+            while_missing="every GPU tainted, no share prepared",
         )
-        self.inventory.set_hold(f"HAMi-core not usable in {state.folder}: {state.problem}")
-        self.api.events.hami_core(False, missing_message(state, name))
 
     async def _pods_loop(self) -> None:
         """Tell the usage sampler which pods are on the node (their container IDs), every interval."""
