@@ -207,14 +207,19 @@ class QuotaLedger:
 
     def resync(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """The cache re-listed: `pods` is now every pod. Known pods keep their charge."""
+        self._resync(pods, self.pod_seen, claims=False)
+
+    def _resync(
+        self, objects: Iterable[Mapping[str, Any]], seen: Callable[[Mapping[str, Any]], None], *, claims: bool
+    ) -> None:
         listed: dict[str, set[str]] = {}
-        for pod in pods:
-            meta = pod_metadata(pod)
+        for obj in objects:
+            meta = pod_metadata(obj)
             namespace, uid = meta.get("namespace"), meta.get("uid")
             if isinstance(namespace, str) and isinstance(uid, str):
                 listed.setdefault(namespace, set()).add(uid)
-                self.pod_seen(pod)
-        self._drop_unlisted(listed, claims=False)
+                seen(obj)
+        self._drop_unlisted(listed, claims=claims)
 
     def _drop_unlisted(self, listed: Mapping[str, set[str]], *, claims: bool) -> None:
         for ns in list(self._namespaces.values()):
@@ -295,14 +300,7 @@ class QuotaLedger:
 
     def resync_claims(self, claims: Iterable[Mapping[str, Any]]) -> None:
         """The cache re-listed ResourceClaims: `claims` is now every claim. Known claims keep their charge."""
-        listed: dict[str, set[str]] = {}
-        for claim in claims:
-            meta = pod_metadata(claim)
-            namespace, uid = meta.get("namespace"), meta.get("uid")
-            if isinstance(namespace, str) and isinstance(uid, str):
-                listed.setdefault(namespace, set()).add(uid)
-                self.claim_seen(claim)
-        self._drop_unlisted(listed, claims=True)
+        self._resync(claims, self.claim_seen, claims=True)
 
     def cache_state(self, namespace: str) -> NamespaceSnapshot:
         """What the cache says about `namespace` for a decision against shared reservations."""
