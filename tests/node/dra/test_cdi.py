@@ -183,3 +183,18 @@ def test_gpu_specs_are_read_from_every_folder(tmp_path: Path) -> None:
     assert gpus.device_id("GPU-bbbb", 1) == "nvidia.com/gpu=1"
     with pytest.raises(CdiError, match=f"in {etc}, {run}"):
         gpus.device_id("GPU-cccc", 2)
+
+
+def test_kube_vgpus_own_claim_specs_are_not_read_for_gpu_devices(tmp_path: Path) -> None:
+    """Claim specs share /var/run/cdi with the GPUs' spec: they are left unread (a broken one is no
+    problem, and one claiming the GPU kind adds no device), so a prepare never reads them all."""
+    (tmp_path / "nvidia.json").write_text(json.dumps(nvidia_spec(["0"])))
+    (tmp_path / cdi.spec_file_name("uid-broken")).write_text("{")
+    (tmp_path / cdi.spec_file_name("uid-forged")).write_text(json.dumps(nvidia_spec(["GPU-ffff"])))
+    gpus = GpuDevices([tmp_path])
+    assert gpus.device_id("GPU-aaaa", 0) == "nvidia.com/gpu=0"
+    with pytest.raises(CdiError) as error:
+        gpus.device_id("GPU-ffff", 3)
+    assert "devices found: 0)" in str(error.value) and "unreadable" not in str(error.value)
+    (tmp_path / "other-vendor_uid.json").write_text(json.dumps(nvidia_spec(["GPU-ffff"])))
+    assert gpus.device_id("GPU-ffff", 3) == "nvidia.com/gpu=GPU-ffff"  # only our own prefix is skipped

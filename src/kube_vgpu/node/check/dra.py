@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kube_vgpu.node.dra.attributes import read_facts
-from kube_vgpu.node.dra.cdi import CdiError, GpuDevices, read_spec_file, spec_files
+from kube_vgpu.node.dra.cdi import CdiError, GpuDevices, own_spec_prefix, read_spec_file, spec_files
 from kube_vgpu.node.dra.server import dra_socket, registration_socket
 from kube_vgpu.node.dra.slices import DRIVER, SliceOptions, Unhealthy, build_devices
 from kube_vgpu.node.nvml.gpus import GpuInfo
@@ -120,7 +120,7 @@ def cdi(settings: DraCheckSettings, gpus: list[GpuInfo]) -> tuple[dict[str, Any]
             "writable, or set --cdi-dir to the folder the container runtime reads)"
         )
     specs: list[dict[str, Any]] = []
-    for path in spec_files(settings.gpu_cdi_dirs):
+    for path in spec_files(settings.gpu_cdi_dirs, skip_prefix=own_spec_prefix()):  # not our claims' specs
         try:
             spec = read_spec_file(path)
         except CdiError as exc:

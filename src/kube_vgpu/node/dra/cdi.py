@@ -102,10 +102,15 @@ def device_name(claim_uid: str, request: str) -> str:
     return f"{claim_uid}_{request.replace('/', '_')}"
 
 
+def own_spec_prefix(kind: str = CLAIM_KIND) -> str:
+    """How the names of kube-vgpu's own claim spec files (`spec_file_name`) begin."""
+    vendor, klass = split_kind(kind)
+    return f"{vendor}-{klass}_"
+
+
 def spec_file_name(claim_uid: str, kind: str = CLAIM_KIND) -> str:
     """The spec file of one claim, named as the CDI producer names a transient spec."""
-    vendor, klass = split_kind(kind)
-    return f"{vendor}-{klass}_{claim_uid}.json"
+    return f"{own_spec_prefix(kind)}{claim_uid}.json"
 
 
 def _mount(host: str, container: str, read_only: bool) -> CdiMount:
@@ -233,8 +238,7 @@ class SpecDir:
 
     def claim_uids(self) -> set[str]:
         """The claims that have a spec here."""
-        vendor, klass = split_kind(self.kind)
-        prefix, suffix = f"{vendor}-{klass}_", ".json"
+        prefix, suffix = own_spec_prefix(self.kind), ".json"
         if not self.folder.is_dir():
             return set()
         return {
@@ -273,12 +277,19 @@ def read_spec_file(path: Path) -> Spec:
     return parse_spec(data, str(path))
 
 
-def spec_files(folders: Iterable[Path]) -> list[Path]:
-    """The spec files a runtime reads in `folders` (`*.json`, `*.yaml`), in name order per folder."""
+def spec_files(folders: Iterable[Path], *, skip_prefix: str | None = None) -> list[Path]:
+    """The spec files a runtime reads in `folders` (`*.json`, `*.yaml`), in name order per folder,
+    leaving out those whose names begin with `skip_prefix`."""
     files: list[Path] = []
     for folder in folders:
         if folder.is_dir():
-            files += sorted(p for p in folder.iterdir() if p.suffix in (".json", ".yaml") and p.is_file())
+            files += sorted(
+                p
+                for p in folder.iterdir()
+                if p.suffix in (".json", ".yaml")
+                and not (skip_prefix and p.name.startswith(skip_prefix))
+                and p.is_file()
+            )
     return files
 
 
@@ -292,18 +303,25 @@ class GpuDevices:
     """The GPUs' own CDI devices, from the specs of one kind (default `nvidia.com/gpu`, the NVIDIA
     Container Toolkit's) in the CDI folders. `nvidia-ctk cdi generate` names each GPU by index and by
     UUID unless `--device-name-strategy` picks one naming (`index`, `uuid`, or `type-index`: `gpu0`),
-    so the names are read, not assumed. Files are re-read only when they change."""
+    so the names are read, not assumed. Files are re-read only when they change.
 
-    def __init__(self, folders: Sequence[Path], kind: str = DEFAULT_GPU_KIND) -> None:
+    kube-vgpu's own claim specs (kind `own_kind`) are not read: they usually share the folder
+    (`/var/run/cdi`), one per prepared claim, and never hold a GPU's own device, so reading them
+    would make every prepare cost more the more claims the node holds."""
+
+    def __init__(
+        self, folders: Sequence[Path], kind: str = DEFAULT_GPU_KIND, own_kind: str = CLAIM_KIND
+    ) -> None:
         split_kind(kind)
         self.folders = tuple(folders)
         self.kind = kind
+        self._skip = own_spec_prefix(own_kind)
         self._cache: dict[Path, _Cached] = {}
 
     def _names(self) -> tuple[set[str], list[str]]:
         names: set[str] = set()
         problems: list[str] = []
-        files = spec_files(self.folders)
+        files = spec_files(self.folders, skip_prefix=self._skip)
         for gone in set(self._cache) - set(files):
             del self._cache[gone]
         for path in files:
