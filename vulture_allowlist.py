@@ -147,3 +147,14 @@ _.firstAvailable  # webhook/quota/claims.py
 DeviceRequest  # webhook/quota/claims.py
 # The pod watch's own freshness: tests of the cache read it beside the claim-aware one.
 _.pod_stream_current_at  # webhook/cache.py
+# Fields of the records the webhook reads (webhook/records.py): TypedDict keys, read by string key
+# (`meta.get("deletionTimestamp")`) and written by the reducers' key loops (webhook/reduced.py).
+resourceVersion  # metadata field
+generateName  # pod and claim metadata field
+deletionTimestamp  # pod and claim metadata field
+deletionGracePeriodSeconds  # pod metadata field
+restartPolicy  # container field
+initContainers  # pod spec field
+nodeName  # pod spec field
+shareID  # claim allocation result field
+consumedCapacity  # claim allocation result field

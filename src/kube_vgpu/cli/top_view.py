@@ -29,7 +29,9 @@ from kube_vgpu.node.deviceplugin.bookings import holds_devices, pod_uses
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.charge import parse_limits
 from kube_vgpu.webhook.quota.claims import ClaimError, names_class, quantity
+from kube_vgpu.webhook.quota.ledger import claim_metadata, pod_metadata
 from kube_vgpu.webhook.quota.sizing import pod_ledger
+from kube_vgpu.webhook.records import ClaimRecord, DeviceResult, NamespaceRecord, NodeRecord, PodRecord
 
 
 @dataclass
@@ -100,13 +102,9 @@ class ClusterView:
         return asdict(self)
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _node_view(node: Mapping[str, Any]) -> NodeView | None:
-    meta = _meta(node)
+def _node_view(node: NodeRecord) -> NodeView | None:
+    meta = node.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
     annotation = (meta.get("annotations") or {}).get(NODE_REGISTER)
     if not isinstance(annotation, str):
         return None
@@ -130,15 +128,15 @@ def _node_view(node: Mapping[str, Any]) -> NodeView | None:
 
 
 def cluster_view(
-    nodes: Iterable[Mapping[str, Any]],
-    pods: Iterable[Mapping[str, Any]],
-    namespaces: Iterable[Mapping[str, Any]],
+    nodes: Iterable[NodeRecord],
+    pods: Iterable[PodRecord],
+    namespaces: Iterable[NamespaceRecord],
     names: ResourceNames,
     *,
     geometry: DeviceConfig | None = None,
     default_mode: Mode = HAMI_CORE,
     wall_clock: Callable[[], float] = time.time,
-    claims: Iterable[Mapping[str, Any]] = (),
+    claims: Iterable[ClaimRecord] = (),
     claim_classes: frozenset[str] = frozenset(),
 ) -> ClusterView:
     """The view of the cluster from raw API objects; `geometry` is Volcano's MIG geometry (the
@@ -164,11 +162,12 @@ def cluster_view(
     ledger.resync_claims(claims)
     spaces: dict[str, NamespaceView] = {}
     for ns in namespaces:
-        limits = parse_limits(_meta(ns).get("labels") or {})
+        ns_meta = ns.get("metadata")
+        ns_meta = ns_meta if isinstance(ns_meta, Mapping) else {}
+        limits = parse_limits(ns_meta.get("labels") or {})
         if limits.any:
-            view = spaces.setdefault(
-                str(_meta(ns).get("name", "")), NamespaceView(str(_meta(ns).get("name", "")))
-            )
+            ns_name = str(ns_meta.get("name", ""))
+            view = spaces.setdefault(ns_name, NamespaceView(ns_name))
             view.vgpus.limit, view.memory_mib.limit, view.cores.limit = (
                 limits.number,
                 limits.memory_mib,
@@ -183,7 +182,7 @@ def cluster_view(
         view.vgpus.used, view.memory_mib.used, view.cores.used = usage.number, usage.memory_mib, usage.cores
         view.uncounted = [f"{namespace}/{name}" for name in ledger.unsized(namespace)]
     for pod in pods:
-        meta = _meta(pod)
+        meta = pod_metadata(pod)
         node_name = (pod.get("spec") or {}).get("nodeName")
         node = node_views.get(node_name) if isinstance(node_name, str) else None
         if node is not None and holds_devices(pod, node.name):
@@ -202,7 +201,7 @@ def cluster_view(
     )
 
 
-def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _results(claim: ClaimRecord) -> list[DeviceResult]:
     status = claim.get("status")
     allocation = status.get("allocation") if isinstance(status, Mapping) else None
     devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
@@ -210,14 +209,14 @@ def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [r for r in results if isinstance(r, Mapping)] if isinstance(results, list) else []
 
 
-def dra_devices(claims: Iterable[Mapping[str, Any]], classes: frozenset[str]) -> list[DraDeviceView]:
+def dra_devices(claims: Iterable[ClaimRecord], classes: frozenset[str]) -> list[DraDeviceView]:
     """Per GPU of kube-vgpu's DRA driver, the shares allocated claims consumed (memory rounded up to
     MiB, as the driver's policy hands it out); a result whose amounts cannot be read counts as whole."""
     out: dict[tuple[str, str], DraDeviceView] = {}
     for claim in claims:
         if not names_class(claim, classes):
             continue
-        meta = _meta(claim)
+        meta = claim_metadata(claim)
         who = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         for result in _results(claim):
             if result.get("driver") != DRIVER:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.kubeapi.client import Kube
@@ -35,6 +35,15 @@ from kube_vgpu.kubeapi.listwatch import (
 )
 from kube_vgpu.kubeapi.rawlist import Prefilter
 from kube_vgpu.webhook.placement.inventory import Inventory
+from kube_vgpu.webhook.records import (
+    ClaimRecord,
+    NamespaceRecord,
+    NodeRecord,
+    PodRecord,
+    Record,
+    SliceRecord,
+    TemplateRecord,
+)
 from kube_vgpu.webhook.reduced import (
     NODE_PREFILTER,
     SLICE_PREFILTER,
@@ -58,33 +67,34 @@ CLAIM_KIND: CachedKind = "resourceclaim"
 TEMPLATE_KIND: CachedKind = "resourceclaimtemplate"
 SLICE_KIND: CachedKind = "resourceslice"
 EventType = Literal["added", "modified", "deleted"]
+_R = TypeVar("_R", bound=Mapping[str, object])  # one of the records
 
 
 @dataclass(frozen=True)
-class CacheEvent:
+class CacheEvent(Generic[_R]):
     """One change of a cached object: `obj` is the new state (the last known state when deleted)."""
 
     kind: CachedKind
     type: EventType
-    obj: Mapping[str, Any]
-    old: Mapping[str, Any] | None = None
+    obj: _R
+    old: _R | None = None
 
 
-Listener = Callable[[CacheEvent], None]
+Listener = Callable[[CacheEvent[_R]], None]
 RelistListener = Callable[[CachedKind], None]
 
 
-def _rv(obj: Mapping[str, Any]) -> str:
+def _rv(obj: Record) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
 
-def _uid(obj: Mapping[str, Any]) -> str:
+def _uid(obj: Record) -> str:
     return str((obj.get("metadata") or {}).get("uid", ""))
 
 
 class ClusterCache:
-    """GPU nodes, namespaces and vGPU pods as small dicts (`webhook.reduced`), with the GPU inventory
-    and change subscriptions.
+    """GPU nodes, namespaces and vGPU pods as their records (`kube_vgpu.webhook.records`, reduced by
+    `kube_vgpu.webhook.reduced`), with the GPU inventory and change subscriptions.
 
     Methods are for the event loop's thread only (subscribers are called there too); `start()` and
     `stop()` run the background list/watch threads.
@@ -120,7 +130,7 @@ class ClusterCache:
         self._backoff = Backoff(initial=retry_seconds, maximum=max(retry_seconds, max_retry_seconds))
         self._page_size = page_size
         names = names or ResourceNames()
-        self._reducers: dict[CachedKind, Reducer] = {
+        self._reducers: dict[CachedKind, Reducer[Record]] = {
             "node": reduce_node,
             "namespace": reduce_namespace,
             "pod": pod_reducer(names),
@@ -139,13 +149,13 @@ class ClusterCache:
             TEMPLATE_KIND: None,
             SLICE_KIND: SLICE_PREFILTER,
         }
-        self._stores: dict[CachedKind, dict[str, dict[str, Any]]] = {k: {} for k in self.kinds}
+        self._stores: dict[CachedKind, dict[str, Record]] = {k: {} for k in self.kinds}
         self._pod_uids: dict[str, str] = {}  # uid -> key of every cached pod
         self._synced: dict[CachedKind, bool] = dict.fromkeys(self.kinds, False)
         self._contact: dict[CachedKind, float | None] = dict.fromkeys(self.kinds, None)
         self._pods_current_at: float | None = None
         self._claims_current_at: float | None = None
-        self._listeners: dict[CachedKind, list[Listener]] = {k: [] for k in self.kinds}
+        self._listeners: dict[CachedKind, list[Listener[Any]]] = {k: [] for k in self.kinds}
         self._relist_listeners: list[RelistListener] = []
         self.inventory = Inventory()
         self.relists: dict[CachedKind, int] = dict.fromkeys(self.kinds, 0)
@@ -155,24 +165,41 @@ class ClusterCache:
         self.listed_read: dict[CachedKind, int] = dict.fromkeys(self.kinds, 0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
-        self._reflectors: dict[CachedKind, Reflector[dict[str, Any]]] = {}
+        self._reflectors: dict[CachedKind, Reflector[Record]] = {}
         self._threads: list[threading.Thread] = []
         self._exited: dict[CachedKind, asyncio.Event] = {}
         self._all_synced = asyncio.Event()
+        # First of the node subscribers: those after it read the inventory as of this change.
+        self.subscribe("node", self._on_node)
 
     # -- what reviews read ---------------------------------------------------------------------
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         """The labels of a namespace, or None when it is not in the cache."""
-        obj = self._stores["namespace"].get(namespace)
+        obj = self.objects("namespace").get(namespace)
         if obj is None:
             return None
         labels: Mapping[str, str] = (obj.get("metadata") or {}).get("labels") or {}
         return labels
 
-    def objects(self, kind: CachedKind) -> Mapping[str, Mapping[str, Any]]:
-        """The cached objects of a kind by key (read-only view; do not mutate the dicts): every
-        namespace, the nodes with kube-vgpu GPU labels, the pods that ask for a vGPU."""
+    @overload
+    def objects(self, kind: Literal["pod"]) -> Mapping[str, PodRecord]: ...
+    @overload
+    def objects(self, kind: Literal["node"]) -> Mapping[str, NodeRecord]: ...
+    @overload
+    def objects(self, kind: Literal["namespace"]) -> Mapping[str, NamespaceRecord]: ...
+    @overload
+    def objects(self, kind: Literal["resourceclaim"]) -> Mapping[str, ClaimRecord]: ...
+    @overload
+    def objects(self, kind: Literal["resourceclaimtemplate"]) -> Mapping[str, TemplateRecord]: ...
+    @overload
+    def objects(self, kind: Literal["resourceslice"]) -> Mapping[str, SliceRecord]: ...
+    @overload
+    def objects(self, kind: CachedKind) -> Mapping[str, Record]: ...
+    def objects(self, kind: CachedKind) -> Mapping[str, Record]:
+        """The cached records of a kind by key (read-only view; do not mutate the dicts): every
+        namespace, the nodes with kube-vgpu GPU labels, the pods that ask for a vGPU. Each kind's
+        store holds what its reducer returns, so the record type follows from the kind."""
         return self._stores.get(kind, {})
 
     def has_pod_uid(self, uid: str) -> bool:
@@ -224,20 +251,35 @@ class ClusterCache:
 
     # -- subscriptions ---------------------------------------------------------------------------
 
-    def subscribe(self, kind: CachedKind, listener: Listener) -> None:
-        """Call `listener` on every add, modify and delete of `kind` (also those a re-list reveals);
-        a kind this cache does not watch has no events."""
+    @overload
+    def subscribe(self, kind: Literal["pod"], listener: Listener[PodRecord]) -> None: ...
+    @overload
+    def subscribe(self, kind: Literal["node"], listener: Listener[NodeRecord]) -> None: ...
+    @overload
+    def subscribe(self, kind: Literal["namespace"], listener: Listener[NamespaceRecord]) -> None: ...
+    @overload
+    def subscribe(self, kind: Literal["resourceclaim"], listener: Listener[ClaimRecord]) -> None: ...
+    @overload
+    def subscribe(
+        self, kind: Literal["resourceclaimtemplate"], listener: Listener[TemplateRecord]
+    ) -> None: ...
+    @overload
+    def subscribe(self, kind: Literal["resourceslice"], listener: Listener[SliceRecord]) -> None: ...
+    @overload
+    def subscribe(self, kind: CachedKind, listener: Listener[Record]) -> None: ...
+    def subscribe(self, kind: CachedKind, listener: Listener[Any]) -> None:
+        """Call `listener` on every add, modify and delete of `kind` (also those a re-list reveals),
+        with events carrying that kind's records; a kind this cache does not watch has no events."""
         self._listeners.setdefault(kind, []).append(listener)
 
-    def claim(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def claim(self, namespace: str, name: str) -> ClaimRecord | None:
         """The cached ResourceClaim `namespace/name` (None: not cached, or claims not watched)."""
-        store = self._stores.get(CLAIM_KIND)
-        return None if store is None else store.get(f"{namespace}/{name}")
+        return self.objects("resourceclaim").get(f"{namespace}/{name}")
 
     def largest_dra_gpu_mib(self) -> int | None:
         """MiB of the largest GPU kube-vgpu's DRA driver publishes (None: none, or not watched): what
         a claim request naming no memory gets, on a DRA node group."""
-        sizes = [m for s in self._stores.get(SLICE_KIND, {}).values() for m in slice_memory_mib(s)]
+        sizes = [m for s in self.objects("resourceslice").values() for m in slice_memory_mib(s)]
         return max(sizes, default=None)
 
     def largest_claim_gpu_mib(self) -> int | None:
@@ -247,10 +289,9 @@ class ClusterCache:
         ]
         return max(sizes, default=None)
 
-    def claim_template(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def claim_template(self, namespace: str, name: str) -> TemplateRecord | None:
         """The cached ResourceClaimTemplate `namespace/name` (None: not cached, or not watched)."""
-        store = self._stores.get(TEMPLATE_KIND)
-        return None if store is None else store.get(f"{namespace}/{name}")
+        return self.objects("resourceclaimtemplate").get(f"{namespace}/{name}")
 
     def subscribe_relist(self, listener: RelistListener) -> None:
         """Call `listener(kind)` after each full list of a kind has been reconciled into the cache."""
@@ -265,7 +306,7 @@ class ClusterCache:
         self._loop = asyncio.get_running_loop()
         self._stopping.clear()
         for kind in self.kinds:
-            reflector: Reflector[dict[str, Any]] = Reflector(
+            reflector: Reflector[Record] = Reflector(
                 self._source(kind),
                 self._handlers(kind),
                 transform=self._reducers[kind],
@@ -315,11 +356,11 @@ class ClusterCache:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
             loop.call_soon_threadsafe(handler, *args)
 
-    def _handlers(self, kind: CachedKind) -> Handlers[dict[str, Any]]:
-        def listed(result: Listed[dict[str, Any]]) -> None:
+    def _handlers(self, kind: CachedKind) -> Handlers[Record]:
+        def listed(result: Listed[Record]) -> None:
             self._post(self._on_list, kind, result)
 
-        def event(change: WatchEvent[dict[str, Any]]) -> None:
+        def event(change: WatchEvent[Record]) -> None:
             self._post(self._on_event, kind, change)
 
         def progress(reason: ProgressReason, at: float) -> None:
@@ -330,7 +371,7 @@ class ClusterCache:
 
         return Handlers(listed=listed, event=event, progress=progress, failed=failed)
 
-    def _reflect(self, kind: CachedKind, reflector: Reflector[dict[str, Any]]) -> None:
+    def _reflect(self, kind: CachedKind, reflector: Reflector[Record]) -> None:
         """Run the list/watch loop, then tell the event loop this thread is done."""
         try:
             reflector.run()
@@ -352,12 +393,13 @@ class ClusterCache:
     def _on_failure(self, kind: CachedKind) -> None:
         self.failures[kind] += 1
 
-    def _emit(self, event: CacheEvent) -> None:
-        if event.kind == "node":
-            if event.type == "deleted":
-                self.inventory.remove(str((event.obj.get("metadata") or {}).get("name", "")))
-            else:
-                self.inventory.upsert(event.obj)
+    def _on_node(self, event: CacheEvent[NodeRecord]) -> None:
+        if event.type == "deleted":
+            self.inventory.remove(str((event.obj.get("metadata") or {}).get("name", "")))
+        else:
+            self.inventory.upsert(event.obj)
+
+    def _emit(self, event: CacheEvent[Record]) -> None:
         for listener in self._listeners[event.kind]:
             try:
                 listener(event)
@@ -369,7 +411,7 @@ class ClusterCache:
                     f"{type(exc).__name__}: {exc}",
                 )
 
-    def _put(self, kind: CachedKind, key: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+    def _put(self, kind: CachedKind, key: str, obj: Record) -> Record | None:
         old = self._stores[kind].get(key)
         self._stores[kind][key] = obj
         if kind == "pod":
@@ -378,13 +420,13 @@ class ClusterCache:
             self._pod_uids[_uid(obj)] = key
         return old
 
-    def _drop(self, kind: CachedKind, key: str) -> dict[str, Any] | None:
+    def _drop(self, kind: CachedKind, key: str) -> Record | None:
         old = self._stores[kind].pop(key, None)
         if old is not None and kind == "pod":
             self._pod_uids.pop(_uid(old), None)
         return old
 
-    def _on_event(self, kind: CachedKind, change: WatchEvent[dict[str, Any]]) -> None:
+    def _on_event(self, kind: CachedKind, change: WatchEvent[Record]) -> None:
         self._contact[kind] = change.at
         if kind == "pod":
             self._pods_current_at = change.at
@@ -403,7 +445,7 @@ class ClusterCache:
             old = None
         self._emit(CacheEvent(kind, "added" if old is None else "modified", change.obj, old))
 
-    def _on_list(self, kind: CachedKind, result: Listed[dict[str, Any]]) -> None:
+    def _on_list(self, kind: CachedKind, result: Listed[Record]) -> None:
         """Replace a kind's store with a full list, announcing exactly what changed."""
         self._contact[kind] = result.at
         if kind == "pod":

@@ -33,6 +33,7 @@ from kube_vgpu.webhook.quota.metrics import QuotaMetrics, SharedBookMetrics
 from kube_vgpu.webhook.quota.shared import NamespaceSnapshot, SharedBook
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
 from kube_vgpu.webhook.quota.sizing import pod_ledger
+from kube_vgpu.webhook.records import ClaimRecord, NamespaceRecord, PodRecord
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES, AdmissionApp, Readiness, Services
 from kube_vgpu.webhook.serving.tls import CertReloader
@@ -96,7 +97,7 @@ def build_quota(
     )
     gate = NamespaceQuota(ledger, book(ledger.cache_state))
 
-    def on_pod(event: CacheEvent) -> None:
+    def on_pod(event: CacheEvent[PodRecord]) -> None:
         if event.type == "deleted":
             ledger.pod_gone(event.obj)
         else:
@@ -104,13 +105,13 @@ def build_quota(
 
     nodes_listed = False
 
-    def on_claim(event: CacheEvent) -> None:
+    def on_claim(event: CacheEvent[ClaimRecord]) -> None:
         if event.type == "deleted":
             ledger.claim_gone(event.obj)
         else:
             ledger.claim_seen(event.obj)
 
-    def on_gpus(event: CacheEvent) -> None:
+    def on_gpus(event: object) -> None:
         ledger.resize_claims()
 
     def on_relist(kind: CachedKind) -> None:
@@ -131,7 +132,7 @@ def build_quota(
                     gate.forget_namespace(name)
             gate.book.namespaces_listed(lambda name: cache.namespace_labels(name) is not None)
 
-    def on_namespace(event: CacheEvent) -> None:
+    def on_namespace(event: CacheEvent[NamespaceRecord]) -> None:
         name = (event.obj.get("metadata") or {}).get("name")
         if event.type == "deleted" and isinstance(name, str):
             gate.forget_namespace(name)

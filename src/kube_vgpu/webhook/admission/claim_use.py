@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from kube_vgpu.webhook.quota.claims import MAX_REQUESTS, ClaimError, names_class, parse_claim
+from kube_vgpu.webhook.records import ClaimRecord, TemplateRecord
 
 # (namespace, name) -> the cached object, or None when the cache does not show it.
-Lookup = Callable[[str, str], "Mapping[str, Any] | None"]
+ClaimLookup = Callable[[str, str], "ClaimRecord | None"]
+TemplateLookup = Callable[[str, str], "TemplateRecord | None"]
 # Bounded work per review: a pod naming more claims than this is refused (no workload needs more).
 MAX_POD_CLAIMS: Final = 128
 
@@ -40,7 +42,9 @@ class ClaimUse:
 NONE: Final = ClaimUse()
 
 
-def _claim_spec(namespace: str, entry: Mapping[str, Any], claims: Lookup, templates: Lookup) -> Any:
+def _claim_spec(
+    namespace: str, entry: Mapping[str, Any], claims: ClaimLookup, templates: TemplateLookup
+) -> ClaimRecord | Literal[False] | None:
     """The ResourceClaim (or template's claim) an entry of spec.resourceClaims names; None when the
     cache does not show it; `False` when the entry names neither."""
     claim_name = entry.get("resourceClaimName")
@@ -52,12 +56,17 @@ def _claim_spec(namespace: str, entry: Mapping[str, Any], claims: Lookup, templa
         if template is None:
             return None
         spec = template.get("spec")
-        return {"spec": spec.get("spec") if isinstance(spec, Mapping) else None}
+        inner = spec.get("spec") if isinstance(spec, Mapping) else None
+        return {"spec": inner} if inner is not None else {}
     return False
 
 
 def pod_claim_use(
-    pod: Mapping[str, Any], namespace: str, classes: Collection[str], claims: Lookup, templates: Lookup
+    pod: Mapping[str, Any],
+    namespace: str,
+    classes: Collection[str],
+    claims: ClaimLookup,
+    templates: TemplateLookup,
 ) -> ClaimUse:
     """Whether `pod` uses a claim of `classes` (unknown claims count), and the refusal when one
     of its containers would use more than one request of those classes."""

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from kube_vgpu.contract.resources import PodRequest
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.claims import ClaimRequest
+from kube_vgpu.webhook.records import PodRecord
 
 
 class AdmissionView(Protocol):
@@ -45,7 +46,7 @@ class QuotaRequest:
     namespace_labels: Mapping[str, str] | None
     # The pod as it will be stored (after the webhook's mutation); its uid keys the reservation, so
     # deciding twice for one pod books it once.
-    pod: Mapping[str, Any]
+    pod: PodRecord
     request: PodRequest
     # The memory of the largest GPU the pod may land on given its selectors and mode (None:
     # unknown), against which a share of a card counts.

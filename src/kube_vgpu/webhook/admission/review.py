@@ -13,13 +13,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Final, Literal, NotRequired, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
 import jsonpatch
 import orjson
 
 from kube_vgpu.webhook.admission.bounds import DEFAULT_BOUNDS, WorkBounds, work_problem
 from kube_vgpu.webhook.admission.pod_shape import is_namespace_name, is_unicode_text, pod_problem
+from kube_vgpu.webhook.records import PodRecord
 
 API_VERSION: Literal["admission.k8s.io/v1"] = "admission.k8s.io/v1"
 KIND: Literal["AdmissionReview"] = "AdmissionReview"
@@ -109,6 +110,9 @@ class AdmissionRequest:
     object_error: str = ""
     # The work limit the pod passes ("" when none): a denial, decided before its shape is walked.
     over_limit: str = ""
+    # `object` when it is a pod the webhook judges (a Pod CREATE or UPDATE, `kubectl debug`), read
+    # through the pod record's fields; None otherwise.
+    pod: PodRecord | None = None
 
     @property
     def is_pod_create(self) -> bool:
@@ -288,11 +292,15 @@ def parse_review(body: bytes, bounds: WorkBounds = DEFAULT_BOUNDS) -> AdmissionR
     if pod_write and obj is None:
         raise MalformedReview(f"request.object is missing for a Pod {operation}")
     over_limit = object_error = ""
+    pod: PodRecord | None = None
     if obj is not None and (pod_write or debug):
         # `kubectl debug` sends the whole Pod as the object; an UPDATE's oldObject is walked as well.
         over_limit, object_error = _pod_findings(
             obj, old, bounds, shape_of_old=pod_write and operation == "UPDATE"
         )
+        # A Pod as the API server sends it: a JSON object, whose shape no rule reads unless
+        # `object_error` is empty.
+        pod = cast("PodRecord", obj)
     return AdmissionRequest(
         uid=uid,
         kind=kind,
@@ -306,6 +314,7 @@ def parse_review(body: bytes, bounds: WorkBounds = DEFAULT_BOUNDS) -> AdmissionR
         username=username,
         object_error=object_error,
         over_limit=over_limit,
+        pod=pod,
     )
 
 

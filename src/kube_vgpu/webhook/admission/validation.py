@@ -20,7 +20,7 @@ from typing import Any
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import OPT_OUT_LABEL, OPT_OUT_VALUE
 from kube_vgpu.contract.resources import PodRequest, RequestError, parse_pod
-from kube_vgpu.webhook.admission.claim_use import ClaimUse, Lookup, pod_claim_use
+from kube_vgpu.webhook.admission.claim_use import ClaimLookup, ClaimUse, TemplateLookup, pod_claim_use
 from kube_vgpu.webhook.admission.gates import (
     ClaimQuotaGate,
     ClaimQuotaRequest,
@@ -54,7 +54,7 @@ RESOURCE_GROUP = "resource.k8s.io"
 DRA_CLAIMS = "dra-claims"
 
 
-def _not_cached(namespace: str, name: str) -> Mapping[str, Any] | None:
+def _not_cached(namespace: str, name: str) -> None:
     return None
 
 
@@ -69,8 +69,8 @@ class Validation:
     claims: ClaimQuotaGate | None = None
     # The cached ResourceClaims and ResourceClaimTemplates, by namespace and name (a pod naming one
     # the cache lacks is treated as using kube-vgpu's GPUs).
-    claim_objects: Lookup = field(default=_not_cached)
-    template_objects: Lookup = field(default=_not_cached)
+    claim_objects: ClaimLookup = field(default=_not_cached)
+    template_objects: TemplateLookup = field(default=_not_cached)
     # The largest GPU a claim could get (None: the inventory's largest, from the view).
     largest_claim_gpu: Callable[[], int | None] | None = None
 
@@ -242,7 +242,7 @@ class Validation:
         namespace: str,
         namespace_labels: Mapping[str, str] | None,
     ) -> str | None:
-        pod = request.object or {}
+        pod = request.pod or {}
         uid = (pod.get("metadata") or {}).get("uid")
         limits = parse_limits(namespace_labels or {})
         if (namespace_labels is None or limits.any or limits.invalid) and not self.view.fresh():

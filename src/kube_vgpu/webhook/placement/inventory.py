@@ -24,6 +24,7 @@ from kube_vgpu.contract.names import (
     Mode,
 )
 from kube_vgpu.contract.register import GpuRecord, RegisterFormatError, decode_register
+from kube_vgpu.webhook.records import NodeRecord
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class NodeGpus:
     problem: str = ""
 
 
-def node_gpus(node: Mapping[str, Any]) -> NodeGpus | None:
+def node_gpus(node: NodeRecord) -> NodeGpus | None:
     """The GPU facts of a Node object, or None when it carries no kube-vgpu GPU labels."""
     metadata = node.get("metadata") or {}
     name = str(metadata.get("name", ""))
@@ -151,7 +152,7 @@ class Inventory:
         """The GPU nodes by name."""
         return self._nodes
 
-    def upsert(self, node: Mapping[str, Any]) -> NodeGpus | None:
+    def upsert(self, node: NodeRecord) -> NodeGpus | None:
         """Add or replace a node from its Node object; returns its facts (None: not a GPU node)."""
         name = str((node.get("metadata") or {}).get("name", ""))
         facts = node_gpus(node)

@@ -15,6 +15,7 @@ from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.devices import DeviceListError, decode_pod_devices
 from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, QUOTA_NUMBER_LABEL, VGPU_IDS_NEW
 from kube_vgpu.contract.resources import ContainerRequest, PodRequest, iter_containers
+from kube_vgpu.webhook.records import PodRecord
 
 Resource = Literal["vgpu-number", "vgpu-memory", "vgpu-cores"]
 RESOURCES: Final[tuple[Resource, ...]] = ("vgpu-number", "vgpu-memory", "vgpu-cores")
@@ -133,7 +134,7 @@ def container_charge(
     return Charge(number, number * (slot(per_vgpu) if slot is not None else per_vgpu), cores)
 
 
-def restartable_init_flags(pod: Mapping[str, Any]) -> tuple[bool, ...]:
+def restartable_init_flags(pod: PodRecord) -> tuple[bool, ...]:
     """For each init container (in `parse_pod` order), whether it is a sidecar (`restartPolicy: Always`)."""
     return tuple(c.get("restartPolicy") == "Always" for c, init in iter_containers(pod) if init)
 
@@ -209,9 +210,7 @@ def _booking_agrees(container: ContainerRequest, entry: Sequence[Any], gpu_memor
     return True
 
 
-def booked_memory(
-    pod: Mapping[str, Any], request: PodRequest, gpu_memory: GpuMemory | None = None
-) -> dict[str, int]:
+def booked_memory(pod: PodRecord, request: PodRequest, gpu_memory: GpuMemory | None = None) -> dict[str, int]:
     """Per app container, the MiB the scheduler booked for it, read from `volcano.sh/vgpu-ids-new`.
 
     The scheduler writes one entry per vGPU app container in `spec.containers` order (Volcano's

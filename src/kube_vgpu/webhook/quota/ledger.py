@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TypeVar
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.names import VGPU_IDS_NEW
@@ -45,13 +45,15 @@ from kube_vgpu.webhook.quota.charge import (
 )
 from kube_vgpu.webhook.quota.claims import ClaimError, ClaimRequest, claim_charge, names_class, parse_claim
 from kube_vgpu.webhook.quota.shared import NamespaceSnapshot
+from kube_vgpu.webhook.records import ClaimMetadata, ClaimRecord, PodMetadata, PodRecord
 
 log = logging.getLogger("kube_vgpu.webhook.quota")
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-GpuSizer = Callable[[Mapping[str, Any]], "int | None"]
+GpuSizer = Callable[[PodRecord], "int | None"]
 # A pod -> how its per-vGPU MiB is charged (the MIG slot of a `mig` pod), or None: as asked.
-SlotSizer = Callable[[Mapping[str, Any]], "SlotSize | None"]
+SlotSizer = Callable[[PodRecord], "SlotSize | None"]
+_Counted = TypeVar("_Counted", PodRecord, ClaimRecord)
 
 
 @dataclass
@@ -79,14 +81,20 @@ class _Namespace:
     deadlines: list[tuple[float, str]] = field(default_factory=list)  # heap of terminating pods
 
 
-def pod_metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+def pod_metadata(pod: PodRecord) -> PodMetadata:
     """A pod's `metadata`, or an empty mapping when it has none (or not an object)."""
     meta = pod.get("metadata")
     # JSON gives a `dict`: a far cheaper check than the Mapping ABC, made for every review and pod event.
     return meta if isinstance(meta, dict) else {}
 
 
-def _deletion_deadline(meta: Mapping[str, Any]) -> float | None:
+def claim_metadata(claim: ClaimRecord) -> ClaimMetadata:
+    """A claim's `metadata`, or an empty mapping when it has none (or not an object)."""
+    meta = claim.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _deletion_deadline(meta: PodMetadata) -> float | None:
     stamp = meta.get("deletionTimestamp")
     if not isinstance(stamp, str):
         return None
@@ -171,7 +179,7 @@ class QuotaLedger:
 
     # -- the cache side --------------------------------------------------------------------------
 
-    def pod_seen(self, pod: Mapping[str, Any], *, size_again: bool = False) -> None:
+    def pod_seen(self, pod: PodRecord, *, size_again: bool = False) -> None:
         """A pod was added or modified in the cache. A pod keeps the charge it was first given until
         the scheduler books it; with `size_again` it is sized anew against today's GPUs."""
         meta = pod_metadata(pod)
@@ -193,10 +201,12 @@ class QuotaLedger:
             if entry.deadline is not None and (previous is None or previous.deadline != entry.deadline):
                 heapq.heappush(ns.deadlines, (entry.deadline, uid))
 
-    def pod_gone(self, pod: Mapping[str, Any]) -> None:
+    def pod_gone(self, pod: PodRecord) -> None:
         """A pod was deleted from the cache: its share is free at once."""
         meta = pod_metadata(pod)
-        namespace, uid = meta.get("namespace"), meta.get("uid")
+        self._gone_from_cache(meta.get("namespace"), meta.get("uid"))
+
+    def _gone_from_cache(self, namespace: str | None, uid: str | None) -> None:
         ns = self._namespaces.get(namespace) if isinstance(namespace, str) else None
         if ns is None or not isinstance(uid, str) or uid not in ns.pods:
             return
@@ -205,16 +215,15 @@ class QuotaLedger:
         self._gone[uid] = self._clock()
         self._forget_if_empty(ns)
 
-    def resync(self, pods: Iterable[Mapping[str, Any]]) -> None:
+    def resync(self, pods: Iterable[PodRecord]) -> None:
         """The cache re-listed: `pods` is now every pod. Known pods keep their charge."""
         self._resync(pods, self.pod_seen, claims=False)
 
-    def _resync(
-        self, objects: Iterable[Mapping[str, Any]], seen: Callable[[Mapping[str, Any]], None], *, claims: bool
-    ) -> None:
+    def _resync(self, objects: Iterable[_Counted], seen: Callable[[_Counted], None], *, claims: bool) -> None:
         listed: dict[str, set[str]] = {}
         for obj in objects:
-            meta = pod_metadata(obj)
+            meta = obj.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
             namespace, uid = meta.get("namespace"), meta.get("uid")
             if isinstance(namespace, str) and isinstance(uid, str):
                 listed.setdefault(namespace, set()).add(uid)
@@ -230,7 +239,7 @@ class QuotaLedger:
                 self._gone[uid] = self._clock()
             self._forget_if_empty(ns)
 
-    def size_again(self, pods: Iterable[Mapping[str, Any]]) -> None:
+    def size_again(self, pods: Iterable[PodRecord]) -> None:
         """The GPUs the ledger sizes shares and MIG slots against became known (the cache's first
         node list may land after its pods): size every pod again, as if first seen. Without this a
         pod listed before the nodes would count without its share's memory, or its MIG request
@@ -238,9 +247,9 @@ class QuotaLedger:
         for pod in pods:
             self.pod_seen(pod, size_again=True)
 
-    def claim_seen(self, claim: Mapping[str, Any]) -> None:
+    def claim_seen(self, claim: ClaimRecord) -> None:
         """A ResourceClaim was added or modified in the cache: counted until it is deleted."""
-        meta = pod_metadata(claim)
+        meta = claim_metadata(claim)
         namespace, uid = meta.get("namespace"), meta.get("uid")
         if not isinstance(namespace, str) or not isinstance(uid, str):
             return
@@ -294,11 +303,12 @@ class QuotaLedger:
                     ns.pods_total += charge - entry.charge
                 entry.charge, entry.sized_with, entry.unsized = charge, largest, False
 
-    def claim_gone(self, claim: Mapping[str, Any]) -> None:
+    def claim_gone(self, claim: ClaimRecord) -> None:
         """A ResourceClaim was deleted from the cache: its share is free at once."""
-        self.pod_gone(claim)
+        meta = claim_metadata(claim)
+        self._gone_from_cache(meta.get("namespace"), meta.get("uid"))
 
-    def resync_claims(self, claims: Iterable[Mapping[str, Any]]) -> None:
+    def resync_claims(self, claims: Iterable[ClaimRecord]) -> None:
         """The cache re-listed ResourceClaims: `claims` is now every claim. Known claims keep their charge."""
         self._resync(claims, self.claim_seen, claims=True)
 
@@ -347,7 +357,7 @@ class QuotaLedger:
         if not ns.pods:
             self._namespaces.pop(ns.name, None)
 
-    def _entry(self, pod: Mapping[str, Any], previous: _Pod | None) -> _Pod | None:
+    def _entry(self, pod: PodRecord, previous: _Pod | None) -> _Pod | None:
         """The ledger's record of a pod, or None when it asks for no vGPU (or cannot be read)."""
         meta = pod_metadata(pod)
         annotations = meta.get("annotations")

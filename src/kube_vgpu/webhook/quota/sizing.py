@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.mig.geometry import DeviceConfig
@@ -20,6 +19,7 @@ from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.charge import SlotSize
 from kube_vgpu.webhook.quota.ledger import GpuSizer, QuotaLedger, SlotSizer, pod_metadata
 from kube_vgpu.webhook.quota.mig_charge import slot_sizer
+from kube_vgpu.webhook.records import PodRecord
 
 
 def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, default_mode: Mode) -> GpuSizer:
@@ -29,7 +29,7 @@ def placement_sizer(inventory: Callable[[], Inventory], names: ResourceNames, de
     current inventory), so a pod the cache shows is sized as its review was.
     """
 
-    def size(pod: Mapping[str, Any]) -> int | None:
+    def size(pod: PodRecord) -> int | None:
         annotations = pod_metadata(pod).get("annotations")
         try:
             selectors = parse_selectors(annotations if isinstance(annotations, dict) else {})
@@ -53,7 +53,7 @@ def mig_slot_sizer(
     None for a hami-core pod, whose memory is charged as asked.
     """
 
-    def size(pod: Mapping[str, Any]) -> SlotSize | None:
+    def size(pod: PodRecord) -> SlotSize | None:
         annotations = pod_metadata(pod).get("annotations")
         if isinstance(annotations, dict) and annotations.get(VGPU_MODE) == HAMI_CORE:
             # The mode annotation is the placement's mode whenever the selectors parse (an alias
