@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,17 +20,10 @@ from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL
 from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.shared import decode_entries, object_name
-from tests.support.webhook import A100, TlsFiles, gpu_node, write_tls
-from tests.webhook.quota.test_replicas import (
-    REPO,
-    Replica,
-    _equals,
-    _free_port,
-    ready,
-    wait_for,
-)
+from tests.support.webhook import A100, TlsFiles, gpu_node
+from tests.support.webhook_replicas import Replica, equals, memory_used, ready, wait_for, webhook_replicas
 
-NAMESPACE = "team-r"  # the namespace test_replicas.memory_used reads
+NAMESPACE = "team-r"
 RELEASE = "kube-vgpu"
 ROOM = 10  # claims of 2 GiB that fit
 CLAIMS = 60
@@ -80,14 +71,6 @@ def claim_review(*, dry_run: bool = False) -> dict[str, Any]:
     }
 
 
-async def memory_used(session: aiohttp.ClientSession, replica: Replica) -> float | None:
-    async with session.get(replica.metrics_url) as response:
-        text = await response.text()
-    prefix = f'kube_vgpu_quota_used{{namespace="{NAMESPACE}",resource="vgpu-memory"}} '
-    line = next((x for x in text.splitlines() if x.startswith(prefix)), None)
-    return float(line[len(prefix) :]) if line else None
-
-
 @pytest.fixture
 def replicas(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[tuple[list[Replica], TlsFiles]]:
     apiserver.put(gpu_node("a100", "hami-core", [(A100, 81920)] * 2))
@@ -96,37 +79,10 @@ def replicas(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[tuple[list
     apiserver.put(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}
     )
-    tls = write_tls(tmp_path / "tls")
-    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     config = tmp_path / "config.yaml"
     config.write_text(f"webhook:\n  draDeviceClasses: [{DEVICE_CLASS}]\n")
-    started: list[Replica] = []
-    try:
-        for i in range(2):
-            port, metrics_port = _free_port(), _free_port()
-            log = tmp_path / f"webhook-{i}.log"
-            command = [
-                sys.executable, "-m", "kube_vgpu", "webhook",
-                "--tls-cert-file", str(tls.cert_file), "--tls-key-file", str(tls.key_file),
-                "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-                "--kubeconfig", str(kubeconfig), "--config", str(config),
-                "--release-namespace", RELEASE, "--log-level", "warning",
-            ]  # fmt: skip
-            with log.open("wb") as out:
-                proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-            started.append(Replica(proc, port, metrics_port, log))
-        yield started, tls
-    finally:
-        for replica in started:
-            replica.proc.terminate()
-        for replica in started:
-            try:
-                replica.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                replica.proc.kill()
-                replica.proc.wait()
-    for replica in started:
-        assert "Traceback" not in replica.log.read_text(), replica.log.read_text()
+    with webhook_replicas(apiserver, tmp_path, 2, release=RELEASE, args=("--config", str(config))) as started:
+        yield started
 
 
 @pytest.mark.slow
@@ -162,7 +118,7 @@ async def test_two_replicas_refuse_the_claim_that_would_pass_the_memory_label(
             apiserver.put(obj)
         for replica in procs:
             await wait_for(
-                lambda r=replica: _equals(memory_used(session, r), ROOM * 2048),
+                lambda r=replica: equals(memory_used(session, r, NAMESPACE), ROOM * 2048),
                 f"replica {replica.port} counting the stored claims",
             )
         # Deleted: exactly their share fits again, whichever replica decides.
@@ -170,7 +126,7 @@ async def test_two_replicas_refuse_the_claim_that_would_pass_the_memory_label(
             apiserver.delete("resourceclaim", obj["metadata"]["name"], NAMESPACE)
         for replica in procs:
             await wait_for(
-                lambda r=replica: _equals(memory_used(session, r), (ROOM - FREED) * 2048),
+                lambda r=replica: equals(memory_used(session, r, NAMESPACE), (ROOM - FREED) * 2048),
                 f"replica {replica.port} seeing the deletions",
             )
         second = await asyncio.gather(

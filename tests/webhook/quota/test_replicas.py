@@ -12,11 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
-import socket
-import ssl
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +29,9 @@ from kube_vgpu.standins.apiserver.admission_chain import (
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.shared import decode_entries, object_name
 from tests.support.timeouts import HANG_S
-from tests.support.webhook import A100, TlsFiles, container, gpu_node, write_tls
+from tests.support.webhook import A100, TlsFiles, container, gpu_node
+from tests.support.webhook_replicas import Replica, equals, memory_used, ready, wait_for, webhook_replicas
 
-REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "team-r"
 RELEASE = "kube-vgpu"
 ROOM = 50  # K: pods of 1 GiB that fit
@@ -54,21 +49,6 @@ def burst_pod() -> dict[str, Any]:
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Replica:
-    """One webhook process and the admission chain that reaches it."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, metrics_port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
-        self.base = f"https://127.0.0.1:{port}"
-        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-
-
 @pytest.fixture
 def replicas(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[tuple[list[Replica], TlsFiles]]:
     apiserver.put(gpu_node("a100", "hami-core", [(A100, 81920)] * 8))
@@ -77,65 +57,10 @@ def replicas(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[tuple[list
     apiserver.put(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": labels}}
     )
-    tls = write_tls(tmp_path / "tls")
-    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    started: list[Replica] = []
-    try:
-        for i in range(REPLICAS):
-            port, metrics_port = _free_port(), _free_port()
-            log = tmp_path / f"webhook-{i}.log"
-            command = [
-                sys.executable, "-m", "kube_vgpu", "webhook",
-                "--tls-cert-file", str(tls.cert_file), "--tls-key-file", str(tls.key_file),
-                "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
-                "--kubeconfig", str(kubeconfig),
-                "--release-namespace", RELEASE, "--log-level", "warning",
-                # 1,000 reviews at once on a loaded machine: handshakes must not meet the deadline.
-                "--request-timeout", str(HANG_S),
-            ]  # fmt: skip
-            with log.open("wb") as out:
-                proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-            started.append(Replica(proc, port, metrics_port, log))
-        yield started, tls
-    finally:
-        for replica in started:
-            replica.proc.terminate()
-        for replica in started:
-            try:
-                replica.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                replica.proc.kill()
-                replica.proc.wait()
-    for replica in started:
-        assert "Traceback" not in replica.log.read_text(), replica.log.read_text()
-
-
-async def wait_for(condition: Any, what: str, *, tries: int = 1500) -> None:
-    """Poll an async condition until it holds (bounded by tries, not by a clock)."""
-    for _ in range(tries):
-        if await condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"never saw {what}")
-
-
-async def memory_used(
-    session: aiohttp.ClientSession, replica: Replica, context: ssl.SSLContext
-) -> float | None:
-    async with session.get(replica.metrics_url) as response:
-        text = await response.text()
-    pattern = rf'kube_vgpu_quota_used{{namespace="{NAMESPACE}",resource="vgpu-memory"}} (\S+)'
-    found = re.search(pattern, text)
-    return float(found.group(1)) if found else None
-
-
-async def ready(session: aiohttp.ClientSession, replica: Replica, context: ssl.SSLContext) -> bool:
-    assert replica.proc.poll() is None, replica.log.read_text()
-    try:
-        async with session.get(f"{replica.base}/readyz", ssl=context) as response:
-            return response.status == 200
-    except aiohttp.ClientError:
-        return False
+    # 1,000 reviews at once on a loaded machine: handshakes must not meet the deadline.
+    args = ("--request-timeout", str(HANG_S))
+    with webhook_replicas(apiserver, tmp_path, REPLICAS, release=RELEASE, args=args) as started:
+        yield started
 
 
 @pytest.mark.slow
@@ -199,7 +124,7 @@ async def test_three_replicas_admit_exactly_the_quota(
             apiserver.put(pod)
         for replica in procs:
             await wait_for(
-                lambda r=replica: _equals(memory_used(session, r, context), ROOM * 1024),
+                lambda r=replica: equals(memory_used(session, r, NAMESPACE), ROOM * 1024),
                 f"replica {replica.port} counting the stored pods",
             )
         # Some are deleted: exactly their share fits again, whichever replicas decide.
@@ -207,12 +132,8 @@ async def test_three_replicas_admit_exactly_the_quota(
             apiserver.delete("pod", pod["metadata"]["name"], NAMESPACE)
         for replica in procs:
             await wait_for(
-                lambda r=replica: _equals(memory_used(session, r, context), (ROOM - FREED) * 1024),
+                lambda r=replica: equals(memory_used(session, r, NAMESPACE), (ROOM - FREED) * 1024),
                 f"replica {replica.port} seeing the deletions",
             )
         second = await asyncio.gather(*(create_across(*pair(), burst_pod()) for _ in range(300)))
         assert sum(a.allowed for a in second) == FREED
-
-
-async def _equals(value: Any, expected: float) -> bool:
-    return bool(await value == expected)
