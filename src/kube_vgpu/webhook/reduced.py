@@ -2,10 +2,9 @@
 
 Each function takes an object as the API sends it and returns its record (`kube_vgpu.webhook.records`:
 a small dict of the same shape, so quota, placement and `top` read it as they read the whole object),
-or None when the
-object is not kept at all: a pod that asks for no vGPU (a pod's resources never change after
-creation, so it never will) and a node with no kube-vgpu GPU label. The cache applies them as each
-object arrives (`kubeapi.listwatch`), so memory follows the vGPU pods, not the cluster.
+or None when the object is not kept at all: a pod that asks for no vGPU (a pod's resources never
+change after creation, so it never will) and a node with no kube-vgpu GPU label. The cache applies
+them as each object arrives (`kubeapi.listwatch`), so memory follows the vGPU pods, not the cluster.
 """
 
 from __future__ import annotations
@@ -200,7 +199,8 @@ def reduce_node(node: dict[str, Any]) -> NodeRecord | None:
         return None
     if HOSTNAME_LABEL in labels:
         kept[HOSTNAME_LABEL] = labels[HOSTNAME_LABEL]
-    slim_meta = _identity(meta, NodeMetadata(labels=kept))
+    slim_meta = _identity(meta, NodeMetadata())
+    slim_meta["labels"] = kept
     annotations = meta.get("annotations")
     if isinstance(annotations, dict) and NODE_REGISTER in annotations:
         slim_meta["annotations"] = {NODE_REGISTER: annotations[NODE_REGISTER]}

@@ -298,8 +298,9 @@ def parse_review(body: bytes, bounds: WorkBounds = DEFAULT_BOUNDS) -> AdmissionR
         over_limit, object_error = _pod_findings(
             obj, old, bounds, shape_of_old=pod_write and operation == "UPDATE"
         )
-        # A Pod as the API server sends it: a JSON object, whose shape no rule reads unless
-        # `object_error` is empty.
+        # The one conversion of a reviewed pod to its record type: a rule reads it only when
+        # `over_limit` and `object_error` are empty, that is when `pod_problem` found the fields
+        # admission reads well-formed.
         pod = cast("PodRecord", obj)
     return AdmissionRequest(
         uid=uid,
