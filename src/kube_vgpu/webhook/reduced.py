@@ -172,8 +172,9 @@ def reduce_namespace(namespace: dict[str, Any]) -> dict[str, Any]:
 
 
 _CLAIM_METADATA = ("name", "namespace", "uid", "resourceVersion", "generateName", "deletionTimestamp")
-_DEVICE_REQUEST_FIELDS = ("name", "deviceClassName", "allocationMode", "count", "capacity")
-_RESULT_FIELDS = ("request", "driver", "pool", "device", "shareID", "consumedCapacity")
+# adminAccess: such a request and its results consume nothing (quota and `top` skip them).
+_DEVICE_REQUEST_FIELDS = ("name", "deviceClassName", "allocationMode", "count", "capacity", "adminAccess")
+_RESULT_FIELDS = ("request", "driver", "pool", "device", "shareID", "consumedCapacity", "adminAccess")
 
 
 def _slim_request(raw: Any) -> Any:
