@@ -358,7 +358,10 @@ def create_claim(custom: client.CustomObjectsApi, body: dict[str, Any]) -> dict[
     return created
 
 
-def test_claim_defaults_and_canonical_capacity(custom: client.CustomObjectsApi) -> None:
+def test_claim_defaults_and_canonical_capacity(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    apiserver.feature_gates = FeatureGates(consumable_capacity=True)
     body = claim(capacity={"requests": {"memory": "30720Mi", "cores": 30}})
     body["status"] = {"allocation": {"devices": {"results": []}}}
     created = create_claim(custom, body)
@@ -367,6 +370,34 @@ def test_claim_defaults_and_canonical_capacity(custom: client.CustomObjectsApi) 
     assert exactly["count"] == 1
     assert exactly["capacity"]["requests"] == {"memory": "30Gi", "cores": "30"}
     assert "status" not in created  # a created claim's status is reset
+
+
+@pytest.mark.parametrize("consumable_capacity", [False, True])
+def test_claim_capacity_requests_follow_the_consumable_capacity_gate(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi, consumable_capacity: bool
+) -> None:
+    """resourceclaimspec.DropDisabledFields: with DRAConsumableCapacity off (1.34 and 1.35 by
+    default) a claim or template asking a slice is stored asking a whole device, in `exactly` and
+    in every firstAvailable alternative; with it on the amounts are kept."""
+    apiserver.feature_gates = FeatureGates(consumable_capacity=consumable_capacity)
+    amounts = {"requests": {"memory": "1Gi", "cores": "10"}}
+    body = claim(capacity=amounts)
+    sub = {"name": "small", "deviceClassName": DRIVER, "capacity": amounts}
+    body["spec"]["devices"]["requests"].append({"name": "either", "firstAvailable": [sub]})
+    template = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t"},
+        "spec": {"spec": body["spec"]},
+    }
+    stored_claim = create_claim(custom, body)["spec"]
+    stored_template = custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "resourceclaimtemplates", template
+    )["spec"]["spec"]
+    for spec in (stored_claim, stored_template):
+        exact, (alternative,) = (r.get("exactly") or r["firstAvailable"] for r in spec["devices"]["requests"])
+        assert ("capacity" in exact) is consumable_capacity
+        assert ("capacity" in alternative) is consumable_capacity
 
 
 def test_claim_spec_is_immutable(custom: client.CustomObjectsApi) -> None:
@@ -535,6 +566,7 @@ def raw_create(
 
 
 def test_unknown_request_fields_are_dropped_with_a_warning(apiserver: ApiServerStandin) -> None:
+    apiserver.feature_gates = FeatureGates(consumable_capacity=True)
     body = claim(capacity={"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}})
     body["spec"]["devices"]["requests"][0]["exactly"]["capcity"] = {"requests": {"memory": "1Gi"}}
     code, stored, warnings = raw_create(apiserver, body)

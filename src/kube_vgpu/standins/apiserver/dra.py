@@ -65,6 +65,7 @@ class FeatureGates:
     device_taints: bool = False  # DRADeviceTaints
     partitionable_devices: bool = False  # DRAPartitionableDevices
     extended_resource: bool = False  # DRAExtendedResource
+    admin_access: bool = True  # DRAAdminAccess: beta and on in 1.34 and 1.35, GA in 1.36
 
     @classmethod
     def of_release(cls, minor: int) -> FeatureGates:
@@ -97,7 +98,15 @@ def prepare(
         _default_claim_spec(_dict(obj.get("spec")))
     elif rt.plural == "resourceclaimtemplates":
         _default_claim_spec(_dict(_dict(obj.get("spec")).get("spec")))
-    _canonicalise(rt, obj)
+    _canonicalise(rt, obj)  # decoding comes first: a bad quantity is a 400 even where it is dropped
+    if rt.plural == "resourceclaims":
+        _drop_claim_spec_fields(_dict(obj.get("spec")), _dict((old or {}).get("spec")), gates)
+    elif rt.plural == "resourceclaimtemplates":
+        _drop_claim_spec_fields(
+            _dict(_dict(obj.get("spec")).get("spec")),
+            _dict(_dict((old or {}).get("spec")).get("spec")),
+            gates,
+        )
 
 
 def validate(
@@ -264,6 +273,32 @@ def _drop_slice_fields(obj: dict[str, Any], old: dict[str, Any] | None, gates: F
         for device in devices:
             for key in ("consumesCounters", "nodeName", "nodeSelector", "allNodes"):
                 device.pop(key, None)
+
+
+def _drop_claim_spec_fields(spec: dict[str, Any], old_spec: dict[str, Any], gates: FeatureGates) -> None:
+    """pkg/registry/resource/resourceclaimspec/strategy.go (DropDisabledFields) for the gates kept
+    here: a request's `capacity` while DRAConsumableCapacity is off (so a claim asking a slice is
+    stored asking a whole device), `adminAccess` while DRAAdminAccess is off; unless the stored
+    spec already uses them."""
+
+    def requests(of: dict[str, Any]) -> list[dict[str, Any]]:
+        return [r for r in _list(_dict(of.get("devices")).get("requests")) if isinstance(r, dict)]
+
+    def exact_and_subs(request: dict[str, Any]) -> list[dict[str, Any]]:
+        subs = [s for s in _list(request.get("firstAvailable")) if isinstance(s, dict)]
+        exact = request.get("exactly")
+        return [exact, *subs] if isinstance(exact, dict) else subs
+
+    old = [e for r in requests(old_spec) for e in exact_and_subs(r)]
+    if not gates.consumable_capacity and not any(e.get("capacity") is not None for e in old):
+        for request in requests(spec):
+            for exact in exact_and_subs(request):
+                exact.pop("capacity", None)
+    if not gates.admin_access and not any(
+        _dict(r.get("exactly")).get("adminAccess") is not None for r in requests(old_spec)
+    ):
+        for request in requests(spec):
+            _dict(request.get("exactly")).pop("adminAccess", None)
 
 
 def _uses_consumable_capacity(devices: list[dict[str, Any]]) -> bool:
