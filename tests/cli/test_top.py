@@ -24,6 +24,7 @@ from kube_vgpu.contract.names import (
 )
 from kube_vgpu.contract.register import GpuRecord, encode_register
 from kube_vgpu.kubeapi.client import Kube, load_api_client
+from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cache import ClusterCache
 from kube_vgpu.webhook.quota.charge import Charge
@@ -57,6 +58,8 @@ def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]
 @pytest.fixture
 def cluster(apiserver: ApiServerStandin, tmp_path: Path) -> Path:
     api = apiserver
+    # Claims keep their capacity requests only where DRAConsumableCapacity is on (1.36).
+    api.feature_gates = FeatureGates.of_release(36)
     api.put(
         gpu_node(
             "gpu-a100",
