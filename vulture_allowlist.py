@@ -144,6 +144,7 @@ _.inject_xid  # standins/nvml/core.py: an XID error event on a GPU
 _.deviceClassName  # webhook/quota/claims.py
 _.allocationMode  # webhook/quota/claims.py
 _.firstAvailable  # webhook/quota/claims.py
+_.adminAccess  # webhook/quota/claims.py
 DeviceRequest  # webhook/quota/claims.py
 # The pod watch's own freshness: tests of the cache read it beside the claim-aware one.
 _.pod_stream_current_at  # webhook/cache.py

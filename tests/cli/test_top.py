@@ -24,6 +24,7 @@ from kube_vgpu.contract.names import (
 )
 from kube_vgpu.contract.register import GpuRecord, encode_register
 from kube_vgpu.kubeapi.client import Kube, load_api_client
+from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cache import ClusterCache
 from kube_vgpu.webhook.quota.charge import Charge
@@ -57,6 +58,8 @@ def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]
 @pytest.fixture
 def cluster(apiserver: ApiServerStandin, tmp_path: Path) -> Path:
     api = apiserver
+    # Claims keep their capacity requests only where DRAConsumableCapacity is on (1.36).
+    api.feature_gates = FeatureGates.of_release(36)
     api.put(
         gpu_node(
             "gpu-a100",
@@ -339,3 +342,35 @@ def test_dra_shares_per_gpu_and_claims_per_namespace(
         ["dra-node/gpu-0", "2", "30720", "35"],
         ["dra-node/gpu-1", "1", "0", "+", "1", "whole", "0"],
     ]
+
+
+def test_an_admin_access_result_shows_no_share(
+    cluster: Path, apiserver: ApiServerStandin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A monitoring claim's result (adminAccess, in a namespace labelled for it) consumed nothing
+    for anyone: it adds no claim, memory or cores to its GPU, and no charge to its namespace."""
+    apiserver.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": "gpu-ops", "labels": {"resource.kubernetes.io/admin-access": "true"}},
+        }
+    )
+    apiserver.put(
+        dra_claim("a", "team-a", "20Gi", "30", [result("gpu-0", {"memory": "20Gi", "cores": "30"})])
+    )
+    monitor = dra_claim(
+        "monitor",
+        "gpu-ops",
+        "256Mi",
+        "1",
+        [{**result("gpu-0", {"memory": "256Mi", "cores": "1"}), "adminAccess": True}],
+    )
+    monitor["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = True
+    apiserver.put(monitor)
+    code, out, _ = top(cluster, capsys, "-o", "json")
+    assert code == 0
+    view = json.loads(out)
+    (gpu,) = view["dra_devices"]
+    assert (gpu["claims"], gpu["memory_mib"], gpu["cores"]) == (["team-a/a"], 20480, 30)
+    assert all(s["name"] != "gpu-ops" or s["claims"] == 0 for s in view["namespaces"])

@@ -18,6 +18,7 @@ from kube_vgpu.demo.dra import device_class
 from kube_vgpu.node.dra.attributes import GpuFacts
 from kube_vgpu.node.dra.slices import PoolSpec, SliceOptions, build_devices, build_slices
 from kube_vgpu.standins.apiserver.dra import FeatureGates
+from kube_vgpu.standins.apiserver.errors import StatusError
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.dra.scheduler import DraScheduler, Unschedulable
 
@@ -188,3 +189,38 @@ def test_docs_show_the_examples_as_they_are() -> None:
             f"{doc['metadata']['name']} in docs/dra.md differs from examples/dra/"
         )
     assert {d["metadata"]["name"] for d in shown} == {t["metadata"]["name"] for t in examples.values()}
+
+
+def admin_docs() -> list[dict[str, Any]]:
+    """The namespace and claim docs/dra.md shows for admin access."""
+    page = (ROOT / "docs" / "dra.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", page, re.DOTALL)
+    (found,) = [b for b in blocks if "adminAccess: true" in b]
+    return [d for d in yaml.safe_load_all(found) if d]
+
+
+def test_the_documented_admin_claim_validates_and_reaches_every_busy_gpu(apiserver: ApiServerStandin) -> None:
+    """The admin claim of docs/dra.md: valid for 1.36; in its labelled namespace it gets both GPUs of
+    a node beside two 20 GiB slices; the same claim in an unlabelled namespace is refused."""
+    namespace, admin = admin_docs()
+    for doc in (namespace, admin):
+        kubernetes_validate.validate(doc, "1.36.0", strict=True)
+    apiserver.feature_gates = FeatureGates.of_release(36)
+    scheduler = cluster(apiserver, gpus(A100, 81920))
+    for i in range(2):
+        apiserver.put(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"slice-{i}", "namespace": "default"},
+                "spec": template("slice-20gi-30pct.yaml")["spec"]["spec"],
+            }
+        )
+        assert scheduler.allocate("default", f"slice-{i}", NODE)["status"]["allocation"]
+    apiserver.put(namespace)
+    apiserver.put(admin)
+    stored = scheduler.allocate("gpu-ops", admin["metadata"]["name"], NODE)
+    results = stored["status"]["allocation"]["devices"]["results"]
+    assert [(r["device"], r["adminAccess"]) for r in results] == [("gpu-0", True), ("gpu-1", True)]
+    with pytest.raises(StatusError, match="admin-access: true` label on the containing namespace"):
+        apiserver.put({**admin, "metadata": {**admin["metadata"], "namespace": "default"}})

@@ -209,3 +209,18 @@ def test_own_nodes_slices_written_others_refused(slice_policy: Policy) -> None:
         allowed, message = slice_policy.admit(_slice_request(operation, "s"), old, new)
         assert not allowed, (operation, old, new)
         assert message.endswith("its ResourceSlices, not resourceslices s"), message
+
+
+def test_the_notes_say_what_a_dra_group_installed_and_how_to_ask_for_a_slice() -> None:
+    notes = _render(dra={"extendedResourceName": "kube-vgpu.io/gpu"}).notes
+    assert "Node groups: default (hami-core), dra (hami-core, DRA)" in notes
+    assert "DRA node groups: dra: driver vgpu.kube-vgpu.io" in notes
+    assert "The class serves kube-vgpu.io/gpu: a pod asking kube-vgpu.io/gpu: 1" in notes
+    assert 'capacity: {requests: {memory: 20Gi, cores: "30"}}' in notes
+    assert "docs/dra.md" in notes and "deviceshare.VGPUEnable" in notes  # the Volcano group too
+    only_dra = _render(groups=[DRA_GROUP]).notes
+    assert "DRA node groups: dra:" in only_dra and "DeviceClass vgpu.kube-vgpu.io." in only_dra
+    assert "The class serves" not in only_dra
+    assert "deviceshare.VGPUEnable" not in only_dra  # no Volcano group: no Volcano to set up
+    volcano_only = _render(groups=[VOLCANO_GROUP]).notes
+    assert "DRA node groups" not in volcano_only and "deviceshare.VGPUEnable" in volcano_only

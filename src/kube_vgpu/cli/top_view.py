@@ -219,8 +219,8 @@ def dra_devices(claims: Iterable[ClaimRecord], classes: frozenset[str]) -> list[
         meta = claim_metadata(claim)
         who = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         for result in _results(claim):
-            if result.get("driver") != DRIVER:
-                continue
+            if result.get("driver") != DRIVER or result.get("adminAccess") is True:
+                continue  # admin access holds nothing of the GPU (the scheduler counts it for no one)
             pool, device = str(result.get("pool", "")), str(result.get("device", ""))
             view = out.setdefault((pool, device), DraDeviceView(pool, device))
             view.claims.append(who)

@@ -121,8 +121,9 @@ class Device(_message.Message):
     device_name: _builtins.str
     share_id: _builtins.str
     """The share of a device allocated to several claims at once (ResourceClaim
-    status.allocation.devices.results[].shareID); the kubelet's DRA manager
-    (pkg/kubelet/cm/dra/manager.go) records it with the device.
+    status.allocation.devices.results[].shareID). In the API since Kubernetes
+    1.35 (k8s.io/kubelet v0.35.0, "[DRA] Add ShareID to kubelet plugin API");
+    a 1.34 kubelet drops it as an unknown field.
     """
     @_builtins.property
     def request_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:

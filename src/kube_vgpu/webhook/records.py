@@ -149,6 +149,7 @@ class DeviceResult(TypedDict, total=False):
     device: str
     shareID: str
     consumedCapacity: dict[str, Any]
+    adminAccess: bool
 
 
 class AllocatedDevices(TypedDict, total=False):

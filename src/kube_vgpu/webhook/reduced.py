@@ -224,15 +224,11 @@ def reduce_namespace(namespace: dict[str, Any]) -> NamespaceRecord:
 _CLAIM_METADATA: tuple[
     Literal["name", "namespace", "uid", "resourceVersion", "generateName", "deletionTimestamp"], ...
 ] = ("name", "namespace", "uid", "resourceVersion", "generateName", "deletionTimestamp")
-_DEVICE_REQUEST_FIELDS = ("name", "deviceClassName", "allocationMode", "count", "capacity")
-_RESULT_FIELDS: tuple[Literal["request", "driver", "pool", "device", "shareID", "consumedCapacity"], ...] = (
-    "request",
-    "driver",
-    "pool",
-    "device",
-    "shareID",
-    "consumedCapacity",
-)
+# adminAccess: such a request and its results consume nothing (quota and `top` skip them).
+_DEVICE_REQUEST_FIELDS = ("name", "deviceClassName", "allocationMode", "count", "capacity", "adminAccess")
+_RESULT_FIELDS: tuple[
+    Literal["request", "driver", "pool", "device", "shareID", "consumedCapacity", "adminAccess"], ...
+] = ("request", "driver", "pool", "device", "shareID", "consumedCapacity", "adminAccess")
 
 
 def _result(raw: Mapping[str, Any]) -> DeviceResult:

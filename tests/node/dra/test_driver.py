@@ -21,6 +21,7 @@ from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.dra.driver import DraNodePlugin, DraSettings
 from kube_vgpu.node.dra.server import DRIVER_NAME, dra_socket, registration_socket
 from kube_vgpu.node.dra.slices import UNHEALTHY_TAINT_KEY
+from kube_vgpu.node.dra.volcano import DEVICE_PLUGIN_ON_DRA_NODE
 from kube_vgpu.node.events import HAMI_CORE_FOUND, HAMI_CORE_MISSING
 from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -213,3 +214,33 @@ async def test_the_slice_watch_alone_brings_a_wiped_pool_back(api: ApiServerStan
             api.delete("ResourceSlice", s["metadata"]["name"])
         await eventually(lambda: taints(api) == {"gpu-0": [], "gpu-1": []})
         assert plugin.publisher.state.generation == generation + 1
+
+
+async def test_a_volcano_device_plugin_on_the_same_node_is_said_once_and_its_leaving_too(
+    api: ApiServerStandin, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kubelet shows a device plugin's resource in the Node's capacity; while a Volcano vGPU
+    resource has a non-zero amount there the DRA plugin says so (log line, metric, one Warning
+    Event), and when the kubelet reports it at 0 (the device plugin gone) the metric drops."""
+    caplog.set_level(logging.INFO)
+    async with running(api, tmp_path) as plugin:
+        assert plugin.metrics_server is not None
+        port = plugin.metrics_server.port
+        metric = f'kube_vgpu_dra_device_plugin_resources{{node="{NODE}"}}'
+        assert f"{metric} 0.0" in await metrics_text(port)
+        both = node_object()
+        both["status"]["capacity"].update({"volcano.sh/vgpu-number": "20", "volcano.sh/vgpu-memory": "65536"})
+        api.put(both)
+        await eventually(lambda: "event=device_plugin_on_dra_node" in caplog.text)
+        assert f"{metric} 2.0" in await metrics_text(port)
+        await eventually(lambda: bool(node_events(api, DEVICE_PLUGIN_ON_DRA_NODE)))
+        (event,) = node_events(api, DEVICE_PLUGIN_ON_DRA_NODE)
+        assert event["type"] == "Warning"
+        assert "volcano.sh/vgpu-memory=65536, volcano.sh/vgpu-number=20" in event["message"]
+        assert caplog.text.count("event=device_plugin_on_dra_node") == 1  # said once, not every resync
+        gone = node_object()
+        gone["status"]["capacity"].update({"volcano.sh/vgpu-number": "0", "volcano.sh/vgpu-memory": "0"})
+        api.put(gone)
+        await eventually(lambda: "event=device_plugin_gone" in caplog.text)
+        assert f"{metric} 0.0" in await metrics_text(port)
+        assert len(node_events(api, DEVICE_PLUGIN_ON_DRA_NODE)) == 1

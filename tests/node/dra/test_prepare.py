@@ -371,18 +371,60 @@ async def test_the_claim_must_be_the_one_named_and_allocated(apiserver: ApiServe
             await node.prepare(missing)
 
 
+def admin_namespace(apiserver: ApiServerStandin, name: str = "ops") -> str:
+    """The API server stores adminAccess allocations only in a namespace labelled for it."""
+    apiserver.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"resource.kubernetes.io/admin-access": "true"}},
+        }
+    )
+    return name
+
+
 async def test_admin_access_reaches_a_full_gpu_without_limits(
     apiserver: ApiServerStandin, root: Path
 ) -> None:
+    ops = admin_namespace(apiserver)
     async with dra_node(apiserver, root) as node:
         await node.prepare(node.claim("whole", [share("gpu-7")]))
-        monitor = node.claim("monitor", [share("gpu-7", adminAccess=True)])
+        monitor = node.claim("monitor", [share("gpu-7", adminAccess=True)], namespace=ops)
         (device,) = (await node.prepare(monitor))[monitor.uid]
         assert device.cdi_device_ids == (f"nvidia.com/gpu={uuid(7)}",)
         assert not any(k.startswith("CUDA_") for k in node.container([device]))
         assert f"vgpu.kube-vgpu.io-claim_{monitor.uid}.json" not in node.spec_files()
         await node.unprepare(monitor)
         assert monitor.uid not in node.checkpoint()
+
+
+async def test_an_admin_access_share_holds_nothing_across_a_restart(
+    apiserver: ApiServerStandin, root: Path
+) -> None:
+    """The monitor is prepared first and counted for nothing: a whole-card claim still fits beside
+    it, before and after a plugin restart (the checkpoint keeps it as admin access); the shares it
+    reports (consumedCapacity of a shared device) are ignored; unprepare removes only its entry."""
+    ops = admin_namespace(apiserver)
+    async with dra_node(apiserver, root) as node:
+        monitor = node.claim(
+            "monitor", [share("gpu-3", "80Gi", "100", adminAccess=True, shareID="s-1")], namespace=ops
+        )
+        before = await node.prepare(monitor)
+        assert node.checkpoint()[monitor.uid]["shares"][0]["adminAccess"] is True
+        assert node.checkpoint()[monitor.uid]["shares"][0]["memoryMiB"] == 0
+        await node.stop()
+        await node.start()
+        assert await node.prepare(monitor) == before
+        whole = node.claim("whole", [share("gpu-3", "80Gi", "100")])
+        (device,) = (await node.prepare(whole))[whole.uid]
+        assert node.container([device])["CUDA_DEVICE_MEMORY_LIMIT_0"] == "81920m"
+        # The other side: a user share beside the whole card is refused as ever.
+        late = node.claim("late", [share("gpu-3", "1Mi", "1")])
+        with pytest.raises(DraError, match=r"81920 MiB held by 1 other prepared claim"):
+            await node.prepare(late)
+        await node.unprepare(monitor)
+        assert list(node.checkpoint()) == [whole.uid]
+        assert node.spec_files() == [f"vgpu.kube-vgpu.io-claim_{whole.uid}.json"]
 
 
 @pytest.mark.parametrize("uid", ["../../x", "a/b", "", "x" * 64, "uid with space"])

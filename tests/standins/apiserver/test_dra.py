@@ -11,6 +11,9 @@ Pinned against Kubernetes' own code:
   immutable (`ValidateResourceClaimUpdate`); status is written through `/status`;
 * `pkg/apis/resource/v1/defaults.go`: `allocationMode` defaults to ExactCount and `count` to 1;
 * `pkg/apis/resource/validation/validation.go`: the checks exercised below, with their messages.
+* `pkg/registry/resource/utils.go`: `adminAccess` only in namespaces labelled
+  `resource.kubernetes.io/admin-access: "true"`, checked on the spec at create and on new
+  allocation results.
 """
 
 from __future__ import annotations
@@ -355,7 +358,10 @@ def create_claim(custom: client.CustomObjectsApi, body: dict[str, Any]) -> dict[
     return created
 
 
-def test_claim_defaults_and_canonical_capacity(custom: client.CustomObjectsApi) -> None:
+def test_claim_defaults_and_canonical_capacity(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    apiserver.feature_gates = FeatureGates(consumable_capacity=True)
     body = claim(capacity={"requests": {"memory": "30720Mi", "cores": 30}})
     body["status"] = {"allocation": {"devices": {"results": []}}}
     created = create_claim(custom, body)
@@ -364,6 +370,34 @@ def test_claim_defaults_and_canonical_capacity(custom: client.CustomObjectsApi) 
     assert exactly["count"] == 1
     assert exactly["capacity"]["requests"] == {"memory": "30Gi", "cores": "30"}
     assert "status" not in created  # a created claim's status is reset
+
+
+@pytest.mark.parametrize("consumable_capacity", [False, True])
+def test_claim_capacity_requests_follow_the_consumable_capacity_gate(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi, consumable_capacity: bool
+) -> None:
+    """resourceclaimspec.DropDisabledFields: with DRAConsumableCapacity off (1.34 and 1.35 by
+    default) a claim or template asking a slice is stored asking a whole device, in `exactly` and
+    in every firstAvailable alternative; with it on the amounts are kept."""
+    apiserver.feature_gates = FeatureGates(consumable_capacity=consumable_capacity)
+    amounts = {"requests": {"memory": "1Gi", "cores": "10"}}
+    body = claim(capacity=amounts)
+    sub = {"name": "small", "deviceClassName": DRIVER, "capacity": amounts}
+    body["spec"]["devices"]["requests"].append({"name": "either", "firstAvailable": [sub]})
+    template = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t"},
+        "spec": {"spec": body["spec"]},
+    }
+    stored_claim = create_claim(custom, body)["spec"]
+    stored_template = custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "resourceclaimtemplates", template
+    )["spec"]["spec"]
+    for spec in (stored_claim, stored_template):
+        exact, (alternative,) = (r.get("exactly") or r["firstAvailable"] for r in spec["devices"]["requests"])
+        assert ("capacity" in exact) is consumable_capacity
+        assert ("capacity" in alternative) is consumable_capacity
 
 
 def test_claim_spec_is_immutable(custom: client.CustomObjectsApi) -> None:
@@ -532,6 +566,7 @@ def raw_create(
 
 
 def test_unknown_request_fields_are_dropped_with_a_warning(apiserver: ApiServerStandin) -> None:
+    apiserver.feature_gates = FeatureGates(consumable_capacity=True)
     body = claim(capacity={"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}})
     body["spec"]["devices"]["requests"][0]["exactly"]["capcity"] = {"requests": {"memory": "1Gi"}}
     code, stored, warnings = raw_create(apiserver, body)
@@ -556,3 +591,96 @@ def test_unknown_request_fields_are_refused_under_strict_validation(apiserver: A
     code, status, _ = raw_create(apiserver, claim(), "?fieldValidation=Loose")
     assert code == 400
     assert "fieldValidation must be one of" in status["message"]
+
+
+# -- admin access (pkg/registry/resource/utils.go: AuthorizedForAdmin, AuthorizedForAdminStatus) ------
+
+ADMIN_LABEL = "resource.kubernetes.io/admin-access"
+ADMIN_FORBIDDEN = (
+    "Forbidden: admin access to devices requires the `resource.kubernetes.io/admin-access: true` "
+    "label on the containing namespace"
+)
+
+
+def namespace(apiserver: ApiServerStandin, name: str, labels: dict[str, str]) -> None:
+    with apiserver.api_client() as api_client:
+        client.CoreV1Api(api_client).create_namespace({"metadata": {"name": name, "labels": labels}})
+
+
+def admin_claim(name: str = "monitor") -> dict[str, Any]:
+    body = claim(name, adminAccess=True, allocationMode="All")
+    body["spec"]["devices"]["requests"].insert(0, {"name": "work", "exactly": {"deviceClassName": DRIVER}})
+    return body
+
+
+@pytest.mark.parametrize(
+    ("labels", "admitted"),
+    [
+        ({ADMIN_LABEL: "true"}, True),
+        ({}, False),
+        ({ADMIN_LABEL: "false"}, False),
+        ({ADMIN_LABEL: "True"}, False),  # the value is compared as written: "true" only
+        ({"admin-access": "true"}, False),
+    ],
+)
+def test_admin_access_is_stored_only_in_a_namespace_labelled_for_it(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi, labels: dict[str, str], admitted: bool
+) -> None:
+    """A tenant cannot escape its quota with adminAccess: where the namespace lacks the label the
+    API server refuses the claim (and a template) before any validating webhook is called, naming
+    the first request that asks it."""
+    namespace(apiserver, "team-a", labels)
+    template = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t"},
+        "spec": {"spec": admin_claim()["spec"]},
+    }
+    for plural, body in (("resourceclaims", admin_claim()), ("resourceclaimtemplates", template)):
+        if admitted:
+            created = custom.create_namespaced_custom_object(GROUP, VERSION, "team-a", plural, body)
+            spec = created["spec"] if plural == "resourceclaims" else created["spec"]["spec"]
+            assert spec["devices"]["requests"][1]["exactly"]["adminAccess"] is True
+            continue
+        with pytest.raises(client.ApiException) as refused:
+            custom.create_namespaced_custom_object(GROUP, VERSION, "team-a", plural, body)
+        assert refused.value.status == 422
+        message = status_of(refused.value)["message"]
+        assert f"spec.devices.requests[1].adminAccess: {ADMIN_FORBIDDEN}" in message
+        assert apiserver.list(plural, "team-a") == []
+
+
+def test_admin_access_false_or_absent_needs_no_label(custom: client.CustomObjectsApi) -> None:
+    assert create_claim(custom, claim("off", adminAccess=False))["metadata"]["name"] == "off"
+    assert create_claim(custom, claim("unset"))["metadata"]["name"] == "unset"
+
+
+def test_an_admin_access_allocation_needs_the_label_too(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    """The status check: an allocation result with adminAccess written into an unlabelled
+    namespace is refused (one already stored is kept on later writes)."""
+    namespace(apiserver, "ops", {ADMIN_LABEL: "true"})
+    result = {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0", "adminAccess": True}
+    status = {"status": {"allocation": {"devices": {"results": [result]}}}}
+    create_claim(custom, claim())
+    with pytest.raises(client.ApiException) as refused:
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, "default", "resourceclaims", "c1", status
+        )
+    assert (
+        f"status.allocation.devices.results[0].adminAccess: {ADMIN_FORBIDDEN}"
+        in status_of(refused.value)["message"]
+    )
+    custom.create_namespaced_custom_object(GROUP, VERSION, "ops", "resourceclaims", claim())
+    written = custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, "ops", "resourceclaims", "c1", status
+    )
+    assert written["status"]["allocation"]["devices"]["results"][0]["adminAccess"] is True
+    with apiserver.api_client() as api_client:  # the label goes; the stored allocation stays valid
+        client.CoreV1Api(api_client).patch_namespace("ops", {"metadata": {"labels": {ADMIN_LABEL: None}}})
+    reserved = {"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]}}
+    kept = custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, "ops", "resourceclaims", "c1", reserved
+    )
+    assert kept["status"]["reservedFor"][0]["name"] == "p"

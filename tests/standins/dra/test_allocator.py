@@ -11,6 +11,7 @@ import pytest
 from kube_vgpu.node.dra.attributes import GpuFacts
 from kube_vgpu.node.dra.slices import DRIVER, PoolSpec, SliceOptions, Unhealthy, build_devices, build_slices
 from kube_vgpu.standins.apiserver.dra import FeatureGates
+from kube_vgpu.standins.apiserver.errors import StatusError
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.dra.allocator import consumed
 from kube_vgpu.standins.dra.scheduler import DraScheduler, Unschedulable
@@ -333,3 +334,86 @@ def test_an_unknown_class_is_named(api: ApiServerStandin, scheduler: DraSchedule
     claim(api, "c1", {"name": "gpu", "exactly": {"deviceClassName": "nope.example.com"}})
     with pytest.raises(Unschedulable, match=r"device class nope\.example\.com does not exist"):
         scheduler.allocate("default", "c1", NODE)
+
+
+# -- admin access ------------------------------------------------------------------------------------
+
+WHOLE = SliceOptions(consumable_capacity=False, device_taints=False)
+
+
+def admin_namespace(api: ApiServerStandin) -> None:
+    """The API server stores adminAccess claims and allocations only in a namespace so labelled."""
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": "default", "labels": {"resource.kubernetes.io/admin-access": "true"}},
+        }
+    )
+
+
+def test_admin_access_gets_a_whole_gpu_already_allocated_and_takes_it_from_nobody(
+    api: ApiServerStandin, scheduler: DraScheduler
+) -> None:
+    admin_namespace(api)
+    publish(api, GPUS[:1], options=WHOLE)
+    claim(api, "user", exactly())
+    claim(api, "monitor", exactly(adminAccess=True))
+    claim(api, "next", exactly())
+    assert "adminAccess" not in results(scheduler.allocate("default", "user", NODE))[0]
+    (result,) = results(scheduler.allocate("default", "monitor", NODE))
+    assert result["device"] == "gpu-0" and result["adminAccess"] is True
+    assert "shareID" not in result and "consumedCapacity" not in result
+    with pytest.raises(Unschedulable):  # the user's GPU stays the user's
+        scheduler.allocate("default", "next", NODE)
+    scheduler.deallocate("default", "user")
+    # The monitor's result holds nothing: the next user gets the GPU while the monitor keeps it.
+    assert results(scheduler.allocate("default", "next", NODE))[0]["device"] == "gpu-0"
+
+
+def test_admin_access_takes_a_device_only_once_per_claim(
+    api: ApiServerStandin, scheduler: DraScheduler
+) -> None:
+    admin_namespace(api)
+    publish(api, GPUS[:1], options=WHOLE)
+    claim(api, "two", exactly(adminAccess=True, count=2))
+    claim(api, "one", exactly(adminAccess=True, count=1))
+    with pytest.raises(Unschedulable):
+        scheduler.allocate("default", "two", NODE)
+    assert len(results(scheduler.allocate("default", "one", NODE))) == 1
+
+
+def test_admin_access_on_a_shared_gpu_must_fit_beside_the_shares_and_then_consumes_nothing(
+    api: ApiServerStandin, scheduler: DraScheduler
+) -> None:
+    """As Kubernetes 1.36's allocator does: the capacity check runs for an admin request too (it
+    asks the policy's defaults, the whole card, unless it names less), but once allocated its
+    result counts for no one: a user claim filling the card exactly still fits after it."""
+    admin_namespace(api)
+    publish(api, GPUS[:1])
+    claim(api, "user", exactly(capacity=memory("30Gi", cores="30")))
+    claim(api, "whole-monitor", exactly(adminAccess=True))
+    claim(api, "monitor", exactly(adminAccess=True, capacity=memory("256Mi", cores="1")))
+    claim(api, "rest", exactly(capacity=memory("50Gi", cores="70")))
+    claim(api, "over", exactly(capacity=memory("256Mi", cores="1")))
+    scheduler.allocate("default", "user", NODE)
+    with pytest.raises(Unschedulable, match="devices in use"):
+        scheduler.allocate("default", "whole-monitor", NODE)
+    (result,) = results(scheduler.allocate("default", "monitor", NODE))
+    assert result["adminAccess"] is True and result["shareID"]
+    assert result["consumedCapacity"] == {"memory": "256Mi", "cores": "1"}
+    assert results(scheduler.allocate("default", "rest", NODE))[0]["device"] == "gpu-0"
+    with pytest.raises(Unschedulable):  # the card is full now: 80Gi and 100 cores held by users
+        scheduler.allocate("default", "over", NODE)
+
+
+def test_admin_access_allocation_is_refused_in_an_unlabelled_namespace(
+    api: ApiServerStandin, scheduler: DraScheduler
+) -> None:
+    """The scheduler's status write goes through the API server's check too."""
+    publish(api, GPUS[:1], options=WHOLE)
+    admin_namespace(api)
+    claim(api, "monitor", exactly(adminAccess=True))
+    api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}})
+    with pytest.raises(StatusError, match=r"results\[0\]\.adminAccess: Forbidden"):
+        scheduler.allocate("default", "monitor", NODE)

@@ -147,6 +147,22 @@ def test_a_claim_made_from_a_template_is_charged_like_any_other() -> None:
     assert not refused.allowed and "in use 51200 MiB of 61440 MiB" in refused.message
 
 
+def test_an_admin_access_claim_books_nothing_and_the_quota_stays_whole() -> None:
+    """A monitoring claim with adminAccess (the API server admits it only in a namespace labelled
+    resource.kubernetes.io/admin-access) is admitted past the memory label and books nothing; the
+    namespace's full quota is still there for its workloads, and the next claim past it is refused."""
+    p = Pipeline()
+    monitor, every, work, over = p.run(
+        claim_review(claim(gpu(memory=None, adminAccess=True), uid="m", name="monitor")),
+        claim_review(claim(gpu(memory=None, adminAccess=True, allocationMode="All"), uid="e", name="every")),
+        claim_review(claim(gpu(memory="60Gi"), uid="w", name="work")),
+        claim_review(claim(gpu(memory="1Gi"), uid="o", name="over")),
+    )
+    assert monitor.allowed and every.allowed and work.allowed
+    assert p.gate.reserved("team-a") == Charge(1, 60 * 1024, 30)
+    assert not over.allowed and "in use 61440 MiB of 61440 MiB" in over.message
+
+
 def test_other_classes_and_quota_free_namespaces_pass() -> None:
     p = Pipeline()
     theirs, free, unconfigured = p.run(

@@ -18,6 +18,7 @@ import pytest
 from kube_vgpu.contract.dra import DEVICE_CLASS
 from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL
 from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain
+from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.shared import decode_entries, object_name
 from tests.support.webhook import A100, TlsFiles, gpu_node
@@ -73,6 +74,8 @@ def claim_review(*, dry_run: bool = False) -> dict[str, Any]:
 
 @pytest.fixture
 def replicas(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[tuple[list[Replica], TlsFiles]]:
+    # Claims keep their capacity requests only where DRAConsumableCapacity is on (1.36).
+    apiserver.feature_gates = FeatureGates.of_release(36)
     apiserver.put(gpu_node("a100", "hami-core", [(A100, 81920)] * 2))
     apiserver.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": RELEASE}})
     labels = {QUOTA_MEMORY_LABEL: str(ROOM * 2048)}

@@ -30,6 +30,7 @@ from kube_vgpu.webhook.quota.claims import (
     quantity,
 )
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
+from kube_vgpu.webhook.reduced import claim_reducer
 from tests.support.memory_store import MemoryStore
 from tests.support.webhook_quota import Clocks, close, make_gate
 
@@ -137,6 +138,37 @@ def test_requests_of_other_classes_cost_nothing() -> None:
     mixed = claim(exact("ours", memory="8Gi", cores="10"), exact("nic", device_class="nic.example.com"))
     assert charge_of(mixed) == Charge(1, 8 * GIB, 10)
     assert not parse_claim(claim(exact(device_class="gpu.nvidia.com")), CLASSES).asks_vgpu
+
+
+def test_an_admin_access_request_costs_nothing_and_its_neighbours_are_still_charged() -> None:
+    """adminAccess gets no capacity (the scheduler counts such results as allocated to nobody), and
+    the API server stores it only in a namespace an admin labelled: it is not charged, whatever its
+    shape, allocationMode All included. adminAccess false, or a request without it, is charged."""
+    whole = claim({**exact(), "adminAccess": True})
+    assert not parse_claim(whole, CLASSES).asks_vgpu
+    assert charge_of(whole) == Charge(0, 0, 0)
+    every = parse_claim(claim({**exact(mode="All"), "adminAccess": True}), CLASSES)
+    assert every.all_devices == () and not every.asks_vgpu
+    beside = claim({**exact("monitor"), "adminAccess": True}, exact("work", memory="8Gi", cores="10"))
+    assert charge_of(beside) == Charge(1, 8 * GIB, 10)
+    assert charge_of(claim({**exact(memory="8Gi", cores="10"), "adminAccess": False})) == Charge(
+        1, 8 * GIB, 10
+    )
+    assert parse_claim(claim({**exact(mode="All"), "adminAccess": False}), CLASSES).all_devices == ("gpu",)
+
+
+@pytest.mark.parametrize("value", ["true", 1, "yes", [True], {"on": True}])
+def test_an_admin_access_that_is_no_boolean_is_refused_naming_the_field(value: object) -> None:
+    with pytest.raises(ClaimError) as caught:
+        parse_claim(claim({**exact(memory="1Gi"), "adminAccess": value}), CLASSES)
+    assert "spec.devices.requests[0] ('gpu').exactly.adminAccess must be true or false" in str(caught.value)
+
+
+def test_an_admin_access_request_is_still_read_whole() -> None:
+    """A malformed admin request is refused like any other: the charge never depends on which
+    field a bad claim gets wrong first."""
+    with pytest.raises(ClaimError, match=r"capacity\.requests\.memory 'lots' is not a Kubernetes quantity"):
+        parse_claim(claim({**exact(memory="lots"), "adminAccess": True}), CLASSES)
 
 
 @pytest.mark.parametrize(
@@ -250,6 +282,22 @@ def test_the_ledger_counts_a_claim_until_it_is_deleted() -> None:
     assert ledger.usage("team-a") == Charge(1, 81920, 100)
     ledger.resync_claims([])
     assert ledger.usage("team-a") == Charge()
+
+
+def test_the_ledger_counts_no_admin_access_claim_read_back_from_the_cache() -> None:
+    """After a restart the webhook charges the claims its cache lists, reduced as the cache keeps
+    them: the adminAccess flag must survive the reduction, or a monitoring claim would be charged
+    a whole GPU per device."""
+    reduce = claim_reducer(CLASSES)
+    ledger = claim_gate(Clocks(), MemoryStore()).ledger
+    monitor = claim({**exact(), "adminAccess": True})
+    work = claim(exact(memory="20Gi", cores="30"))
+    for obj in (monitor, work):
+        slim = reduce(obj)
+        assert slim is not None
+        ledger.claim_seen(slim)
+    assert ledger.usage("team-a") == Charge(1, 20 * GIB, 30)
+    assert ledger.pods("team-a") == [f"resourceclaim/{work['metadata']['name']}"]
 
 
 # -- the gate: two replicas sharing one store -------------------------------------------------------

@@ -14,6 +14,7 @@ from kube_vgpu.contract.config import Config, WebhookConfig
 from kube_vgpu.contract.dra import DEVICE_CLASS
 from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL
 from kube_vgpu.kubeapi.client import Kube, load_api_client
+from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.admission.gates import ClaimQuotaRequest
 from kube_vgpu.webhook.admission.review import parse_review
@@ -57,6 +58,8 @@ async def wait_for(cache: ClusterCache, condition: Callable[[], bool], what: str
 async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
     apiserver: ApiServerStandin, tmp_path: Path
 ) -> None:
+    # Claims keep their capacity requests only where DRAConsumableCapacity is on (1.36).
+    apiserver.feature_gates = FeatureGates.of_release(36)
     apiserver.put(support.gpu_node("a100", "hami-core", [(support.A100, 81920)]))
     apiserver.put(
         {

@@ -42,6 +42,8 @@ from kube_vgpu.node.dra.server import (
     inventory_cards,
     serve_dra,
 )
+from kube_vgpu.node.dra.volcano import DEVICE_PLUGIN_ON_DRA_NODE, conflict_message, device_plugin_resources
+from kube_vgpu.node.events import node_reference
 from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, hold_while_missing
 from kube_vgpu.node.nvml.gpus import GpuInfo, check_inventory, discover
 from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
@@ -124,7 +126,14 @@ class _DraCollector(Collector):
             memory.add_metric(labels, held_memory.get(gpu.uuid, 0))
             cores.add_metric(labels, held_cores.get(gpu.uuid, 0))
         claims.add_metric([node], len(prepared))
-        yield from (total, healthy, memory, cores, claims)
+        volcano = GaugeMetricFamily(
+            "kube_vgpu_dra_device_plugin_resources",
+            "Volcano vGPU resource names this DRA node also advertises with a non-zero amount (a device "
+            "plugin serves it too: should be 0)",
+            labels=["node"],
+        )
+        volcano.add_metric([node], len(d.device_plugin_resources))
+        yield from (total, healthy, memory, cores, claims, volcano)
         if d.hook_path is not None:
             ready = GaugeMetricFamily(
                 "kube_vgpu_hami_core_ready",
@@ -152,6 +161,8 @@ class DraNodePlugin:
     hook_path: HookPathWatch | None = None
     usage: UsageSampler | None = None
     metrics_server: MetricsServer | None = None
+    # Volcano vGPU resources the Node advertises too (a device plugin on a DRA node): name -> amount.
+    device_plugin_resources: dict[str, str] = field(default_factory=dict)
     registry: CollectorRegistry = field(default_factory=lambda: CollectorRegistry(auto_describe=False))
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _stopping: asyncio.Future[None] | None = None
@@ -237,6 +248,7 @@ class DraNodePlugin:
             self.server.registration_path,
             self.server.dra_path,
         )
+        await self._check_device_plugin()
         self._spawn(publisher.run(), "dra-publisher")
         # The pool's slices watched: one the kubelet deletes or anyone edits is published again.
         self._watch_thread = asyncio.get_running_loop().run_in_executor(None, publisher.watch_forever)
@@ -289,6 +301,28 @@ class DraNodePlugin:
                 await self.publisher.publish()
             except KubeError as exc:
                 log.warning("event=dra_slices_failed node=%s error=%r", self.settings.node_name, str(exc))
+            await self._check_device_plugin()
+
+    async def _check_device_plugin(self) -> None:
+        """Read the Node: a Volcano vGPU resource advertised with a non-zero amount means a device
+        plugin serves this node too (`node.dra.volcano`). Said once when it appears (a Warning log
+        line and a Node Event) and once when it goes; the metric holds it meanwhile."""
+        s = self.settings
+        try:
+            found = await self.api.node(s.config.node.allocate_timeout_seconds)
+        except KubeError as exc:
+            log.warning("event=node_read_failed node=%s error=%r", s.node_name, str(exc))
+            return
+        if found is None:
+            return
+        names = device_plugin_resources(found, s.config.resource_names.all())
+        if names and not self.device_plugin_resources:
+            message = conflict_message(s.node_name, names)
+            log.warning("event=device_plugin_on_dra_node node=%s message=%r", s.node_name, message)
+            self.api.events.record(node_reference(s.node_name), "Warning", DEVICE_PLUGIN_ON_DRA_NODE, message)
+        elif self.device_plugin_resources and not names:
+            log.info("event=device_plugin_gone node=%s", s.node_name)
+        self.device_plugin_resources = names
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coroutine, name=f"kube-vgpu-{name}")

@@ -234,15 +234,22 @@ def check_fit(
     cards: Mapping[str, Card],
 ) -> None:
     """Refuse `new` (the shares of claim `ref`) when, with the shares of the other claims prepared on
-    this node, a GPU would hold more memory or cores than it has."""
+    this node, a GPU would hold more memory or cores than it has. Admin-access shares hold nothing
+    and are not counted among the claims holding the GPU."""
     for device in dict.fromkeys(s.device for s in new):
         card = cards[device]
-        others = [s for uid, held in prepared.items() if uid != ref.uid for s in held if s.device == device]
+        others = [
+            s
+            for uid, held in prepared.items()
+            if uid != ref.uid
+            for s in held
+            if s.device == device and not s.admin
+        ]
         claims = len(
             {
                 uid
                 for uid, held in prepared.items()
-                if uid != ref.uid and any(s.device == device for s in held)
+                if uid != ref.uid and any(s.device == device and not s.admin for s in held)
             }
         )
         mine = [s for s in new if s.device == device]

@@ -10,6 +10,7 @@ Written from Kubernetes' `pkg/registry/resource/{resourceslice,resourceclaim,dev
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +35,13 @@ MAX_CEL_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
 MAX_RESERVED_FOR = 256  # ResourceClaimReservedForMaxSize
 MAX_TAINTS = 16  # DeviceTaintsMaxLength
 TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+# k8s.io/api/resource/v1 DRAAdminNamespaceLabelKey: only a namespace carrying it with "true" may
+# hold claims, templates or allocations with adminAccess (DRAAdminAccess: beta and on in 1.34 and
+# 1.35, GA in 1.36).
+ADMIN_NAMESPACE_LABEL = "resource.kubernetes.io/admin-access"
+
+# The labels of a namespace, or None when it does not exist.
+NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -57,6 +65,7 @@ class FeatureGates:
     device_taints: bool = False  # DRADeviceTaints
     partitionable_devices: bool = False  # DRAPartitionableDevices
     extended_resource: bool = False  # DRAExtendedResource
+    admin_access: bool = True  # DRAAdminAccess: beta and on in 1.34 and 1.35, GA in 1.36
 
     @classmethod
     def of_release(cls, minor: int) -> FeatureGates:
@@ -89,12 +98,28 @@ def prepare(
         _default_claim_spec(_dict(obj.get("spec")))
     elif rt.plural == "resourceclaimtemplates":
         _default_claim_spec(_dict(_dict(obj.get("spec")).get("spec")))
-    _canonicalise(rt, obj)
+    _canonicalise(rt, obj)  # decoding comes first: a bad quantity is a 400 even where it is dropped
+    if rt.plural == "resourceclaims":
+        _drop_claim_spec_fields(_dict(obj.get("spec")), _dict((old or {}).get("spec")), gates)
+    elif rt.plural == "resourceclaimtemplates":
+        _drop_claim_spec_fields(
+            _dict(_dict(obj.get("spec")).get("spec")),
+            _dict(_dict((old or {}).get("spec")).get("spec")),
+            gates,
+        )
 
 
-def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-    """The part of validation.go a driver or a claim author could trip over; 422 naming every field."""
+def validate(
+    rt: ResourceType,
+    obj: dict[str, Any],
+    old: dict[str, Any] | None,
+    namespace_labels: NamespaceLabels | None = None,
+) -> None:
+    """The part of validation.go a driver or a claim author could trip over, after the admin-access
+    check of the strategies when `namespace_labels` is given; 422 naming every field."""
     causes: list[str] = []
+    if namespace_labels is not None:
+        causes += admin_access_causes(rt, obj, old, namespace_labels)
     if rt.plural == "resourceslices":
         _validate_slice(_dict(obj.get("spec")), _dict((old or {}).get("spec")) if old else None, causes)
     elif rt.plural == "deviceclasses":
@@ -112,6 +137,56 @@ def validate(rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) 
             _validate_claim_spec(_dict(_dict(obj.get("spec")).get("spec")), "spec.spec", causes)
     if causes:
         raise errors.invalid(rt.kind, str(obj["metadata"].get("name") or ""), causes, GROUP)
+
+
+# -- admin access -----------------------------------------------------------------------------------
+
+
+def admin_access_causes(
+    rt: ResourceType, obj: Mapping[str, Any], old: Mapping[str, Any] | None, namespace_labels: NamespaceLabels
+) -> list[str]:
+    """What the strategies of ResourceClaim and ResourceClaimTemplate refuse before validation
+    (pkg/registry/resource/utils.go: AuthorizedForAdmin on create, AuthorizedForAdminStatus on a
+    claim's status): the first request, or allocation result, with `adminAccess: true`, unless the
+    namespace is labelled `resource.kubernetes.io/admin-access: "true"`. The template's path is the
+    claim's (`spec.devices...`), as the real check builds it from the requests alone."""
+    path = None
+    if rt.plural in ("resourceclaims", "resourceclaimtemplates") and old is None:
+        spec = _dict(obj.get("spec"))
+        if rt.plural == "resourceclaimtemplates":
+            spec = _dict(spec.get("spec"))
+        for i, request in enumerate(_list(_dict(spec.get("devices")).get("requests"))):
+            # Only `exactly` has the field: a firstAvailable sub-request cannot ask admin access.
+            if _dict(_dict(request).get("exactly")).get("adminAccess") is True:
+                path = f"spec.devices.requests[{i}].adminAccess"
+                break
+    if rt.plural == "resourceclaims" and path is None:
+        old_results = _list(
+            _dict(_dict(_dict(_dict(old).get("status")).get("allocation")).get("devices")).get("results")
+        )
+        if not any(_dict(r).get("adminAccess") is True for r in old_results):
+            results = _list(
+                _dict(_dict(_dict(obj.get("status")).get("allocation")).get("devices")).get("results")
+            )
+            for i, result in enumerate(results):
+                if _dict(result).get("adminAccess") is True:
+                    path = f"status.allocation.devices.results[{i}].adminAccess"
+                    break
+    if path is None:
+        return []
+    namespace = str(_dict(obj.get("metadata")).get("namespace") or "")
+    labels = namespace_labels(namespace)
+    if labels is None:
+        return [
+            f"{path}: Internal error: could not retrieve namespace to verify admin access: "
+            f'namespaces "{namespace}" not found'
+        ]
+    if labels.get(ADMIN_NAMESPACE_LABEL) != "true":
+        return [
+            f"{path}: Forbidden: admin access to devices requires the "
+            f"`{ADMIN_NAMESPACE_LABEL}: true` label on the containing namespace"
+        ]
+    return []
 
 
 # -- unknown fields ----------------------------------------------------------------------------------
@@ -198,6 +273,32 @@ def _drop_slice_fields(obj: dict[str, Any], old: dict[str, Any] | None, gates: F
         for device in devices:
             for key in ("consumesCounters", "nodeName", "nodeSelector", "allNodes"):
                 device.pop(key, None)
+
+
+def _drop_claim_spec_fields(spec: dict[str, Any], old_spec: dict[str, Any], gates: FeatureGates) -> None:
+    """pkg/registry/resource/resourceclaimspec/strategy.go (DropDisabledFields) for the gates kept
+    here: a request's `capacity` while DRAConsumableCapacity is off (so a claim asking a slice is
+    stored asking a whole device), `adminAccess` while DRAAdminAccess is off; unless the stored
+    spec already uses them."""
+
+    def requests(of: dict[str, Any]) -> list[dict[str, Any]]:
+        return [r for r in _list(_dict(of.get("devices")).get("requests")) if isinstance(r, dict)]
+
+    def exact_and_subs(request: dict[str, Any]) -> list[dict[str, Any]]:
+        subs = [s for s in _list(request.get("firstAvailable")) if isinstance(s, dict)]
+        exact = request.get("exactly")
+        return [exact, *subs] if isinstance(exact, dict) else subs
+
+    old = [e for r in requests(old_spec) for e in exact_and_subs(r)]
+    if not gates.consumable_capacity and not any(e.get("capacity") is not None for e in old):
+        for request in requests(spec):
+            for exact in exact_and_subs(request):
+                exact.pop("capacity", None)
+    if not gates.admin_access and not any(
+        _dict(r.get("exactly")).get("adminAccess") is not None for r in requests(old_spec)
+    ):
+        for request in requests(spec):
+            _dict(request.get("exactly")).pop("adminAccess", None)
 
 
 def _uses_consumable_capacity(devices: list[dict[str, Any]]) -> bool:

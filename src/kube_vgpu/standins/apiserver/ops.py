@@ -187,7 +187,7 @@ class Operations:
             validate(rt, obj)
             if dra.is_dra(rt):
                 dra.prepare(rt, obj, None, self.feature_gates, scope="all" if direct else "main")
-                dra.validate(rt, obj, None)
+                dra.validate(rt, obj, None, self._namespace_labels)
             if dry_run:
                 return Stored(obj, self.store.rv)
             return self.store.commit(rt, "ADDED", obj, None)
@@ -370,7 +370,7 @@ class Operations:
         validate(rt, obj)
         if dra.is_dra(rt):
             dra.prepare(rt, obj, old, self.feature_gates, scope=scope)
-            dra.validate(rt, obj, old)
+            dra.validate(rt, obj, old, self._namespace_labels)
         if rt.has_generation and _spec_part(obj) != _spec_part(old):
             metadata["generation"] = int(old["metadata"].get("generation") or 0) + 1
         metadata["resourceVersion"] = str(current.rv)
@@ -384,6 +384,13 @@ class Operations:
         if metadata.get("deletionTimestamp") and not metadata.get("finalizers") and not in_grace:
             return self.store.commit(rt, "DELETED", obj, current)
         return self.store.commit(rt, "MODIFIED", obj, current)
+
+    def _namespace_labels(self, name: str) -> dict[str, str] | None:
+        stored = self.store.get(NAMESPACES, "", name)
+        if stored is None:
+            return None
+        labels = stored.obj["metadata"].get("labels")
+        return dict(labels) if isinstance(labels, dict) else {}
 
     def _graceful_seconds(self, rt: ResourceType, pod: dict[str, Any], grace: Any) -> int:
         if rt is not PODS or not self.graceful_pod_deletion:

@@ -14,6 +14,13 @@ What it does as the real one does:
   result carries a `shareID` and its `consumedCapacity`; a capacity a request names and the device
   lacks makes the device unsuitable, as does one over the device's value (for exclusive devices the
   request is a minimum);
+* `adminAccess: true` (only on `exactly`, DRAAdminAccess): the device may already be allocated to
+  other claims (not twice to this one, unless it allows multiple allocations); on a device that
+  allows multiple allocations the request's capacity must still fit beside the other claims'
+  shares (`CmpRequestOverCapacity` runs for it as for any request) and the result carries a
+  `shareID` and `consumedCapacity`; the result says `adminAccess: true`, and results so marked
+  count as allocated to nobody and consume nothing for later claims (kube-scheduler's
+  `allocateddevices.go`, `foreachAllocatedDevice`);
 * `exactly` with `count` or `allocationMode: All`; `firstAvailable` tries its sub-requests in order
   (results name `request/sub-request`); `matchAttribute` and `distinctAttribute` constraints;
 * the allocation's `nodeSelector` names the node of node-local slices.
@@ -181,6 +188,7 @@ class _Pick:
     parent: str
     candidate: Candidate
     consumed: dict[str, Decimal] | None  # shared devices only
+    admin: bool = False
 
 
 @dataclass
@@ -200,6 +208,8 @@ class ClaimAllocator:
         for claim in self.allocated:
             allocation = (claim.get("status") or {}).get("allocation") or {}
             for result in (allocation.get("devices") or {}).get("results") or []:
+                if result.get("adminAccess") is True:
+                    continue  # not considered as allocated: its device stays free for others
                 device = (result["driver"], result["pool"], result["device"])
                 if result.get("shareID") is None:
                     self._exclusive.add(device)
@@ -223,6 +233,8 @@ class ClaimAllocator:
                 "pool": pick.candidate.pool,
                 "device": pick.candidate.device["name"],
             }
+            if pick.admin:
+                result["adminAccess"] = True
             if pick.consumed is not None:
                 result["shareID"] = self.new_share_id()
                 capacity = pick.candidate.device.get("capacity") or {}
@@ -292,6 +304,8 @@ class ClaimAllocator:
             for n, a in ((exact.get("capacity") or {}).get("requests") or {}).items()
         }
         tolerations = exact.get("tolerations") or []
+        # A firstAvailable sub-request has no adminAccess (the accessor answers false).
+        admin = label == parent and exact.get("adminAccess") is True
         matching: list[tuple[Candidate, dict[str, Decimal] | None]] = []
         why = "no device matches its class and selectors"
         for candidate in devices:
@@ -305,7 +319,7 @@ class ClaimAllocator:
             if any(not _tolerated(t, tolerations) for t in taints):
                 why = "every matching device is tainted"
                 continue
-            use = self._fits(candidate, wanted)
+            use = self._fits(candidate, wanted, admin=admin)
             if use is False:
                 why = "no matching device has the capacity asked: " + ", ".join(
                     f"{n}={a}" for n, a in wanted.items()
@@ -317,7 +331,7 @@ class ClaimAllocator:
         if mode == "All" and not matching:
             raise Unschedulable(f"request {label}: {why}")
         found = False
-        for chosen in self._combinations(label, parent, matching, count, picked, constraints):
+        for chosen in self._combinations(label, parent, matching, count, picked, constraints, admin):
             found = True
             yield chosen
         if not found:
@@ -325,14 +339,18 @@ class ClaimAllocator:
                 f"request {label}: {why}" if len(matching) < count else f"request {label}: devices in use"
             )
 
-    def _fits(self, candidate: Candidate, wanted: Mapping[str, Decimal]) -> dict[str, Decimal] | bool:
+    def _fits(
+        self, candidate: Candidate, wanted: Mapping[str, Decimal], *, admin: bool = False
+    ) -> dict[str, Decimal] | bool:
         capacity = candidate.device.get("capacity") or {}
         if any(n not in capacity for n in wanted):
             return False
         if not candidate.shared:
             ok = all(a <= _amount(capacity[n]["value"], n) for n, a in wanted.items())
-            # Taken whole, or holding shares from when the device was published as shared.
-            return ok and candidate.id not in self._exclusive and candidate.id not in self._consumed
+            # Taken whole, or holding shares from when the device was published as shared; admin
+            # access skips that check (`deviceInUse` is not asked for it).
+            in_use = candidate.id in self._exclusive or candidate.id in self._consumed
+            return ok and (admin or not in_use)
         use: dict[str, Decimal] = {}
         for n, entry in capacity.items():
             amount = consumed(wanted.get(n), entry, n)
@@ -358,6 +376,7 @@ class ClaimAllocator:
         count: int,
         picked: list[_Pick],
         constraints: Sequence[Mapping[str, Any]],
+        admin: bool = False,
     ) -> Iterable[list[_Pick]]:
         if count == 0:
             yield picked
@@ -368,11 +387,11 @@ class ClaimAllocator:
                 continue
             if use is not None and not self._free(candidate, use, picked):
                 continue
-            pick = _Pick(label, parent, candidate, use)
+            pick = _Pick(label, parent, candidate, use, admin)
             if not _constraints_hold([*picked, pick], constraints):
                 continue
             yield from self._combinations(
-                label, parent, matching[i + 1 :], count - 1, [*picked, pick], constraints
+                label, parent, matching[i + 1 :], count - 1, [*picked, pick], constraints, admin
             )
 
 

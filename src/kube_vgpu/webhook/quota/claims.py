@@ -12,7 +12,12 @@ depends on; the charge follows the request policy the driver publishes on every 
   GPU quota;
 - `firstAvailable`: the scheduler picks one alternative, so the request is charged, per resource,
   the most any alternative of kube-vgpu's classes could cost;
-- requests of other device classes cost nothing.
+- requests of other device classes cost nothing;
+- a request with `adminAccess: true` costs nothing: the scheduler gives it a device beside its
+  users without counting it as allocated or consuming its capacity for anyone else
+  (kube-scheduler's dynamicresources plugin, allocateddevices.go, skips such results), and the API
+  server stores one only in a namespace labelled `resource.kubernetes.io/admin-access: "true"`,
+  a label only a cluster admin can set (pkg/registry/resource/utils.go, AuthorizedForAdmin).
 
 Pure: no I/O; the work is bounded by Kubernetes' own limits on a claim, checked first.
 """
@@ -67,6 +72,12 @@ class ExactDeviceRequest(TypedDict, total=False):
     capacity: CapacityRequirements
 
 
+class ExactRequest(ExactDeviceRequest, total=False):
+    """`exactly` of a DeviceRequest: a sub-request has no `adminAccess`."""
+
+    adminAccess: bool
+
+
 class DeviceSubRequest(ExactDeviceRequest):
     """One alternative of `firstAvailable`."""
 
@@ -77,7 +88,7 @@ class DeviceRequest(TypedDict, total=False):
     """One `spec.devices.requests[]` entry."""
 
     name: str
-    exactly: ExactDeviceRequest
+    exactly: ExactRequest
     firstAvailable: list[DeviceSubRequest]
 
 
@@ -223,6 +234,11 @@ def _request(raw: object, index: int, classes: Collection[str]) -> ClaimRequestA
         if not isinstance(exactly, Mapping):
             raise ClaimError(f"{where}.exactly must be an object")
         ask = _device_ask(exactly, name, f"{where}.exactly")
+        admin = exactly.get("adminAccess")
+        if admin is not None and not isinstance(admin, bool):
+            raise ClaimError(f"{where}.exactly.adminAccess must be true or false, got {str(admin)[:64]!r}")
+        if admin:
+            return None  # consumes no capacity: see the module's docstring
         return ClaimRequestAsk(name, (ask,), False) if ask.device_class in classes else None
     if not isinstance(first, list) or not first:
         raise ClaimError(f"{where}.firstAvailable must be a non-empty list")
