@@ -1,10 +1,9 @@
 """The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz`.
 
-The handler aiohttp calls reads the body (within the process-wide body budget), asks the pure
-pipeline of the path's phase (`webhook.admission` for /mutate, `webhook.admission.validation` for /validate),
-and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON reason;
-neither it nor a policy refusal is ever a traceback or a 5xx. Framing is aiohttp's
-(`httpedge.edge`); which connections exist is `httpedge.listener`'s.
+The handler reads the body (within the process-wide body budget), asks the pure pipeline of the
+path's phase and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON
+reason; neither it nor a policy refusal is ever a traceback or a 5xx. Framing and connections are
+`httpedge.listener`'s.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from kube_vgpu.httpedge.edge import JSON, EdgeProtocol, error_response
-from kube_vgpu.httpedge.listener import Slot
+from kube_vgpu.httpedge.listener import JSON, arrived, error_response
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import (
     AdmissionRequest,
@@ -129,62 +127,32 @@ class AdmissionApp:
         # waiting longest is closed to make room (as the connection cap does), so stalled bodies
         # cannot refuse the API server's reviews.
         self._readers: dict[int, tuple[web.BaseRequest, int]] = {}  # by id(): requests are unhashable
-        # Set by shutdown: every answer from then on closes its connection.
-        self.draining = False
-        # Requests whose handler has started and not yet answered (shutdown waits for them).
-        self.in_flight = 0
         self._reviews: dict[str, Route] = {MUTATE_PATH: self.mutate, VALIDATE_PATH: self.validate}
         self._gets: dict[str, Callable[[], web.Response]] = {"/healthz": self.healthz, "/readyz": self.readyz}
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request (aiohttp calls this once its head has arrived)."""
-        protocol = request.protocol
-        edge = protocol if isinstance(protocol, EdgeProtocol) else None
-        slot = edge.slot if edge is not None else None
-        self.in_flight += 1
-        if slot is not None:
-            slot.began()
-        try:
-            response = await self._respond(request, slot)
-        finally:
-            self.in_flight -= 1
-            if slot is not None:
-                slot.answered()
-        # After a large read the connection goes, and with it what its TLS layer keeps of the read.
-        if self.draining or (edge is not None and edge.answer_closes()):
-            response.force_close()
-        return response
-
-    async def _respond(self, request: web.BaseRequest, slot: Slot | None) -> web.StreamResponse:
         started = time.perf_counter()
-        method = request.method
-        path = request.raw_path.partition("?")[0]
+        method, path = request.method, request.raw_path.partition("?")[0]
         review = self._reviews.get(path)
         if review is None:
             get = self._gets.get(path)
             if get is None:
-                return error_response(
-                    404,
-                    f"no such path {path[:100]!r}; reviews go to {MUTATE_PATH} or {VALIDATE_PATH}",
-                    close=request.body_exists,
-                )
+                reason = f"no such path {path[:100]!r}; reviews go to {MUTATE_PATH} or {VALIDATE_PATH}"
+                return error_response(404, reason, close=request.body_exists)
             if method not in ("GET", "HEAD"):
-                return error_response(
-                    405, f"method {method[:16]} is not served at {path}; use GET", close=request.body_exists
-                )
-            if slot is not None:
-                slot.request_complete()
+                reason = f"method {method[:16]} is not served at {path}; use GET"
+                return error_response(405, reason, close=request.body_exists)
+            arrived(request)
             health = get()
             if request.body_exists:  # answered unread: aiohttp would drop the body and keep the connection
                 health.force_close()
             return health
         if method != "POST":
-            return error_response(
-                405, f"method {method[:16]} is not served at {path}; use POST", close=request.body_exists
-            )
+            reason = f"method {method[:16]} is not served at {path}; use POST"
+            return error_response(405, reason, close=request.body_exists)
         read = await self._read(request)
-        if slot is not None:  # arrived whole: its deadline stops; the cap will not close it now
-            slot.request_complete()
+        arrived(request)
         # Not `isinstance(read, web.StreamResponse)`: a response is a MutableMapping, so that test runs
         # the ABC machinery in Python for every review.
         if not isinstance(read, tuple):
@@ -192,8 +160,6 @@ class AdmissionApp:
         body, held = read
         try:
             answer = self.turns.run(body, review, request, body, started)
-            # `type(...) is` first: what nearly every review answers with, tested without the ABC
-            # machinery that `isinstance` of a response class (a MutableMapping) runs in Python.
             if type(answer) is web.Response or isinstance(answer, web.StreamResponse):
                 return answer
             return await answer
@@ -202,14 +168,13 @@ class AdmissionApp:
             self.bodies.release(held)
 
     async def _read(self, request: web.BaseRequest) -> tuple[bytes, int] | web.StreamResponse:
-        """The body, decoded, within the body limit and the process-wide body budget, and the bytes it
-        holds of that budget (the caller gives them back once answered); or the 4xx."""
+        """The body, decoded, within the body limit and the body budget, and the bytes it holds of the
+        budget (given back once answered); or the 4xx."""
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in ENCODINGS:
             reason = f"content encoding {encoding[:40]!r} is not served; send gzip, deflate or none"
             return self._refuse(request, 415, reason)
-        length = request.content_length
-        limit = self.max_body_bytes
+        length, limit = request.content_length, self.max_body_bytes
         if length is not None and length > limit:
             return self._refuse(request, 413, f"body of {length} bytes is over the {limit}-byte limit")
         if not request.body_exists:
@@ -254,8 +219,8 @@ class AdmissionApp:
         return True
 
     def _refuse(self, request: web.BaseRequest, status: int, reason: str) -> web.Response:
-        """A review that never reaches its phase: counted, logged at INFO, and its connection closed
-        (what follows an unread or unreadable body cannot be framed)."""
+        """A review that never reaches its phase: counted, logged at INFO, its connection closed (what
+        follows an unread or unreadable body cannot be framed)."""
         self.services.metrics.reviews.labels(_OUTCOMES.get(status, "malformed")).inc()
         log.info("event=http_bad_request remote=%s status=%d reason=%r", request.remote, status, reason[:300])
         return error_response(status, reason, close=True)
