@@ -53,8 +53,6 @@ ENCODINGS = frozenset(("", "identity", "gzip", "deflate"))
 # The `refused` outcome of an answer given to a review that never reached its phase.
 _OUTCOMES = {400: "malformed", 413: "too_large", 415: "malformed", 429: "busy"}
 
-Route = Callable[[web.BaseRequest, bytes, float], "web.StreamResponse | Awaitable[web.StreamResponse]"]
-
 
 class BodyBudget:
     """Bytes reserved by the bodies being read or answered right now (event loop only)."""
@@ -127,15 +125,15 @@ class AdmissionApp:
         # waiting longest is closed to make room (as the connection cap does), so stalled bodies
         # cannot refuse the API server's reviews.
         self._readers: dict[int, tuple[web.BaseRequest, int]] = {}  # by id(): requests are unhashable
-        self._reviews: dict[str, Route] = {MUTATE_PATH: self.mutate, VALIDATE_PATH: self.validate}
+        self._phases = {MUTATE_PATH: False, VALIDATE_PATH: True}  # whether the path validates
         self._gets: dict[str, Callable[[], web.Response]] = {"/healthz": self.healthz, "/readyz": self.readyz}
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request (aiohttp calls this once its head has arrived)."""
         started = time.perf_counter()
         method, path = request.method, request.raw_path.partition("?")[0]
-        review = self._reviews.get(path)
-        if review is None:
+        validating = self._phases.get(path)
+        if validating is None:
             get = self._gets.get(path)
             if get is None:
                 reason = f"no such path {path[:100]!r}; reviews go to {MUTATE_PATH} or {VALIDATE_PATH}"
@@ -159,7 +157,7 @@ class AdmissionApp:
             return read
         body, held = read
         try:
-            answer = self.turns.run(body, review, request, body, started)
+            answer = self.turns.run(body, self.review, request, body, started, validating)
             if type(answer) is web.Response or isinstance(answer, web.StreamResponse):
                 return answer
             return await answer
@@ -225,36 +223,20 @@ class AdmissionApp:
         log.info("event=http_bad_request remote=%s status=%d reason=%r", request.remote, status, reason[:300])
         return error_response(status, reason, close=True)
 
-    # -- admission ----------------------------------------------------------------------------
-
-    def mutate(
-        self, http: web.BaseRequest, body: bytes, started: float
+    def review(
+        self, http: web.BaseRequest, body: bytes, started: float, validating: bool
     ) -> web.StreamResponse | Awaitable[web.StreamResponse]:
-        """The mutating phase: answered at once once the cache has synced."""
-        request = self._parse(http, body)
-        if not isinstance(request, AdmissionRequest):
-            return request
-        if not self.services.readiness.synced():
-            return self._review_when_synced(request, started, validating=False)
-        return self._answer(request, self._mutate(request), started, validating=False)
-
-    def validate(
-        self, http: web.BaseRequest, body: bytes, started: float
-    ) -> web.StreamResponse | Awaitable[web.StreamResponse]:
-        """The validating phase (quota may record a reservation through the API)."""
-        request = self._parse(http, body)
-        if not isinstance(request, AdmissionRequest):
-            return request
-        return self._review_when_synced(request, started, validating=True)
-
-    def _parse(self, http: web.BaseRequest, body: bytes) -> AdmissionRequest | web.Response:
-        """The request's AdmissionReview, or the 400 answer (JSON reason) for a body that is not one."""
+        """The review of the path's phase: a mutating one is answered at once once the cache has synced;
+        a validating one may record a quota reservation through the API."""
         try:
-            return parse_review(body, self.services.admission.bounds)
+            request = parse_review(body, self.services.admission.bounds)
         except MalformedReview as exc:
             self.services.metrics.reviews.labels("malformed").inc()
             log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
             return error_response(400, str(exc))
+        if validating or not self.services.readiness.synced():
+            return self._review_when_synced(request, started, validating)
+        return self._answer(request, self._mutate(request), started, validating)
 
     def _mutate(self, request: AdmissionRequest) -> Verdict:
         try:
@@ -263,7 +245,7 @@ class AdmissionApp:
             return _internal_error(request, exc)
 
     async def _review_when_synced(
-        self, request: AdmissionRequest, started: float, *, validating: bool
+        self, request: AdmissionRequest, started: float, validating: bool
     ) -> web.Response:
         readiness = self.services.readiness
         if not readiness.synced():
@@ -272,22 +254,19 @@ class AdmissionApp:
                     await readiness.wait_synced()
         if validating:
             try:
-                verdict = await self.services.validation.review(request)  # quota may record through the API
+                verdict = await self.services.validation.review(request)
             except Exception as exc:
                 verdict = _internal_error(request, exc)
         else:
             verdict = self._mutate(request)
         if not readiness.synced() and (not verdict.allowed or verdict.patch):
             # Mutating from an empty cache would resolve against no GPUs and no namespace labels.
-            verdict = Verdict(
-                allowed=False,
-                reason=NOT_READY,
-                message="kube-vgpu webhook has not loaded the cluster state yet; retry in a few seconds",
-            )
-        return self._answer(request, verdict, started, validating=validating)
+            message = "kube-vgpu webhook has not loaded the cluster state yet; retry in a few seconds"
+            verdict = Verdict(allowed=False, reason=NOT_READY, message=message)
+        return self._answer(request, verdict, started, validating)
 
     def _answer(
-        self, request: AdmissionRequest, verdict: Verdict, started: float, *, validating: bool
+        self, request: AdmissionRequest, verdict: Verdict, started: float, validating: bool
     ) -> web.Response:
         metrics = self.services.metrics
         metrics.latency.observe(time.perf_counter() - started)
@@ -316,37 +295,27 @@ class AdmissionApp:
             )
         return web.Response(body=encode_json(encode_response(request.uid, verdict)), content_type=JSON)
 
-    # -- operations ---------------------------------------------------------------------------
-
     def healthz(self) -> web.Response:
         """Liveness: the process serves HTTP."""
         return web.Response(body=orjson.dumps({"ok": True}), content_type=JSON)
 
     def readyz(self) -> web.Response:
         """Readiness: the cluster cache has synced and heard from the API recently."""
-        readiness = self.services.readiness
-        ready = readiness.ready()
-        return web.Response(
-            status=200 if ready else 503,
-            body=orjson.dumps({"ready": ready, "synced": readiness.synced()}),
-            content_type=JSON,
-        )
+        ready, synced = self.services.readiness.ready(), self.services.readiness.synced()
+        body = orjson.dumps({"ready": ready, "synced": synced})
+        return web.Response(status=200 if ready else 503, body=body, content_type=JSON)
 
 
 def _internal_error(request: AdmissionRequest, exc: Exception) -> Verdict:
     log.error("event=review_failed uid=%s error=%r", request.uid, f"{type(exc).__name__}: {exc}")
-    return Verdict(
-        allowed=False,
-        reason=INTERNAL_ERROR,
-        message=f"kube-vgpu webhook internal error: {type(exc).__name__}",
-    )
+    message = f"kube-vgpu webhook internal error: {type(exc).__name__}"
+    return Verdict(allowed=False, reason=INTERNAL_ERROR, message=message)
 
 
 async def _read_whole(request: web.BaseRequest, limit: int) -> bytes:
     """The whole body, decoded, bounded by `limit` after decompression (aiohttp inflates in bounded
-    pieces), without keeping it on the request as `read()` does: aiohttp's connection loop holds the
-    last request until the next one arrives, so a kept-alive connection held its last body while
-    idle (a gzip body of 3 kB inflates to 3 MiB)."""
+    pieces). Not `read()`, which keeps it on the request: aiohttp holds a connection's last request
+    until the next one arrives, so an idle keep-alive connection held its last body."""
     body = bytearray()
     while chunk := await request.content.readany():
         body.extend(chunk)
