@@ -1,13 +1,11 @@
 """aiohttp's low-level HTTP/1.1 server behind an accept loop of our own, on public API only.
 
-aiohttp frames requests (bounded request line, fields and header count), queues at most 32
-pipelined requests per connection (reading pauses past that), inflates gzip/deflate bodies in
-bounded pieces and closes idle keep-alive connections. The listener accepts on its own
-(`loop.connect_accepted_socket`), so a connection counts from its accept, before any TLS work. It
-holds connections to a cap and a request deadline: at the cap the newcomer is never refused, the
-connection longest without progress (idle since its last answer, or not done with the request it
-began) is closed to make room, so a flood of idle, slow or never-handshaking callers cannot lock
-the API server's reviews out.
+aiohttp frames requests, queues at most 32 pipelined requests per connection, inflates gzip/deflate
+bodies in bounded pieces and closes idle keep-alive connections. The listener accepts on its own
+(`loop.connect_accepted_socket`), so a connection counts from its accept, before any TLS work, and
+holds connections to a cap and a request deadline. At the cap the newcomer is never refused: the
+connection longest without progress is closed, so a flood of idle, slow or never-handshaking
+callers cannot lock the API server out.
 """
 
 from __future__ import annotations
@@ -29,19 +27,17 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 # A request line, one header's name or value, and the header count. The API server's heads are a few
-# hundred bytes in under ten headers (a bearer token, where its kubeconfig sends one, 1-2 kB). An
-# unfinished head is held until the request deadline and the connection's TLS buffers grow to its
-# reads: at aiohttp's defaults (8,190 bytes, 100 headers) a flood of connections each holding one
-# takes the webhook past the chart's memory limit (`bench/hostile.py --held-heads`).
+# hundred bytes in under ten headers. At aiohttp's defaults (8,190 bytes, 100 headers) a flood of
+# connections each holding an unfinished head takes the webhook past the chart's memory limit
+# (`bench/hostile.py --held-heads`).
 MAX_LINE_BYTES = 4096
 MAX_FIELD_BYTES = 4096
 MAX_HEADERS = 16
 # A connection that received more than this since its last answer is closed after its next answer:
-# its TLS layer keeps buffers as large as its largest read while it is open, and the API server's
-# reviews of ordinary pods are a few kB, so only a large review costs its caller a new handshake.
+# its TLS layer keeps buffers as large as its largest read while it is open.
 MAX_KEEP_ALIVE_READ_BYTES = 32 * 1024
-# An answer given before the body was read: aiohttp reads and drops the rest for up to this long, so
-# a client still sending reads the answer rather than a reset (Go's server: 500 ms).
+# After an answer given before the body was read, aiohttp drops the rest for up to this long, so a
+# client still sending reads the answer rather than a reset (Go's server: 500 ms).
 LINGER_SECONDS = 0.5
 _BACKLOG = 512
 # The most a request deadline is overrun by: how often the sweep looks (or a tenth of the deadline).
@@ -50,14 +46,10 @@ _SWEEP_SECONDS = 1.0
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-def error_body(reason: str) -> bytes:
-    """`{"error": reason}` (lone surrogates escaped, so it always encodes)."""
-    return orjson.dumps({"error": reason.encode("utf-8", "backslashreplace").decode("utf-8")})
-
-
 def error_response(status: int, reason: str, *, close: bool = False) -> web.Response:
-    """A JSON error answer; `close` ends the connection after it (its body may not have been read)."""
-    response = web.Response(status=status, body=error_body(reason), content_type=JSON)
+    """`{"error": reason}` (lone surrogates escaped); `close` ends the connection after it."""
+    body = orjson.dumps({"error": reason.encode("utf-8", "backslashreplace").decode("utf-8")})
+    response = web.Response(status=status, body=body, content_type=JSON)
     if close:
         response.force_close()
     return response
@@ -67,18 +59,15 @@ def error_response(status: int, reason: str, *, close: bool = False) -> web.Resp
 class ConnectionLimits:
     """The bounds on connections (`kube-vgpu webhook --help` names the flags)."""
 
-    # Open connections, TLS handshakes included. The API server keeps a few dozen at most. Each may
-    # hold buffers as large as its reads, so 500 keeps a flood within the chart's 512 Mi beside a
-    # large cluster's cache (`bench/hostile.py`; figures in docs/benchmarks.md).
+    # Open connections, TLS handshakes included; the API server keeps a few dozen at most. 500 keeps a
+    # flood within the chart's 512 Mi beside a large cluster's cache (docs/benchmarks.md).
     max_connections: int = 500
     # From a connection's accept (TLS handshake included), or a request's first bytes, until the
     # request has arrived whole.
     request_timeout_seconds: float = 10.0
-    # How long a closing TLS connection may wait for the peer's close_notify (it keeps its buffers
-    # until then). Go's server does not wait at all.
+    # How long a closing TLS connection waits for the peer's close_notify (Go's server: not at all).
     tls_close_timeout_seconds: float = 1.0
-    # Above the 90 s the API server's HTTP client keeps idle connections, so the client ends them and
-    # never sends on one the server is closing.
+    # Above the API server's 90 s, so the client ends idle connections, never sending on a closing one.
     idle_timeout_seconds: float = 100.0
 
     def __post_init__(self) -> None:
@@ -92,18 +81,6 @@ class Connection(web.RequestHandler):
     """aiohttp's handler of one connection, made at its accept: answers framing errors with JSON and
     keeps the connection's request deadline and progress for the listener."""
 
-    __slots__ = (
-        "busy",
-        "deadline",
-        "handling",
-        "listener",
-        "opened",
-        "opening",
-        "received_bytes",
-        "sock",
-        "woke",
-    )
-
     def __init__(self, listener: Listener, sock: socket.socket) -> None:
         super().__init__(listener.server, loop=listener.loop, **listener.options)
         self.listener, self.sock = listener, sock
@@ -113,13 +90,11 @@ class Connection(web.RequestHandler):
         self.received_bytes = 0  # since the last answer
         self.opened: asyncio.BaseTransport | None = None
         self.opening: asyncio.Task[None] | None = None
-        # When the request arriving now must have arrived whole (loop clock), None when none is; the
-        # listener's sweep closes the connection once it has passed.
+        # When the request arriving now must have arrived whole (loop clock); None when none is.
         self.deadline: float | None = listener.loop.time() + listener.limits.request_timeout_seconds
 
     def opening_done(self, task: asyncio.Task[None]) -> None:
-        """The handshake ended (done, failed or cancelled, even before it began): a connection that
-        never reached HTTP is closed."""
+        """The handshake ended (even cancelled before it began): close a connection that never opened."""
         self.opening = None
         if self.opened is None:
             self.close_now()
@@ -175,8 +150,8 @@ class Connection(web.RequestHandler):
                 self.sock.close()
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
-        """aiohttp's ERROR with a traceback, kept for bugs; damage in a body being dropped after an
-        early answer is the caller's mistake, already answered: INFO."""
+        """aiohttp's ERROR with a traceback, kept for bugs; damage in a body dropped after an early
+        answer is the caller's mistake, already answered: INFO."""
         exc = kw.get("exc_info")
         if isinstance(exc, web.RequestPayloadError | HttpProcessingError | ConnectionError):
             log.info("event=http_body_dropped error=%r", " ".join(str(exc).split())[:300])
@@ -190,8 +165,8 @@ class Connection(web.RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        """aiohttp's answer to a request it could not frame (or a handler that raised): JSON, and a
-        log line without a traceback for the caller's mistake."""
+        """aiohttp's answer to a request it could not frame (or a handler that raised): JSON, logged
+        without a traceback."""
         if request.writer.output_size > 0:  # an answer is half sent: only closing is left
             raise ConnectionError("the answer was already being sent")
         if status >= 500:
@@ -224,9 +199,8 @@ class Listener:
         port: int,
         refused: Callable[[str], None] = lambda outcome: None,
     ) -> None:
-        self.handler, self.ssl_context, self.limits = handler, ssl_context, limits
-        self.host, self.port, self.refused = host, port, refused
-        self.loop = asyncio.get_running_loop()
+        self.handler, self.ssl_context, self.limits, self.refused = handler, ssl_context, limits, refused
+        self.host, self.port, self.loop = host, port, asyncio.get_running_loop()
         self.options: dict[str, Any] = {
             "keepalive_timeout": limits.idle_timeout_seconds,
             "max_line_size": MAX_LINE_BYTES,
@@ -244,9 +218,7 @@ class Listener:
         self.expired = 0  # closed by the request deadline
         self.in_flight = 0  # requests whose handler runs
         self.draining = False  # every answer closes its connection
-        self.all_closed = asyncio.Event()
-        self.all_closed.set()
-        self.at_cap_logged = False
+        self.all_closed, self.at_cap_logged = asyncio.Event(), False
         self.sock: socket.socket | None = None
         self.sweeper: asyncio.TimerHandle | None = None
 
@@ -372,7 +344,8 @@ class Listener:
                 conn.force_close()  # a TLS close exchange, bounded by ssl_shutdown_timeout
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):
-                await self.all_closed.wait()
+                while self.connections:
+                    await self.all_closed.wait()
         if self.connections:
             log.warning("event=webhook_connections_aborted count=%d", len(self.connections))
             for conn in list(self.connections):
