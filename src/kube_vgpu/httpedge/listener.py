@@ -40,8 +40,6 @@ MAX_KEEP_ALIVE_READ_BYTES = 32 * 1024
 # client still sending reads the answer rather than a reset (Go's server: 500 ms).
 LINGER_SECONDS = 0.5
 _BACKLOG = 512
-# The most a request deadline is overrun by: how often the sweep looks (or a tenth of the deadline).
-_SWEEP_SECONDS = 1.0
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -79,7 +77,7 @@ class ConnectionLimits:
 
 class Connection(web.RequestHandler):
     """aiohttp's handler of one connection, made at its accept: answers framing errors with JSON and
-    keeps the connection's request deadline and progress for the listener."""
+    keeps the request deadline and the progress the listener orders connections by."""
 
     def __init__(self, listener: Listener, sock: socket.socket) -> None:
         super().__init__(listener.server, loop=listener.loop, **listener.options)
@@ -89,13 +87,15 @@ class Connection(web.RequestHandler):
         self.woke = False  # bytes arrived while busy: a pipelined request may be waiting
         self.received_bytes = 0  # since the last answer
         self.opened: asyncio.BaseTransport | None = None
-        self.opening: asyncio.Task[None] | None = None
+        self.opening: asyncio.Future[Any] | None = None  # the TLS handshake
         # When the request arriving now must have arrived whole (loop clock); None when none is.
         self.deadline: float | None = listener.loop.time() + listener.limits.request_timeout_seconds
 
-    def opening_done(self, task: asyncio.Task[None]) -> None:
+    def opening_done(self, opening: asyncio.Future[Any]) -> None:
         """The handshake ended (even cancelled before it began): close a connection that never opened."""
         self.opening = None
+        if not opening.cancelled() and opening.exception() is not None:
+            log.debug("event=handshake_failed error=%r", str(opening.exception()))
         if self.opened is None:
             self.close_now()
 
@@ -249,20 +249,24 @@ class Listener:
         self.sweep()
 
     def sweep(self) -> None:
-        """Close the connections whose request deadline has passed; look again in a second or less."""
+        """Close the connections whose request deadline has passed; look again within a second (or a
+        tenth of the deadline): the most a deadline is overrun by."""
         now = self.loop.time()
         for conn in [c for c in self.connections if c.deadline is not None and c.deadline <= now]:
             self.expired += 1
-            log.info(
-                "event=request_deadline handshaken=%s timeout_s=%.1f",
-                conn.opened is not None,
-                self.limits.request_timeout_seconds,
-            )
+            timeout = self.limits.request_timeout_seconds
+            log.info("event=request_deadline handshaken=%s timeout_s=%.1f", conn.opened is not None, timeout)
             conn.close_now()
-        seconds = min(_SWEEP_SECONDS, self.limits.request_timeout_seconds / 10)
-        self.sweeper = self.loop.call_later(seconds, self.sweep)
+        self.sweeper = self.loop.call_later(min(1.0, self.limits.request_timeout_seconds / 10), self.sweep)
 
     def accept_ready(self, sock: socket.socket) -> None:
+        tls: dict[str, Any] = {}
+        if self.ssl_context is not None:
+            tls = {
+                "ssl": self.ssl_context,
+                "ssl_handshake_timeout": self.limits.request_timeout_seconds,
+                "ssl_shutdown_timeout": self.limits.tls_close_timeout_seconds,
+            }
         for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn
             try:
                 accepted, _ = sock.accept()
@@ -276,29 +280,19 @@ class Listener:
             if len(self.connections) >= self.limits.max_connections and not self.make_room():
                 accepted.close()  # every connection is computing an answer
                 continue
-            accepted.setblocking(False)
-            conn = Connection(self, accepted)
-            self.connections[conn] = None
-            self.all_closed.clear()
-            conn.opening = self.loop.create_task(self.open(conn))
-            conn.opening.add_done_callback(conn.opening_done)
+            self.open(accepted, tls)
+
+    def open(self, accepted: socket.socket, tls: dict[str, Any]) -> None:
+        accepted.setblocking(False)
+        conn = Connection(self, accepted)
+        self.connections[conn] = None
+        self.all_closed.clear()
+        conn.opening = asyncio.ensure_future(self.loop.connect_accepted_socket(lambda: conn, accepted, **tls))
+        conn.opening.add_done_callback(conn.opening_done)
 
     def resume_accepting(self, sock: socket.socket) -> None:
         if self.sock is sock:
             self.loop.add_reader(sock.fileno(), self.accept_ready, sock)
-
-    async def open(self, conn: Connection) -> None:
-        tls = self.ssl_context is not None
-        try:
-            await self.loop.connect_accepted_socket(
-                lambda: conn,
-                conn.sock,
-                ssl=self.ssl_context,
-                ssl_handshake_timeout=self.limits.request_timeout_seconds if tls else None,
-                ssl_shutdown_timeout=self.limits.tls_close_timeout_seconds if tls else None,
-            )
-        except (OSError, ssl.SSLError, asyncio.CancelledError) as exc:
-            log.debug("event=handshake_failed error=%r", str(exc))
 
     def make_room(self) -> bool:
         """Close the connection longest without progress that is not computing an answer."""
@@ -323,8 +317,7 @@ class Listener:
     def forget(self, conn: Connection) -> None:
         conn.deadline = None
         self.connections.pop(conn, None)
-        if len(self.connections) < self.limits.max_connections:
-            self.at_cap_logged = False
+        self.at_cap_logged &= len(self.connections) >= self.limits.max_connections
         if not self.connections:
             self.all_closed.set()
 

@@ -1,9 +1,8 @@
 """The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz`.
 
-The handler reads the body (within the process-wide body budget), asks the pure pipeline of the
+The handler reads the body within the process-wide body budget, asks the pure pipeline of the
 path's phase and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON
-reason; neither it nor a policy refusal is ever a traceback or a 5xx. Framing and connections are
-`httpedge.listener`'s.
+reason; neither it nor a policy refusal is ever a traceback or a 5xx.
 """
 
 from __future__ import annotations
@@ -36,21 +35,16 @@ from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
-# The request bodies held at once, process-wide: each connection may hold a body of up to
-# MAX_BODY_BYTES until its request deadline (90 stalled gzip bodies of 3 kB would each inflate to
-# 3 MiB). Bodies waiting for a fair turn count too.
+# The bodies held at once, process-wide (read, being read, or waiting for a fair turn): the
+# connection cap alone would allow 500 bodies of 3 MiB (a 3 kB gzip body inflates to 3 MiB).
 BODY_BUDGET_BYTES = 64 * 1024 * 1024
 # Kept free of large bodies (those that wait for a turn) for the few-kB reviews the API server sends.
 SMALL_BODIES_ROOM_BYTES = 4 * 1024 * 1024
 # How long a review waits for a cache that has not finished its first list before it is refused.
 SYNC_WAIT_SECONDS = 2.0
-NOT_READY = "not-ready"
-MUTATE_PATH = "/mutate"
-VALIDATE_PATH = "/validate"
-INTERNAL_ERROR = "internal-error"
 # What the API server and ordinary clients send; anything else is answered 415 unread.
 ENCODINGS = frozenset(("", "identity", "gzip", "deflate"))
-# The `refused` outcome of an answer given to a review that never reached its phase.
+# The `reviews` outcome of an answer given to a review that never reached its phase.
 _OUTCOMES = {400: "malformed", 413: "too_large", 415: "malformed", 429: "busy"}
 
 
@@ -74,14 +68,14 @@ class BodyBudget:
 
 
 def body_reservation(content_length: int | None, compressed: bool, limit_bytes: int) -> int:
-    """What a body may take once read: its declared length, or the whole limit when the length says
-    nothing about the size after decompression (or there is none)."""
+    """What a body may take once read: its length, or the whole limit when that says nothing about
+    the size after decompression (or there is none)."""
     return limit_bytes if content_length is None or compressed else min(content_length, limit_bytes)
 
 
 @dataclass(frozen=True)
 class Readiness:
-    """The cache facts the server needs: synced (first list done), ready (synced and fresh), and a waiter."""
+    """The cache's first list done (synced), synced and fresh (ready), and a wait for the first."""
 
     synced: Callable[[], bool]
     ready: Callable[[], bool]
@@ -90,53 +84,35 @@ class Readiness:
 
 @dataclass(frozen=True)
 class Services:
-    """What the handlers use."""
-
     admission: Admission
     validation: Validation
     readiness: Readiness
     metrics: WebhookMetrics
 
 
-def _pod_name(request: AdmissionRequest) -> str:
-    metadata = (request.object or {}).get("metadata")
-    if not isinstance(metadata, dict):  # a mistyped pod, denied; its name is whatever it says
-        return "?"
-    return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
-
-
 class AdmissionApp:
     """The routes of the webhook: `handle` is the aiohttp request handler."""
 
-    def __init__(
-        self,
-        services: Services,
-        *,
-        max_body_bytes: int = MAX_BODY_BYTES,
-        bodies: BodyBudget | None = None,
-        turns: FairTurns | None = None,
-    ) -> None:
-        self.services = services
+    def __init__(self, services: Services, *, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.services, self.max_body_bytes = services, max_body_bytes
         # Large reviews take turns between namespaces (`webhook.fairness`); small ones run at once.
-        self.turns = turns or FairTurns()
-        self.max_body_bytes = max_body_bytes
-        self.bodies = bodies or BodyBudget()
+        self.turns = FairTurns()
+        self.bodies = BodyBudget()
         # Bodies being read and the bytes each reserved, oldest first: when the budget is full, the one
         # waiting longest is closed to make room (as the connection cap does), so stalled bodies
         # cannot refuse the API server's reviews.
         self._readers: dict[int, tuple[web.BaseRequest, int]] = {}  # by id(): requests are unhashable
-        self._phases = {MUTATE_PATH: False, VALIDATE_PATH: True}  # whether the path validates
         self._gets: dict[str, Callable[[], web.Response]] = {"/healthz": self.healthz, "/readyz": self.readyz}
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request (aiohttp calls this once its head has arrived)."""
         started = time.perf_counter()
         method, path = request.method, request.raw_path.partition("?")[0]
-        validating = self._phases.get(path)
+        validating = {"/mutate": False, "/validate": True}.get(path)
         if validating is None:
             get = self._gets.get(path)
             if get is None:
-                reason = f"no such path {path[:100]!r}; reviews go to {MUTATE_PATH} or {VALIDATE_PATH}"
+                reason = f"no such path {path[:100]!r}; reviews go to /mutate or /validate"
                 return error_response(404, reason, close=request.body_exists)
             if method not in ("GET", "HEAD"):
                 reason = f"method {method[:16]} is not served at {path}; use GET"
@@ -162,12 +138,10 @@ class AdmissionApp:
                 return answer
             return await answer
         finally:
-            # Held until answered: a large body may wait for its turn, and waiting bodies count too.
-            self.bodies.release(held)
+            self.bodies.release(held)  # held until answered: a large body may wait for its turn
 
     async def _read(self, request: web.BaseRequest) -> tuple[bytes, int] | web.StreamResponse:
-        """The body, decoded, within the body limit and the body budget, and the bytes it holds of the
-        budget (given back once answered); or the 4xx."""
+        """The body, decoded, and the bytes it holds of the budget (given back once answered); or the 4xx."""
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in ENCODINGS:
             reason = f"content encoding {encoding[:40]!r} is not served; send gzip, deflate or none"
@@ -177,9 +151,9 @@ class AdmissionApp:
             return self._refuse(request, 413, f"body of {length} bytes is over the {limit}-byte limit")
         if not request.body_exists:
             return b"", 0
-        size = body_reservation(length, encoding not in ("", "identity") or length is None, limit)
+        size = body_reservation(length, encoding not in ("", "identity"), limit)
         keep_free = SMALL_BODIES_ROOM_BYTES if size > self.turns.large_bytes else 0
-        if not self.bodies.hold(size, keep_free) and not self._make_room(size, keep_free):
+        if not self._make_room(size, keep_free):
             log.info("event=review_refused_busy remote=%s reserved_bytes=%d", request.remote, size)
             return self._refuse(request, 429, "too many request bodies are being read right now; retry")
         self._readers[id(request)] = (request, size)
@@ -202,7 +176,8 @@ class AdmissionApp:
                 self.bodies.release(size)
 
     def _make_room(self, size: int, keep_free: int) -> bool:
-        """Close the bodies waiting longest until `size` bytes fit; False (none closed) if it never would."""
+        """Hold `size` bytes, closing the bodies waiting longest until they fit; False (none closed)
+        when they never would."""
         if size > self.bodies.limit_bytes - keep_free:
             return False
         while not self.bodies.hold(size, keep_free):
@@ -262,7 +237,7 @@ class AdmissionApp:
         if not readiness.synced() and (not verdict.allowed or verdict.patch):
             # Mutating from an empty cache would resolve against no GPUs and no namespace labels.
             message = "kube-vgpu webhook has not loaded the cluster state yet; retry in a few seconds"
-            verdict = Verdict(allowed=False, reason=NOT_READY, message=message)
+            verdict = Verdict(allowed=False, reason="not-ready", message=message)
         return self._answer(request, verdict, started, validating)
 
     def _answer(
@@ -306,10 +281,17 @@ class AdmissionApp:
         return web.Response(status=200 if ready else 503, body=body, content_type=JSON)
 
 
+def _pod_name(request: AdmissionRequest) -> str:
+    metadata = (request.object or {}).get("metadata")
+    if not isinstance(metadata, dict):  # a mistyped pod, denied; its name is whatever it says
+        return "?"
+    return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
+
+
 def _internal_error(request: AdmissionRequest, exc: Exception) -> Verdict:
     log.error("event=review_failed uid=%s error=%r", request.uid, f"{type(exc).__name__}: {exc}")
     message = f"kube-vgpu webhook internal error: {type(exc).__name__}"
-    return Verdict(allowed=False, reason=INTERNAL_ERROR, message=message)
+    return Verdict(allowed=False, reason="internal-error", message=message)
 
 
 async def _read_whole(request: web.BaseRequest, limit: int) -> bytes:
