@@ -41,8 +41,6 @@ MAX_KEEP_ALIVE_READ_BYTES = 32 * 1024
 LINGER_SECONDS = 0.5
 _BACKLOG = 512
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-
 
 def error_response(status: int, reason: str, *, close: bool = False) -> web.Response:
     """`{"error": reason}` (lone surrogates escaped); `close` ends the connection after it."""
@@ -191,7 +189,7 @@ class Listener:
 
     def __init__(
         self,
-        handler: Handler,
+        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
         ssl_context: ssl.SSLContext | None,
         limits: ConnectionLimits,
         *,
@@ -199,8 +197,15 @@ class Listener:
         port: int,
         refused: Callable[[str], None] = lambda outcome: None,
     ) -> None:
-        self.handler, self.ssl_context, self.limits, self.refused = handler, ssl_context, limits, refused
+        self.handler, self.limits, self.refused = handler, limits, refused
         self.host, self.port, self.loop = host, port, asyncio.get_running_loop()
+        self.tls: dict[str, Any] = {}
+        if ssl_context is not None:
+            self.tls = {
+                "ssl": ssl_context,
+                "ssl_handshake_timeout": limits.request_timeout_seconds,
+                "ssl_shutdown_timeout": limits.tls_close_timeout_seconds,
+            }
         self.options: dict[str, Any] = {
             "keepalive_timeout": limits.idle_timeout_seconds,
             "max_line_size": MAX_LINE_BYTES,
@@ -260,13 +265,6 @@ class Listener:
         self.sweeper = self.loop.call_later(min(1.0, self.limits.request_timeout_seconds / 10), self.sweep)
 
     def accept_ready(self, sock: socket.socket) -> None:
-        tls: dict[str, Any] = {}
-        if self.ssl_context is not None:
-            tls = {
-                "ssl": self.ssl_context,
-                "ssl_handshake_timeout": self.limits.request_timeout_seconds,
-                "ssl_shutdown_timeout": self.limits.tls_close_timeout_seconds,
-            }
         for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn
             try:
                 accepted, _ = sock.accept()
@@ -280,14 +278,16 @@ class Listener:
             if len(self.connections) >= self.limits.max_connections and not self.make_room():
                 accepted.close()  # every connection is computing an answer
                 continue
-            self.open(accepted, tls)
+            self.open(accepted)
 
-    def open(self, accepted: socket.socket, tls: dict[str, Any]) -> None:
+    def open(self, accepted: socket.socket) -> None:
         accepted.setblocking(False)
         conn = Connection(self, accepted)
         self.connections[conn] = None
         self.all_closed.clear()
-        conn.opening = asyncio.ensure_future(self.loop.connect_accepted_socket(lambda: conn, accepted, **tls))
+        conn.opening = asyncio.ensure_future(
+            self.loop.connect_accepted_socket(lambda: conn, accepted, **self.tls)
+        )
         conn.opening.add_done_callback(conn.opening_done)
 
     def resume_accepting(self, sock: socket.socket) -> None:
