@@ -24,15 +24,14 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 
 
 def _printable(value: str) -> str:
-    # The exposition is UTF-8; a lone surrogate (from a JSON escape) would make every scrape fail.
     return value if is_unicode_text(value) else value.encode("utf-8", "backslashreplace").decode("ascii")
 
 
 class WebhookMetrics(Collector):
     """The webhook's metrics and the registry they live on."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+    def __init__(self) -> None:
+        self.registry = PrintableRegistry(auto_describe=True)
         self.reviews = Counter(
             "kube_vgpu_webhook_reviews",
             "Admission reviews answered, by outcome (allowed, denied, malformed, too_large, busy, error).",
@@ -125,20 +124,18 @@ class WebhookMetrics(Collector):
             )
 
     def exposition(self) -> bytes:
-        """The registry in the Prometheus text format, label values made UTF-8 encodable so that
-        `/metrics` always renders."""
-        metrics = list(self.registry.collect())
-        for metric in metrics:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+class PrintableRegistry(CollectorRegistry):
+    """A registry whose label values are always UTF-8 encodable, so that `/metrics` always renders: a
+    lone surrogate (from a JSON escape) is shown as its backslash escape."""
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in super().collect():
             metric.samples = [
                 sample._replace(labels={k: _printable(v) for k, v in sample.labels.items()})
                 for sample in metric.samples
             ]
-        return generate_latest(_Collected(metrics))
-
-
-class _Collected(Collector):
-    def __init__(self, metrics: list[Metric]) -> None:
-        self.metrics = metrics
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.metrics)
+            yield metric
