@@ -100,7 +100,7 @@ string  # ResourceSlice device attribute value field (node/dra/attributes.py), r
 registered  # kubelet plugin-registration status field (node/dra/registration.py)
 
 # Read by aiohttp: its request handler calls it for a request it could not frame.
-_.handle_error  # httpedge/edge.py
+_.handle_error  # httpedge/listener.py
 
 # Counters and records that tests, the benchmarks or the metrics read.
 _.reads  # webhook/quota/shared_store.py SharedStats

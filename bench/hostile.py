@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kube_vgpu.certs.issue import issue_ca, issue_serving  # noqa: E402
-from kube_vgpu.httpedge.edge import MAX_FIELD_BYTES, MAX_HEADERS  # noqa: E402
+from kube_vgpu.httpedge.listener import MAX_FIELD_BYTES, MAX_HEADERS  # noqa: E402
 from kube_vgpu.standins.apiserver.server import ApiServerStandin  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_webhook", REPO / "bench" / "webhook.py")

@@ -27,7 +27,7 @@ STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("  parse the AdmissionReview", ("AdmissionApp._parse",)),
     ("  decide (the phase's rules)", ("AdmissionApp._mutate", "Validation.review")),
     ("  answer (metrics, encode, Response)", ("AdmissionApp._answer",)),
-    ("bytes in: TLS, framing, slot hooks", ("EdgeProtocol.data_received",)),
+    ("bytes in: TLS, framing, connection hooks", ("Connection.data_received",)),
     ("answer out: headers, TLS, send", ("RequestHandler.finish_response",)),
 )
 # A frame of the event loop's thread: every sample of it has one of these below it.

@@ -350,7 +350,7 @@ def test_at_the_cap_a_request_arriving_on_a_long_idle_connection_is_not_the_one_
         head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
         keep_alive.sendall(head.encode() + body[:100])  # a review in progress
         _wait(
-            lambda: webhook.read(lambda: any(slot.handling for slot in listener.connections)),
+            lambda: webhook.read(lambda: any(conn.handling for conn in listener.connections)),
             "the review's head to arrive",
         )
         newcomer = _tls_socket(webhook)  # at the cap: someone is closed
@@ -454,10 +454,10 @@ def _next_head_begun_while_a_review_is_computed(
     sock = _tls_socket(webhook)
     head = f"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
     sock.sendall(head.encode() + body)
-    slots = listener.connections
-    _wait(lambda: webhook.read(lambda: any(s.busy for s in slots)), "the review to be computed")
+    conns = listener.connections
+    _wait(lambda: webhook.read(lambda: any(c.busy for c in conns)), "the review to be computed")
     sock.sendall(_request()[:20])
-    _wait(lambda: webhook.read(lambda: any(s.woke for s in slots)), "the next head's bytes")
+    _wait(lambda: webhook.read(lambda: any(c.woke for c in conns)), "the next head's bytes")
     return sock, release
 
 

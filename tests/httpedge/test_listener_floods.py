@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kube_vgpu.httpedge.edge import MAX_FIELD_BYTES, MAX_HEADERS
-from kube_vgpu.httpedge.listener import ConnectionLimits
+from kube_vgpu.httpedge.listener import MAX_FIELD_BYTES, MAX_HEADERS, ConnectionLimits
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES
 from tests.support.webhook import (

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kube_vgpu.httpedge.edge import MAX_FIELD_BYTES, MAX_KEEP_ALIVE_READ_BYTES
-from kube_vgpu.httpedge.listener import ConnectionLimits
+from kube_vgpu.httpedge.listener import MAX_FIELD_BYTES, MAX_KEEP_ALIVE_READ_BYTES, ConnectionLimits
 from kube_vgpu.httpedge.metrics_server import METRICS_LIMITS, MetricsServer, Render
 
 BOUND = 10.0

@@ -1,12 +1,11 @@
-"""The listening socket: TLS, the cap on open connections and the request deadline.
+"""aiohttp's low-level HTTP/1.1 server behind an accept loop of our own, on public API only.
 
-aiohttp (`httpedge.edge`) serves HTTP on each connection; this module decides which connections
-exist. It accepts on its own (`loop.connect_accepted_socket`), so a connection counts from its
-accept, before any TLS work: connections that never finish their handshake fill the cap like any
-other. At the cap the newcomer is never refused: the connection longest without progress (idle
-since its last answer, or not done with the request it began, counted from its accept or that
-request's first byte) is closed to make room, so a flood of idle or slow callers cannot lock the
-API server's reviews out.
+aiohttp frames requests, queues at most 32 pipelined requests per connection, inflates gzip/deflate
+bodies in bounded pieces and closes idle keep-alive connections. The listener accepts on its own
+(`loop.connect_accepted_socket`), so a connection counts from its accept, before any TLS work, and
+holds connections to a cap and a request deadline. At the cap the newcomer is never refused: the
+connection longest without progress is closed, so a flood of idle, slow or never-handshaking
+callers cannot lock the API server out.
 """
 
 from __future__ import annotations
@@ -16,37 +15,55 @@ import contextlib
 import logging
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
-from kube_vgpu.httpedge.edge import EdgeProtocol, EdgeServer
+import orjson
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger(__name__)
 
-# Connections the kernel queues while the accept loop is busy.
+JSON = "application/json"
+# A request line, one header's name or value, and the header count. The API server's heads are a few
+# hundred bytes in under ten headers. At aiohttp's defaults (8,190 bytes, 100 headers) a flood of
+# connections each holding an unfinished head takes the webhook past the chart's memory limit
+# (`bench/hostile.py --held-heads`).
+MAX_LINE_BYTES = 4096
+MAX_FIELD_BYTES = 4096
+MAX_HEADERS = 16
+# A connection that received more than this since its last answer is closed after its next answer:
+# its TLS layer keeps buffers as large as its largest read while it is open.
+MAX_KEEP_ALIVE_READ_BYTES = 32 * 1024
+# After an answer given before the body was read, aiohttp drops the rest for up to this long, so a
+# client still sending reads the answer rather than a reset (Go's server: 500 ms).
+LINGER_SECONDS = 0.5
 _BACKLOG = 512
-# How long to pause accepting when the process is out of file descriptors.
-_ACCEPT_ERROR_PAUSE_SECONDS = 0.1
-# The most a request deadline is overrun by: how often the sweep looks (or a tenth of the deadline).
-_SWEEP_SECONDS = 1.0
+
+
+def error_response(status: int, reason: str, *, close: bool = False) -> web.Response:
+    """`{"error": reason}` (lone surrogates escaped); `close` ends the connection after it."""
+    body = orjson.dumps({"error": reason.encode("utf-8", "backslashreplace").decode("utf-8")})
+    response = web.Response(status=status, body=body, content_type=JSON)
+    if close:
+        response.force_close()
+    return response
 
 
 @dataclass(frozen=True)
 class ConnectionLimits:
     """The bounds on connections (`kube-vgpu webhook --help` names the flags)."""
 
-    # Open connections (TLS handshakes included); at the cap the one longest without progress closes.
-    # The API server keeps a few dozen at most. Each may hold buffers as large as its reads (an
-    # unfinished head at aiohttp's bounds included), so 500 keeps a flood within the chart's 512 Mi
-    # beside a large cluster's cache (`bench/hostile.py`; figures in docs/benchmarks.md).
+    # Open connections, TLS handshakes included; the API server keeps a few dozen at most. 500 keeps a
+    # flood within the chart's 512 Mi beside a large cluster's cache (docs/benchmarks.md).
     max_connections: int = 500
     # From a connection's accept (TLS handshake included), or a request's first bytes, until the
     # request has arrived whole.
     request_timeout_seconds: float = 10.0
-    # How long a closing TLS connection may take to exchange close_notify before it is aborted (it
-    # keeps its TLS buffers until then). Go's server does not wait for the peer's at all.
+    # How long a closing TLS connection waits for the peer's close_notify (Go's server: not at all).
     tls_close_timeout_seconds: float = 1.0
-    # An idle keep-alive connection is closed after this: above the 90 s the API server's HTTP client
-    # keeps idle connections, so the client ends them and never sends on one the server is closing.
+    # Above the API server's 90 s, so the client ends idle connections, never sending on a closing one.
     idle_timeout_seconds: float = 100.0
 
     def __post_init__(self) -> None:
@@ -56,63 +73,57 @@ class ConnectionLimits:
             raise ValueError("request, idle and TLS close timeouts must be positive seconds")
 
 
-class Slot:
-    """One accepted connection as the listener sees it: its deadline and when it last made progress."""
+class Connection(web.RequestHandler):
+    """aiohttp's handler of one connection, made at its accept: answers framing errors with JSON and
+    keeps the request deadline and the progress the listener orders connections by."""
 
-    __slots__ = (
-        "busy",
-        "deadline",
-        "handling",
-        "listener",
-        "opening",
-        "protocol",
-        "sock",
-        "transport",
-        "woke",
-    )
-
-    def __init__(self, listener: Listener, sock: socket.socket, now: float) -> None:
-        self.listener = listener
-        self.sock = sock
+    def __init__(self, listener: Listener, sock: socket.socket) -> None:
+        super().__init__(listener.server, loop=listener.loop, **listener.options)
+        self.listener, self.sock = listener, sock
         self.busy = False  # a request arrived whole and is being answered: never closed to make room
         self.handling = False  # a request's head arrived and it has no answer yet
         self.woke = False  # bytes arrived while busy: a pipelined request may be waiting
-        self.protocol: EdgeProtocol | None = None
-        self.transport: asyncio.BaseTransport | None = None
-        self.opening: asyncio.Task[None] | None = None
-        # When the request arriving now must have arrived whole (loop clock); None when none is. The
-        # listener's sweep closes the connection once it has passed: a request costs a store, not a timer.
-        self.deadline: float | None = now + listener.limits.request_timeout_seconds
+        self.received_bytes = 0  # since the last answer
+        self.opened: asyncio.BaseTransport | None = None
+        self.opening: asyncio.Future[Any] | None = None  # the TLS handshake
+        # When the request arriving now must have arrived whole (loop clock); None when none is.
+        self.deadline: float | None = listener.loop.time() + listener.limits.request_timeout_seconds
 
-    def opening_done(self, task: asyncio.Task[None]) -> None:
-        """The handshake ended (done, failed or cancelled, even before it began): a connection that
-        never reached HTTP is closed."""
+    def opening_done(self, opening: asyncio.Future[Any]) -> None:
+        """The handshake ended (even cancelled before it began): close a connection that never opened."""
         self.opening = None
-        if self.protocol is None:
+        if not opening.cancelled() and opening.exception() is not None:
+            log.debug("event=handshake_failed error=%r", str(opening.exception()))
+        if self.opened is None:
             self.close_now()
 
-    def opened(self, protocol: EdgeProtocol, transport: asyncio.BaseTransport) -> None:
-        self.protocol, self.transport = protocol, transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.opened = transport
 
-    def received(self) -> None:
-        if self.busy:
-            self.woke = True
-        elif self.deadline is None:
-            self.began_request()
-
-    def lost(self) -> None:
-        self.deadline = None
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
         self.listener.forget(self)
 
-    def began(self) -> None:
-        self.handling = True
-        if self.deadline is None:  # its first bytes came in the read that ended the previous request
+    def data_received(self, data: bytes) -> None:
+        self.received_bytes += len(data)
+        if data and self.busy:
+            self.woke = True
+        elif data and self.deadline is None:
             self.began_request()
+        super().data_received(data)
 
-    def request_complete(self) -> None:
+    def began_request(self) -> None:
+        """A request began: its deadline runs, and the cap counts its progress from now."""
+        self.listener.progressed(self)
+        self.deadline = self.listener.loop.time() + self.listener.limits.request_timeout_seconds
+
+    def arrived(self) -> None:
+        """The request arrived whole: its deadline stops and the cap will not close it while answered."""
         self.busy, self.woke, self.deadline = True, False, None
 
-    def answered(self) -> None:
+    def answered(self) -> bool:
+        """The answer is about to be sent; True when it must close the connection (a large read)."""
         self.busy = self.handling = False
         self.deadline = None
         if self.woke and self in self.listener.connections:  # a pipelined request is arriving
@@ -120,55 +131,117 @@ class Slot:
             self.began_request()
         else:
             self.listener.progressed(self)
-
-    def began_request(self) -> None:
-        """A request began: its deadline runs, and the cap counts its progress from now."""
-        self.listener.progressed(self)
-        self.deadline = self.listener.loop.time() + self.listener.limits.request_timeout_seconds
+        received, self.received_bytes = self.received_bytes, 0
+        return received > MAX_KEEP_ALIVE_READ_BYTES
 
     def close_now(self) -> None:
         """Close at once, without waiting for the peer (handshake or not)."""
-        self.deadline = None
         self.listener.forget(self)  # now, so the count never passes the cap
-        if self.transport is not None:
-            self.transport.abort()  # type: ignore[attr-defined]
-            return
-        if self.opening is not None:
-            # The handshake's transport may own the socket already: cancelling the handshake closes
-            # the transport, and then `opening_done` the socket. Closing the socket here first left
-            # the transport's queued read on a closed descriptor, which asyncio logs as an error.
+        if self.opened is not None:
+            self.opened.abort()  # type: ignore[attr-defined]
+        elif self.opening is not None:
+            # Cancelling the handshake closes its transport, which owns the socket; closing the socket
+            # first left the transport's queued read on a closed descriptor (logged as an error).
             self.opening.cancel()
+        else:
+            with contextlib.suppress(OSError):
+                self.sock.close()
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's ERROR with a traceback, kept for bugs; damage in a body dropped after an early
+        answer is the caller's mistake, already answered: INFO."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, web.RequestPayloadError | HttpProcessingError | ConnectionError):
+            log.info("event=http_body_dropped error=%r", " ".join(str(exc).split())[:300])
             return
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        super().log_exception(*args, **kw)
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not frame (or a handler that raised): JSON, logged
+        without a traceback."""
+        if request.writer.output_size > 0:  # an answer is half sent: only closing is left
+            raise ConnectionError("the answer was already being sent")
+        if status >= 500:
+            log.error("event=http_handler_failed error=%r", f"{type(exc).__name__}: {exc}")
+            reason = f"kube-vgpu webhook internal error: {type(exc).__name__}"
+        else:
+            reason = f"request cannot be read: {message or exc or 'bad request'}"
+            log.info("event=http_bad_request remote=%s reason=%r", request.remote, reason[:300])
+        self.listener.refused("malformed" if status < 500 else "error")
+        return error_response(status, reason, close=True)
+
+
+def arrived(request: web.BaseRequest) -> None:
+    """Tell the listener that `request` arrived whole (its body read, or never to be)."""
+    if isinstance(request.protocol, Connection):
+        request.protocol.arrived()
 
 
 class Listener:
     """Accepts connections (TLS when given a context), keeps at most `max_connections` open, and
-    serves `edge` on each."""
+    serves `handler` on each with aiohttp."""
 
     def __init__(
         self,
-        edge: EdgeServer,
+        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
         ssl_context: ssl.SSLContext | None,
         limits: ConnectionLimits,
         *,
         host: str,
         port: int,
+        refused: Callable[[str], None] = lambda outcome: None,
     ) -> None:
-        self.edge, self.ssl_context, self.limits = edge, ssl_context, limits
-        self.host, self.port = host, port
-        self.loop = asyncio.get_running_loop()
+        self.handler, self.limits, self.refused = handler, limits, refused
+        self.host, self.port, self.loop = host, port, asyncio.get_running_loop()
+        self.tls: dict[str, Any] = {}
+        if ssl_context is not None:
+            self.tls = {
+                "ssl": ssl_context,
+                "ssl_handshake_timeout": limits.request_timeout_seconds,
+                "ssl_shutdown_timeout": limits.tls_close_timeout_seconds,
+            }
+        self.options: dict[str, Any] = {
+            "keepalive_timeout": limits.idle_timeout_seconds,
+            "max_line_size": MAX_LINE_BYTES,
+            "max_field_size": MAX_FIELD_BYTES,
+            "max_headers": MAX_HEADERS,
+            "lingering_time": LINGER_SECONDS,
+            "access_log": None,
+        }
+        # The handler runs to its answer even when the caller goes: a validating review may be
+        # recording a quota reservation through the API, which must not stop half-way.
+        self.server = web.Server(self.handle, handler_cancellation=False, loop=self.loop, **self.options)
         # Open connections, longest without progress first (progress re-inserts at the end).
-        self.connections: dict[Slot, None] = {}
+        self.connections: dict[Connection, None] = {}
         self.evicted = 0  # closed to make room at the cap
         self.expired = 0  # closed by the request deadline
+        self.in_flight = 0  # requests whose handler runs
+        self.draining = False  # every answer closes its connection
+        self.all_closed, self.at_cap_logged = asyncio.Event(), False
         self.sock: socket.socket | None = None
-        self.all_closed = asyncio.Event()
-        self.all_closed.set()
-        self.at_cap_logged = False
-        self.sweep_seconds = min(_SWEEP_SECONDS, limits.request_timeout_seconds / 10)
         self.sweeper: asyncio.TimerHandle | None = None
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        conn = request.protocol if isinstance(request.protocol, Connection) else None
+        self.in_flight += 1
+        if conn is not None:
+            conn.handling = True
+            if conn.deadline is None:  # its first bytes came in the read that ended the one before
+                conn.began_request()
+        try:
+            response = await self.handler(request)
+        finally:
+            self.in_flight -= 1
+            closes = conn is not None and conn.answered()
+        if closes or self.draining:
+            response.force_close()
+        return response
 
     async def start(self) -> None:
         """Bind and listen (port 0 picks a free one, see `port`), then accept in the background."""
@@ -178,41 +251,44 @@ class Listener:
         self.sock, self.port = sock, int(sock.getsockname()[1])
         # A reader callback, not `loop.sock_accept`: no accepted socket is lost to a cancellation.
         self.loop.add_reader(sock.fileno(), self.accept_ready, sock)
-        self.sweeper = self.loop.call_later(self.sweep_seconds, self.sweep)
+        self.sweep()
 
     def sweep(self) -> None:
-        """Close the connections whose request deadline has passed; look again in `sweep_seconds`."""
+        """Close the connections whose request deadline has passed; look again within a second (or a
+        tenth of the deadline): the most a deadline is overrun by."""
         now = self.loop.time()
-        for slot in [s for s in self.connections if s.deadline is not None and s.deadline <= now]:
+        for conn in [c for c in self.connections if c.deadline is not None and c.deadline <= now]:
             self.expired += 1
-            log.info(
-                "event=request_deadline handshaken=%s timeout_s=%.1f",
-                slot.protocol is not None,
-                self.limits.request_timeout_seconds,
-            )
-            slot.close_now()
-        self.sweeper = self.loop.call_later(self.sweep_seconds, self.sweep)
+            timeout = self.limits.request_timeout_seconds
+            log.info("event=request_deadline handshaken=%s timeout_s=%.1f", conn.opened is not None, timeout)
+            conn.close_now()
+        self.sweeper = self.loop.call_later(min(1.0, self.limits.request_timeout_seconds / 10), self.sweep)
 
     def accept_ready(self, sock: socket.socket) -> None:
         for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn
             try:
-                conn, _ = sock.accept()
+                accepted, _ = sock.accept()
             except BlockingIOError:
                 return
             except OSError as exc:  # out of file descriptors: let some connections end first
                 log.warning("event=accept_failed error=%r", str(exc))
                 self.loop.remove_reader(sock.fileno())
-                self.loop.call_later(_ACCEPT_ERROR_PAUSE_SECONDS, self.resume_accepting, sock)
+                self.loop.call_later(0.1, self.resume_accepting, sock)
                 return
             if len(self.connections) >= self.limits.max_connections and not self.make_room():
-                conn.close()  # every connection is computing an answer
+                accepted.close()  # every connection is computing an answer
                 continue
-            conn.setblocking(False)
-            slot = Slot(self, conn, self.loop.time())
-            self.connections[slot] = None
-            self.all_closed.clear()
-            slot.opening = self.loop.create_task(self.open(slot))
-            slot.opening.add_done_callback(slot.opening_done)
+            self.open(accepted)
+
+    def open(self, accepted: socket.socket) -> None:
+        accepted.setblocking(False)
+        conn = Connection(self, accepted)
+        self.connections[conn] = None
+        self.all_closed.clear()
+        conn.opening = asyncio.ensure_future(
+            self.loop.connect_accepted_socket(lambda: conn, accepted, **self.tls)
+        )
+        conn.opening.add_done_callback(conn.opening_done)
 
     def resume_accepting(self, sock: socket.socket) -> None:
         if self.sock is sock:
@@ -220,7 +296,7 @@ class Listener:
 
     def make_room(self) -> bool:
         """Close the connection longest without progress that is not computing an answer."""
-        victim = next((slot for slot in self.connections if not slot.busy), None)
+        victim = next((conn for conn in self.connections if not conn.busy), None)
         if victim is None:
             return False
         self.evicted += 1
@@ -233,55 +309,39 @@ class Listener:
         victim.close_now()
         return True
 
-    async def open(self, slot: Slot) -> None:
-        limits = self.limits
-        try:
-            await self.loop.connect_accepted_socket(
-                lambda: self.edge.protocol(slot),
-                slot.sock,
-                ssl=self.ssl_context,
-                ssl_handshake_timeout=limits.request_timeout_seconds if self.ssl_context else None,
-                ssl_shutdown_timeout=limits.tls_close_timeout_seconds if self.ssl_context else None,
-            )
-        except (OSError, ssl.SSLError, asyncio.CancelledError) as exc:
-            log.debug("event=handshake_failed error=%r", str(exc))
+    def progressed(self, conn: Connection) -> None:
+        """`conn` made progress: it moves to the back of the order the cap closes in."""
+        if self.connections.pop(conn, 0) is None:
+            self.connections[conn] = None
 
-    def progressed(self, slot: Slot) -> None:
-        """`slot` made progress: it moves to the back of the order the cap closes in."""
-        if self.connections.pop(slot, 0) is None:
-            self.connections[slot] = None
-
-    def forget(self, slot: Slot) -> None:
-        self.connections.pop(slot, None)
-        if len(self.connections) < self.limits.max_connections:
-            self.at_cap_logged = False
+    def forget(self, conn: Connection) -> None:
+        conn.deadline = None
+        self.connections.pop(conn, None)
+        self.at_cap_logged &= len(self.connections) >= self.limits.max_connections
         if not self.connections:
             self.all_closed.set()
 
-    async def close(self) -> None:
-        """Stop accepting and abandon handshakes in progress; open connections stay."""
+    async def close(self, deadline: float) -> None:
+        """Stop accepting and close every connection by `deadline` (the loop's clock): one whose
+        request head has arrived gets its answer first (with `Connection: close`), every other is
+        closed now, and what is left at the deadline is aborted."""
         if self.sock is not None:
             self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
             self.sock = None
-        for slot in [s for s in self.connections if s.protocol is None]:
-            slot.close_now()
-        await asyncio.sleep(0)  # let the cancelled handshakes unwind
-
-    async def drain(self, deadline: float) -> None:
-        """Close every connection by `deadline` (the loop's clock): one whose request head has arrived
-        gets its answer first (with `Connection: close`), every other is closed now, and what is left
-        at the deadline is aborted."""
-        for slot in list(self.connections):
-            if slot.protocol is not None and not slot.handling:
-                slot.protocol.force_close()  # a TLS close exchange, bounded by ssl_shutdown_timeout
+        self.draining = True
+        for conn in list(self.connections):
+            if conn.opened is None:
+                conn.close_now()  # a handshake in progress
+            elif not conn.handling:
+                conn.force_close()  # a TLS close exchange, bounded by ssl_shutdown_timeout
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout_at(deadline):
-                await self.all_closed.wait()
+                while self.connections:
+                    await self.all_closed.wait()
         if self.connections:
             log.warning("event=webhook_connections_aborted count=%d", len(self.connections))
-            for slot in list(self.connections):
-                slot.close_now()
+            for conn in list(self.connections):
+                conn.close_now()
         if self.sweeper is not None:
             self.sweeper.cancel()
-            self.sweeper = None

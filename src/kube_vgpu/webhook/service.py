@@ -19,7 +19,6 @@ from kube_vgpu.contract.config import Config, NodeConfig
 from kube_vgpu.contract.mig.geometry import DeviceConfig, MigGeometryError, parse_device_config
 from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import DEVICE_CONFIG_KEY
-from kube_vgpu.httpedge.edge import EdgeServer
 from kube_vgpu.httpedge.listener import ConnectionLimits, Listener
 from kube_vgpu.httpedge.metrics_server import MetricsServer
 from kube_vgpu.kubeapi.client import Kube, KubeError, load_api_client
@@ -255,17 +254,13 @@ class WebhookServer:
 
     async def start(self) -> None:
         """Listen (port 0 picks a free one, see `port`), start the cache and the certificate poller."""
-        edge = EdgeServer(
-            self.app.handle,
-            idle_timeout_seconds=self.options.limits.idle_timeout_seconds,
-            refused=lambda outcome: self.metrics.reviews.labels(outcome).inc(),
-        )
         self.listener = Listener(
-            edge,
+            self.app.handle,
             self.reloader.context,
             self.options.limits,
             host=self.options.host,
             port=self.options.port,
+            refused=lambda outcome: self.metrics.reviews.labels(outcome).inc(),
         )
         await self.listener.start()
         self.port = self.listener.port
@@ -296,17 +291,14 @@ class WebhookServer:
         deadline = loop.time() + self.options.shutdown_timeout_seconds
         listener = self.listener
         if listener is not None:
-            await listener.close()
-        # From here every answer closes its connection; idle keep-alive connections close now, busy
-        # ones after their answer (a review whose body is still arriving gets its answer too).
-        self.app.draining = True
-        if listener is not None:
+            # Idle keep-alive connections close now, busy ones after their answer (a review whose
+            # body is still arriving gets its answer too), with `Connection: close`.
             log.info(
                 "event=webhook_draining connections=%d in_flight=%d",
                 len(listener.connections),
-                self.app.in_flight,
+                listener.in_flight,
             )
-            await listener.drain(deadline)
+            await listener.close(deadline)
         await self.metrics_server.stop()
         if self.reservations is not None:
             await self.reservations.close()

@@ -230,8 +230,8 @@ def test_bodies_waiting_for_their_turn_stay_within_the_budget(webhook: ThreadedW
         def waiting() -> int | None:
             # Once every connection still open has its review read whole and waiting for a turn (the
             # others were refused with 429 or closed to make room), how many there are.
-            slots = list(listener.connections)
-            return len(slots) if slots and all(slot.busy for slot in slots) else None
+            conns = list(listener.connections)
+            return len(conns) if conns and all(conn.busy for conn in conns) else None
 
         def sweep() -> None:  # close the sockets that got their answer (a 429) or were closed
             for sock in flood:

@@ -100,9 +100,8 @@ def test_shutdown_refuses_closes_idle_finishes_in_flight_and_aborts_the_stalled(
         in_flight.sendall(_post_head(body) + body[:10])
         stalled = connect()
         stalled.sendall(_post_head(body) + body[:10])
-        app = webhook.server.app
         _wait(lambda: webhook.read(lambda: len(listener.connections)) == 3, "three connections")
-        _wait(lambda: webhook.read(lambda: app.in_flight) == 2, "two reviews in flight")
+        _wait(lambda: webhook.read(lambda: listener.in_flight) == 2, "two reviews in flight")
 
         stopping = webhook.submit(webhook.server.stop())
         events.append("stop")

@@ -1,11 +1,12 @@
-"""Prometheus metrics of the webhook, on a CollectorRegistry of its own (so tests and replicas never share).
+"""Prometheus metrics of the webhook, on a CollectorRegistry of its own (tests and replicas never share).
 
-Counters and the latency histogram are updated by the server; cache gauges are read at scrape time.
+Counters and the latency histogram are updated by the server; cache and connection figures are read
+at scrape time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -22,90 +23,15 @@ if TYPE_CHECKING:
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-class _ConnectionCollector(Collector):
-    def __init__(self, state: Callable[[], Listener | None]) -> None:
-        self._state = state
-
-    def collect(self) -> Iterator[Metric]:
-        state = self._state()
-        if state is None:
-            return
-        yield GaugeMetricFamily(
-            "kube_vgpu_webhook_connections_open", "Open HTTPS connections.", value=len(state.connections)
-        )
-        yield CounterMetricFamily(
-            "kube_vgpu_webhook_connections_evicted",
-            "Connections closed at the connection cap to admit a new one (the longest idle or longest "
-            "without completing its request).",
-            value=state.evicted,
-        )
-        yield CounterMetricFamily(
-            "kube_vgpu_webhook_request_deadline_expired",
-            "Connections closed because a request did not arrive and get its answer within the deadline.",
-            value=state.expired,
-        )
-
-
 def _printable(value: str) -> str:
-    # The exposition is UTF-8; a lone surrogate (from a JSON escape) would make every scrape fail.
     return value if is_unicode_text(value) else value.encode("utf-8", "backslashreplace").decode("ascii")
 
 
-class _Printable:
-    """A registry view whose label values are always UTF-8 encodable, so `/metrics` always renders."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        for metric in self._registry.collect():
-            metric.samples = [
-                sample._replace(labels={k: _printable(v) for k, v in sample.labels.items()})
-                for sample in metric.samples
-            ]
-            yield metric
-
-
-class _CacheCollector(Collector):
-    def __init__(self, state: Callable[[], ClusterCache | None]) -> None:
-        self._state = state
-
-    def collect(self) -> Iterator[Metric]:
-        state = self._state()
-        if state is None:
-            return
-        objects = GaugeMetricFamily(
-            "kube_vgpu_webhook_cache_objects", "Objects in the webhook's cluster cache.", labels=["kind"]
-        )
-        for kind, size in sorted(state.sizes().items()):
-            objects.add_metric([kind], size)
-        yield objects
-        failures = CounterMetricFamily(
-            "kube_vgpu_webhook_cache_api_errors",
-            "Failed list/watch calls of the cluster cache (each is retried after a backoff).",
-            labels=["kind"],
-        )
-        for kind, count in sorted(state.api_failures().items()):
-            failures.add_metric([kind], count)
-        yield failures
-        lag = state.lag_seconds()
-        yield GaugeMetricFamily(
-            "kube_vgpu_webhook_cache_lag_seconds",
-            "Seconds since the API server was last heard from (NaN before the first list).",
-            value=float("nan") if lag is None else lag,
-        )
-        yield GaugeMetricFamily(
-            "kube_vgpu_webhook_cache_ready",
-            "1 when the cache is synced and fresh.",
-            value=float(state.ready()),
-        )
-
-
-class WebhookMetrics:
+class WebhookMetrics(Collector):
     """The webhook's metrics and the registry they live on."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+    def __init__(self) -> None:
+        self.registry = PrintableRegistry(auto_describe=True)
         self.reviews = Counter(
             "kube_vgpu_webhook_reviews",
             "Admission reviews answered, by outcome (allowed, denied, malformed, too_large, busy, error).",
@@ -137,10 +63,9 @@ class WebhookMetrics:
             ["mechanism"],
             registry=self.registry,
         )
-        self._cache: ClusterCache | None = None
-        self.registry.register(_CacheCollector(lambda: self._cache))
-        self._connections: Listener | None = None
-        self.registry.register(_ConnectionCollector(lambda: self._connections))
+        self.cache: ClusterCache | None = None
+        self.connections: Listener | None = None
+        self.registry.register(self)
 
     def report_caller_protection(self, *, client_certificate: bool, network_policy: bool) -> None:
         """Say which protections of the admission port are on."""
@@ -148,13 +73,69 @@ class WebhookMetrics:
         self.caller_protection.labels("network-policy").set(float(network_policy))
 
     def track_cache(self, cache: ClusterCache) -> None:
-        """Report this cache's size, lag and readiness."""
-        self._cache = cache
+        self.cache = cache
 
-    def track_connections(self, state: Listener) -> None:
-        """Report this listener's open, refused and expired connections."""
-        self._connections = state
+    def track_connections(self, listener: Listener) -> None:
+        self.connections = listener
+
+    def collect(self) -> Iterator[Metric]:
+        """The figures read at scrape time: the cache's and the admission port's."""
+        if (cache := self.cache) is not None:
+            objects = GaugeMetricFamily(
+                "kube_vgpu_webhook_cache_objects", "Objects in the webhook's cluster cache.", labels=["kind"]
+            )
+            for kind, size in sorted(cache.sizes().items()):
+                objects.add_metric([kind], size)
+            failures = CounterMetricFamily(
+                "kube_vgpu_webhook_cache_api_errors",
+                "Failed list/watch calls of the cluster cache (each is retried after a backoff).",
+                labels=["kind"],
+            )
+            for kind, count in sorted(cache.api_failures().items()):
+                failures.add_metric([kind], count)
+            lag = cache.lag_seconds()
+            yield from (objects, failures)
+            yield GaugeMetricFamily(
+                "kube_vgpu_webhook_cache_lag_seconds",
+                "Seconds since the API server was last heard from (NaN before the first list).",
+                value=float("nan") if lag is None else lag,
+            )
+            yield GaugeMetricFamily(
+                "kube_vgpu_webhook_cache_ready",
+                "1 when the cache is synced and fresh.",
+                value=float(cache.ready()),
+            )
+        if (listener := self.connections) is not None:
+            yield GaugeMetricFamily(
+                "kube_vgpu_webhook_connections_open",
+                "Open HTTPS connections.",
+                value=len(listener.connections),
+            )
+            yield CounterMetricFamily(
+                "kube_vgpu_webhook_connections_evicted",
+                "Connections closed at the connection cap to admit a new one (the one longest without "
+                "progress).",
+                value=listener.evicted,
+            )
+            yield CounterMetricFamily(
+                "kube_vgpu_webhook_request_deadline_expired",
+                "Connections closed because a request did not arrive whole within the deadline.",
+                value=listener.expired,
+            )
 
     def exposition(self) -> bytes:
-        """The registry in the Prometheus text format (label values escaped as the format requires)."""
-        return generate_latest(_Printable(self.registry))
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+class PrintableRegistry(CollectorRegistry):
+    """A registry whose label values are always UTF-8 encodable, so that `/metrics` always renders: a
+    lone surrogate (from a JSON escape) is shown as its backslash escape."""
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in super().collect():
+            metric.samples = [
+                sample._replace(labels={k: _printable(v) for k, v in sample.labels.items()})
+                for sample in metric.samples
+            ]
+            yield metric

@@ -1,10 +1,8 @@
 """The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz`.
 
-The handler aiohttp calls reads the body (within the process-wide body budget), asks the pure
-pipeline of the path's phase (`webhook.admission` for /mutate, `webhook.admission.validation` for /validate),
-and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON reason;
-neither it nor a policy refusal is ever a traceback or a 5xx. Framing is aiohttp's
-(`httpedge.edge`); which connections exist is `httpedge.listener`'s.
+The handler reads the body within the process-wide body budget, asks the pure pipeline of the
+path's phase and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON
+reason; neither it nor a policy refusal is ever a traceback or a 5xx.
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from kube_vgpu.httpedge.edge import JSON, EdgeProtocol, error_response
-from kube_vgpu.httpedge.listener import Slot
+from kube_vgpu.httpedge.listener import JSON, arrived, error_response
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import (
     AdmissionRequest,
@@ -38,24 +35,17 @@ from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
-# The request bodies held at once, process-wide: each connection may hold a body of up to
-# MAX_BODY_BYTES until its request deadline (90 stalled gzip bodies of 3 kB would each inflate to
-# 3 MiB). Bodies waiting for a fair turn count too.
+# The bodies held at once, process-wide (read, being read, or waiting for a fair turn): the
+# connection cap alone would allow 500 bodies of 3 MiB (a 3 kB gzip body inflates to 3 MiB).
 BODY_BUDGET_BYTES = 64 * 1024 * 1024
 # Kept free of large bodies (those that wait for a turn) for the few-kB reviews the API server sends.
 SMALL_BODIES_ROOM_BYTES = 4 * 1024 * 1024
 # How long a review waits for a cache that has not finished its first list before it is refused.
 SYNC_WAIT_SECONDS = 2.0
-NOT_READY = "not-ready"
-MUTATE_PATH = "/mutate"
-VALIDATE_PATH = "/validate"
-INTERNAL_ERROR = "internal-error"
 # What the API server and ordinary clients send; anything else is answered 415 unread.
 ENCODINGS = frozenset(("", "identity", "gzip", "deflate"))
-# The `refused` outcome of an answer given to a review that never reached its phase.
+# The `reviews` outcome of an answer given to a review that never reached its phase.
 _OUTCOMES = {400: "malformed", 413: "too_large", 415: "malformed", 429: "busy"}
-
-Route = Callable[[web.BaseRequest, bytes, float], "web.StreamResponse | Awaitable[web.StreamResponse]"]
 
 
 class BodyBudget:
@@ -78,14 +68,14 @@ class BodyBudget:
 
 
 def body_reservation(content_length: int | None, compressed: bool, limit_bytes: int) -> int:
-    """What a body may take once read: its declared length, or the whole limit when the length says
-    nothing about the size after decompression (or there is none)."""
+    """What a body may take once read: its length, or the whole limit when that says nothing about
+    the size after decompression (or there is none)."""
     return limit_bytes if content_length is None or compressed else min(content_length, limit_bytes)
 
 
 @dataclass(frozen=True)
 class Readiness:
-    """The cache facts the server needs: synced (first list done), ready (synced and fresh), and a waiter."""
+    """The cache's first list done (synced), synced and fresh (ready), and a wait for the first."""
 
     synced: Callable[[], bool]
     ready: Callable[[], bool]
@@ -94,129 +84,76 @@ class Readiness:
 
 @dataclass(frozen=True)
 class Services:
-    """What the handlers use."""
-
     admission: Admission
     validation: Validation
     readiness: Readiness
     metrics: WebhookMetrics
 
 
-def _pod_name(request: AdmissionRequest) -> str:
-    metadata = (request.object or {}).get("metadata")
-    if not isinstance(metadata, dict):  # a mistyped pod, denied; its name is whatever it says
-        return "?"
-    return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
-
-
 class AdmissionApp:
     """The routes of the webhook: `handle` is the aiohttp request handler."""
 
-    def __init__(
-        self,
-        services: Services,
-        *,
-        max_body_bytes: int = MAX_BODY_BYTES,
-        bodies: BodyBudget | None = None,
-        turns: FairTurns | None = None,
-    ) -> None:
-        self.services = services
+    def __init__(self, services: Services, *, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.services, self.max_body_bytes = services, max_body_bytes
         # Large reviews take turns between namespaces (`webhook.fairness`); small ones run at once.
-        self.turns = turns or FairTurns()
-        self.max_body_bytes = max_body_bytes
-        self.bodies = bodies or BodyBudget()
+        self.turns = FairTurns()
+        self.bodies = BodyBudget()
         # Bodies being read and the bytes each reserved, oldest first: when the budget is full, the one
         # waiting longest is closed to make room (as the connection cap does), so stalled bodies
         # cannot refuse the API server's reviews.
         self._readers: dict[int, tuple[web.BaseRequest, int]] = {}  # by id(): requests are unhashable
-        # Set by shutdown: every answer from then on closes its connection.
-        self.draining = False
-        # Requests whose handler has started and not yet answered (shutdown waits for them).
-        self.in_flight = 0
-        self._reviews: dict[str, Route] = {MUTATE_PATH: self.mutate, VALIDATE_PATH: self.validate}
         self._gets: dict[str, Callable[[], web.Response]] = {"/healthz": self.healthz, "/readyz": self.readyz}
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request (aiohttp calls this once its head has arrived)."""
-        protocol = request.protocol
-        edge = protocol if isinstance(protocol, EdgeProtocol) else None
-        slot = edge.slot if edge is not None else None
-        self.in_flight += 1
-        if slot is not None:
-            slot.began()
-        try:
-            response = await self._respond(request, slot)
-        finally:
-            self.in_flight -= 1
-            if slot is not None:
-                slot.answered()
-        # After a large read the connection goes, and with it what its TLS layer keeps of the read.
-        if self.draining or (edge is not None and edge.answer_closes()):
-            response.force_close()
-        return response
-
-    async def _respond(self, request: web.BaseRequest, slot: Slot | None) -> web.StreamResponse:
         started = time.perf_counter()
-        method = request.method
-        path = request.raw_path.partition("?")[0]
-        review = self._reviews.get(path)
-        if review is None:
+        method, path = request.method, request.raw_path.partition("?")[0]
+        validating = {"/mutate": False, "/validate": True}.get(path)
+        if validating is None:
             get = self._gets.get(path)
             if get is None:
-                return error_response(
-                    404,
-                    f"no such path {path[:100]!r}; reviews go to {MUTATE_PATH} or {VALIDATE_PATH}",
-                    close=request.body_exists,
-                )
+                reason = f"no such path {path[:100]!r}; reviews go to /mutate or /validate"
+                return error_response(404, reason, close=request.body_exists)
             if method not in ("GET", "HEAD"):
-                return error_response(
-                    405, f"method {method[:16]} is not served at {path}; use GET", close=request.body_exists
-                )
-            if slot is not None:
-                slot.request_complete()
+                reason = f"method {method[:16]} is not served at {path}; use GET"
+                return error_response(405, reason, close=request.body_exists)
+            arrived(request)
             health = get()
             if request.body_exists:  # answered unread: aiohttp would drop the body and keep the connection
                 health.force_close()
             return health
         if method != "POST":
-            return error_response(
-                405, f"method {method[:16]} is not served at {path}; use POST", close=request.body_exists
-            )
+            reason = f"method {method[:16]} is not served at {path}; use POST"
+            return error_response(405, reason, close=request.body_exists)
         read = await self._read(request)
-        if slot is not None:  # arrived whole: its deadline stops; the cap will not close it now
-            slot.request_complete()
+        arrived(request)
         # Not `isinstance(read, web.StreamResponse)`: a response is a MutableMapping, so that test runs
         # the ABC machinery in Python for every review.
         if not isinstance(read, tuple):
             return read
         body, held = read
         try:
-            answer = self.turns.run(body, review, request, body, started)
-            # `type(...) is` first: what nearly every review answers with, tested without the ABC
-            # machinery that `isinstance` of a response class (a MutableMapping) runs in Python.
+            answer = self.turns.run(body, self.review, request, body, started, validating)
             if type(answer) is web.Response or isinstance(answer, web.StreamResponse):
                 return answer
             return await answer
         finally:
-            # Held until answered: a large body may wait for its turn, and waiting bodies count too.
-            self.bodies.release(held)
+            self.bodies.release(held)  # held until answered: a large body may wait for its turn
 
     async def _read(self, request: web.BaseRequest) -> tuple[bytes, int] | web.StreamResponse:
-        """The body, decoded, within the body limit and the process-wide body budget, and the bytes it
-        holds of that budget (the caller gives them back once answered); or the 4xx."""
+        """The body, decoded, and the bytes it holds of the budget (given back once answered); or the 4xx."""
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
         if encoding not in ENCODINGS:
             reason = f"content encoding {encoding[:40]!r} is not served; send gzip, deflate or none"
             return self._refuse(request, 415, reason)
-        length = request.content_length
-        limit = self.max_body_bytes
+        length, limit = request.content_length, self.max_body_bytes
         if length is not None and length > limit:
             return self._refuse(request, 413, f"body of {length} bytes is over the {limit}-byte limit")
         if not request.body_exists:
             return b"", 0
-        size = body_reservation(length, encoding not in ("", "identity") or length is None, limit)
+        size = body_reservation(length, encoding not in ("", "identity"), limit)
         keep_free = SMALL_BODIES_ROOM_BYTES if size > self.turns.large_bytes else 0
-        if not self.bodies.hold(size, keep_free) and not self._make_room(size, keep_free):
+        if not self._make_room(size, keep_free):
             log.info("event=review_refused_busy remote=%s reserved_bytes=%d", request.remote, size)
             return self._refuse(request, 429, "too many request bodies are being read right now; retry")
         self._readers[id(request)] = (request, size)
@@ -239,7 +176,8 @@ class AdmissionApp:
                 self.bodies.release(size)
 
     def _make_room(self, size: int, keep_free: int) -> bool:
-        """Close the bodies waiting longest until `size` bytes fit; False (none closed) if it never would."""
+        """Hold `size` bytes, closing the bodies waiting longest until they fit; False (none closed)
+        when they never would."""
         if size > self.bodies.limit_bytes - keep_free:
             return False
         while not self.bodies.hold(size, keep_free):
@@ -254,42 +192,26 @@ class AdmissionApp:
         return True
 
     def _refuse(self, request: web.BaseRequest, status: int, reason: str) -> web.Response:
-        """A review that never reaches its phase: counted, logged at INFO, and its connection closed
-        (what follows an unread or unreadable body cannot be framed)."""
+        """A review that never reaches its phase: counted, logged at INFO, its connection closed (what
+        follows an unread or unreadable body cannot be framed)."""
         self.services.metrics.reviews.labels(_OUTCOMES.get(status, "malformed")).inc()
         log.info("event=http_bad_request remote=%s status=%d reason=%r", request.remote, status, reason[:300])
         return error_response(status, reason, close=True)
 
-    # -- admission ----------------------------------------------------------------------------
-
-    def mutate(
-        self, http: web.BaseRequest, body: bytes, started: float
+    def review(
+        self, http: web.BaseRequest, body: bytes, started: float, validating: bool
     ) -> web.StreamResponse | Awaitable[web.StreamResponse]:
-        """The mutating phase: answered at once once the cache has synced."""
-        request = self._parse(http, body)
-        if not isinstance(request, AdmissionRequest):
-            return request
-        if not self.services.readiness.synced():
-            return self._review_when_synced(request, started, validating=False)
-        return self._answer(request, self._mutate(request), started, validating=False)
-
-    def validate(
-        self, http: web.BaseRequest, body: bytes, started: float
-    ) -> web.StreamResponse | Awaitable[web.StreamResponse]:
-        """The validating phase (quota may record a reservation through the API)."""
-        request = self._parse(http, body)
-        if not isinstance(request, AdmissionRequest):
-            return request
-        return self._review_when_synced(request, started, validating=True)
-
-    def _parse(self, http: web.BaseRequest, body: bytes) -> AdmissionRequest | web.Response:
-        """The request's AdmissionReview, or the 400 answer (JSON reason) for a body that is not one."""
+        """The review of the path's phase: a mutating one is answered at once once the cache has synced;
+        a validating one may record a quota reservation through the API."""
         try:
-            return parse_review(body, self.services.admission.bounds)
+            request = parse_review(body, self.services.admission.bounds)
         except MalformedReview as exc:
             self.services.metrics.reviews.labels("malformed").inc()
             log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
             return error_response(400, str(exc))
+        if validating or not self.services.readiness.synced():
+            return self._review_when_synced(request, started, validating)
+        return self._answer(request, self._mutate(request), started, validating)
 
     def _mutate(self, request: AdmissionRequest) -> Verdict:
         try:
@@ -298,7 +220,7 @@ class AdmissionApp:
             return _internal_error(request, exc)
 
     async def _review_when_synced(
-        self, request: AdmissionRequest, started: float, *, validating: bool
+        self, request: AdmissionRequest, started: float, validating: bool
     ) -> web.Response:
         readiness = self.services.readiness
         if not readiness.synced():
@@ -307,22 +229,19 @@ class AdmissionApp:
                     await readiness.wait_synced()
         if validating:
             try:
-                verdict = await self.services.validation.review(request)  # quota may record through the API
+                verdict = await self.services.validation.review(request)
             except Exception as exc:
                 verdict = _internal_error(request, exc)
         else:
             verdict = self._mutate(request)
         if not readiness.synced() and (not verdict.allowed or verdict.patch):
             # Mutating from an empty cache would resolve against no GPUs and no namespace labels.
-            verdict = Verdict(
-                allowed=False,
-                reason=NOT_READY,
-                message="kube-vgpu webhook has not loaded the cluster state yet; retry in a few seconds",
-            )
-        return self._answer(request, verdict, started, validating=validating)
+            message = "kube-vgpu webhook has not loaded the cluster state yet; retry in a few seconds"
+            verdict = Verdict(allowed=False, reason="not-ready", message=message)
+        return self._answer(request, verdict, started, validating)
 
     def _answer(
-        self, request: AdmissionRequest, verdict: Verdict, started: float, *, validating: bool
+        self, request: AdmissionRequest, verdict: Verdict, started: float, validating: bool
     ) -> web.Response:
         metrics = self.services.metrics
         metrics.latency.observe(time.perf_counter() - started)
@@ -351,37 +270,34 @@ class AdmissionApp:
             )
         return web.Response(body=encode_json(encode_response(request.uid, verdict)), content_type=JSON)
 
-    # -- operations ---------------------------------------------------------------------------
-
     def healthz(self) -> web.Response:
         """Liveness: the process serves HTTP."""
         return web.Response(body=orjson.dumps({"ok": True}), content_type=JSON)
 
     def readyz(self) -> web.Response:
         """Readiness: the cluster cache has synced and heard from the API recently."""
-        readiness = self.services.readiness
-        ready = readiness.ready()
-        return web.Response(
-            status=200 if ready else 503,
-            body=orjson.dumps({"ready": ready, "synced": readiness.synced()}),
-            content_type=JSON,
-        )
+        ready, synced = self.services.readiness.ready(), self.services.readiness.synced()
+        body = orjson.dumps({"ready": ready, "synced": synced})
+        return web.Response(status=200 if ready else 503, body=body, content_type=JSON)
+
+
+def _pod_name(request: AdmissionRequest) -> str:
+    metadata = (request.object or {}).get("metadata")
+    if not isinstance(metadata, dict):  # a mistyped pod, denied; its name is whatever it says
+        return "?"
+    return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
 
 
 def _internal_error(request: AdmissionRequest, exc: Exception) -> Verdict:
     log.error("event=review_failed uid=%s error=%r", request.uid, f"{type(exc).__name__}: {exc}")
-    return Verdict(
-        allowed=False,
-        reason=INTERNAL_ERROR,
-        message=f"kube-vgpu webhook internal error: {type(exc).__name__}",
-    )
+    message = f"kube-vgpu webhook internal error: {type(exc).__name__}"
+    return Verdict(allowed=False, reason="internal-error", message=message)
 
 
 async def _read_whole(request: web.BaseRequest, limit: int) -> bytes:
     """The whole body, decoded, bounded by `limit` after decompression (aiohttp inflates in bounded
-    pieces), without keeping it on the request as `read()` does: aiohttp's connection loop holds the
-    last request until the next one arrives, so a kept-alive connection held its last body while
-    idle (a gzip body of 3 kB inflates to 3 MiB)."""
+    pieces). Not `read()`, which keeps it on the request: aiohttp holds a connection's last request
+    until the next one arrives, so an idle keep-alive connection held its last body."""
     body = bytearray()
     while chunk := await request.content.readany():
         body.extend(chunk)
