@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from kube_vgpu.contract.yamltext import safe_load, utf8_problem, yaml_problem
+from kube_vgpu.kubeapi.flags import given_as, source_of
 from kube_vgpu.kubeapi.permissions import Component, UndeclaredCall, Verb, declared
 
 log = logging.getLogger("kube_vgpu.kubeapi")
@@ -119,7 +120,7 @@ def kubeconfig_files(
     found means the in-cluster service account comes next.
     """
     if flag:
-        return "--kubeconfig", [flag], []
+        return source_of(flag, "--kubeconfig"), [flag], []
     listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
     if listed:
         found = [p for p in listed if os.path.exists(os.path.expanduser(p))]
@@ -199,8 +200,8 @@ def load_api_client(
     environ = os.environ if environ is None else environ
     configuration = k8s.Configuration()
     source, files, tried = kubeconfig_files(kubeconfig, environ, os.path.expanduser("~"))
-    if source == "--kubeconfig" and not os.path.exists(os.path.expanduser(files[0])):
-        raise KubeConfigError(f"--kubeconfig {files[0]}: no such file")
+    if kubeconfig and not os.path.exists(os.path.expanduser(kubeconfig)):
+        raise KubeConfigError(f"{given_as(kubeconfig, '--kubeconfig')}: no such file")
     if files:
         where = f"kubeconfig {os.pathsep.join(files)} (from {source})"
         documents = _documents(files)
@@ -219,7 +220,8 @@ def load_api_client(
     else:
         if context:
             raise KubeConfigError(
-                f"--context {context} needs a kubeconfig, and none was found: tried {', '.join(tried)}"
+                f"{given_as(context, '--context')} needs a kubeconfig, and none was found: "
+                f"tried {', '.join(tried)}"
             )
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
