@@ -48,6 +48,7 @@ Kind = Literal[
     "deviceclass",
 ]
 PatchType = Literal["merge", "strategic", "json"]
+ResourceVersionMatch = Literal["NotOlderThan", "Exact"]
 _CONTENT_TYPES: dict[PatchType, str] = {
     "merge": "application/merge-patch+json",
     "strategic": "application/strategic-merge-patch+json",
@@ -108,6 +109,13 @@ class ApiError(KubeError):
 
     def __str__(self) -> str:
         return f"{self.status} {self.reason}: {self.message}"
+
+    @property
+    def version_unavailable(self) -> bool:
+        """Whether a list or watch at a resourceVersion failed because the server cannot serve that
+        version: 410 Expired (compacted away), or 504 "Too large resource version" (a server, or a
+        watch cache, that has not reached it yet; k8s.io/apiserver/pkg/storage/errors.go)."""
+        return self.status == 410 or (self.status == 504 and "Too large resource version" in self.message)
 
 
 def kubeconfig_files(
@@ -366,9 +374,16 @@ class Kube:
         timeout: float | tuple[float, float] | None = None,
         limit: int | None = None,
         continue_token: str | None = None,
+        resource_version: str | None = None,
+        resource_version_match: ResourceVersionMatch | None = None,
     ) -> dict[str, Any]:
         """The raw List object (`items`, `metadata.resourceVersion`); with `limit`, one page of it
-        (`metadata.continue` names the next page; see `kubeapi.listwatch`)."""
+        (`metadata.continue` names the next page; see `kubeapi.listwatch`).
+
+        Without `resource_version` the list is a consistent read (a quorum read from etcd on servers
+        before Kubernetes 1.31). `resource_version="0"` lets the API server answer from its watch
+        cache, at any age; a version with `resource_version_match="NotOlderThan"` (and no `limit`)
+        from the cache too, never older than that version (see `list_version`)."""
         result: dict[str, Any] = orjson.loads(
             self.list_raw(
                 kind,
@@ -378,6 +393,8 @@ class Kube:
                 timeout=timeout,
                 limit=limit,
                 continue_token=continue_token,
+                resource_version=resource_version,
+                resource_version_match=resource_version_match,
             )
         )
         return result
@@ -392,6 +409,8 @@ class Kube:
         timeout: float | tuple[float, float] | None = None,
         limit: int | None = None,
         continue_token: str | None = None,
+        resource_version: str | None = None,
+        resource_version_match: ResourceVersionMatch | None = None,
     ) -> bytes:
         """`list`'s answer as the API server sent it (JSON bytes), for readers that decode part of it."""
         self._require("list", kind)
@@ -400,6 +419,10 @@ class Kube:
             paging["limit"] = limit
         if continue_token:
             paging["_continue"] = continue_token
+        if resource_version:
+            paging["resource_version"] = resource_version
+        if resource_version_match:
+            paging["resource_version_match"] = resource_version_match
         return self._raw(
             self._method("list", kind, namespace),
             timeout=timeout,
