@@ -98,6 +98,7 @@ hostPath  # CDI mount field (node/dra/cdi.py)
 containerPath  # CDI mount / device node field (node/dra/cdi.py)
 string  # ResourceSlice device attribute value field (node/dra/attributes.py), read by the scheduler
 registered  # kubelet plugin-registration status field (node/dra/registration.py)
+retryAfterSeconds  # Status details field (standins/apiserver/errors.py), read by API clients
 
 # Read by aiohttp: its request handler calls it for a request it could not frame.
 _.handle_error  # httpedge/listener.py

@@ -10,7 +10,7 @@ PYTHON="${PYTHON:-python3}"
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-echo "== mypy (strict)"
+echo "== mypy (strict, the code and the tests: files in pyproject.toml)"
 .venv/bin/mypy
 echo "== import layers"
 .venv/bin/lint-imports --no-cache

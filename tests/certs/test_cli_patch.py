@@ -132,8 +132,15 @@ def test_a_list_reordered_between_read_and_patch_is_reread(
 
         reads = 0
 
-        def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
-            result = super().get(kind, name, namespace=namespace)
+        def get(
+            self,
+            kind: Kind,
+            name: str,
+            *,
+            namespace: str | None = None,
+            timeout: float | tuple[float, float] | None = None,
+        ) -> dict[str, Any] | None:
+            result = super().get(kind, name, namespace=namespace, timeout=timeout)
             if kind == "mutatingwebhookconfiguration" and self.reads == 0 and result is not None:
                 self.reads += 1
                 put_config(apiserver, *reversed(result["webhooks"]))

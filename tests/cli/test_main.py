@@ -25,7 +25,7 @@ def test_flags_default_to_their_environment_variables() -> None:
 def test_env_help_names_the_variable() -> None:
     parser = build_parser("webhook")
     apply_env_defaults(parser, {})
-    sub = parser._subparsers._group_actions[0].choices["webhook"]  # type: ignore[union-attr]  # noqa: SLF001 (argparse has no public way to a subparser)
+    (sub,) = [s for s in parser.subparsers() if s.prog == "kube-vgpu webhook"]
     assert "[env KUBE_VGPU_TLS_CERT_FILE]" in " ".join(sub.format_help().split())
 
 

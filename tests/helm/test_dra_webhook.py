@@ -35,7 +35,8 @@ def _validating(r: Rendered) -> Obj:
 
 
 def _hook(r: Rendered, name: str) -> Obj:
-    (hook,) = [h for h in _validating(r)["webhooks"] if h["name"] == name]
+    matching: list[Obj] = [h for h in _validating(r)["webhooks"] if h["name"] == name]
+    (hook,) = matching
     return hook
 
 
@@ -120,7 +121,7 @@ def test_pods_with_claims_reach_validate_and_other_pods_do_not(dra: Rendered, pl
             "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}],
         },
     }
-    plain_pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
+    plain_pod: Obj = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
     assert _passes(_hook(dra, "vgpu.kube-vgpu.io"), with_claim)
     assert not _passes(_hook(dra, "vgpu.kube-vgpu.io"), plain_pod)
     assert not _passes(

@@ -13,6 +13,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 
 from tests.support.helm_render import NAMESPACE, Obj, Rendered, render
 
@@ -181,12 +182,12 @@ class Policy:
         for name, program in self.variables:
             activation["variables"] = json_to_cel(variables)
             value = program.evaluate(activation)
-            assert not isinstance(value, celpy.CELEvalError), f"variable {name}: {value}"
+            assert not isinstance(value, CELEvalError), f"variable {name}: {value!r}"
             variables[name] = value
         activation["variables"] = json_to_cel(variables)
         for program, message_program, message in self.validations:
             result = program.evaluate(activation)
-            if isinstance(result, celpy.CELEvalError) or not bool(result):
+            if isinstance(result, CELEvalError) or not bool(result):
                 text = str(message_program.evaluate(activation)) if message_program else str(message)
                 return False, " ".join(text.split())
         return True, ""

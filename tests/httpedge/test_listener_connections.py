@@ -18,6 +18,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -107,7 +108,7 @@ def _read_response(sock: ssl.SSLSocket) -> bytes:
 
 
 def _open_webhook(
-    apiserver: ApiServerStandin, tmp_path: Path, tls: TlsFiles | None = None, **overrides: object
+    apiserver: ApiServerStandin, tmp_path: Path, tls: TlsFiles | None = None, **overrides: Any
 ) -> ThreadedWebhook:
     apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")

@@ -209,3 +209,67 @@ def test_a_kubeconfig_that_is_not_a_mapping_is_named(home: Path, capsys: pytest.
     code, err = top(capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"kubeconfig {home / '.kube' / 'config'}: expected a mapping (kind: Config), got a list" in err
+
+
+@pytest.mark.parametrize("from_variable", [False, True])
+def test_a_missing_kubeconfig_names_the_flag_or_the_variable_it_came_from(
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    from_variable: bool,
+) -> None:
+    typo = tmp_path / "typo.yaml"
+    if from_variable:
+        monkeypatch.setenv("KUBE_VGPU_KUBECONFIG", str(typo))
+        code, err = top(capsys)
+        assert code == 2 and f"KUBE_VGPU_KUBECONFIG={str(typo)!r}: no such file" in err
+        assert "--kubeconfig" not in err
+    else:
+        code, err = top(capsys, "--kubeconfig", str(typo))
+        assert code == 2 and f"--kubeconfig {typo}: no such file" in err
+        assert "KUBE_VGPU_KUBECONFIG" not in err
+
+
+@pytest.mark.parametrize("source", ["--kubeconfig", "KUBE_VGPU_KUBECONFIG"])
+def test_an_unusable_kubeconfig_names_where_it_came_from(
+    apiserver: ApiServerStandin,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    source: str,
+) -> None:
+    document = config(apiserver)
+    del document["clusters"][0]["cluster"]["server"]
+    file = write(tmp_path / "kc.yaml", document)
+    if source == "--kubeconfig":
+        code, err = top(capsys, "--kubeconfig", str(file))
+    else:
+        monkeypatch.setenv("KUBE_VGPU_KUBECONFIG", str(file))
+        code, err = top(capsys)
+    assert code == 2 and f"cannot use kubeconfig {file} (from {source}): its cluster" in err, err
+
+
+def test_the_kubeconfig_variable_is_read_and_the_flag_wins_over_it(
+    apiserver: ApiServerStandin,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    live = write(tmp_path / "live.yaml", config(apiserver))
+    monkeypatch.setenv("KUBE_VGPU_KUBECONFIG", str(live))
+    assert top(capsys) == (0, "")
+    monkeypatch.setenv("KUBE_VGPU_KUBECONFIG", str(tmp_path / "typo.yaml"))
+    assert top(capsys, "--kubeconfig", str(live)) == (0, "")
+
+
+def test_a_context_from_the_variable_without_any_kubeconfig_names_the_variable(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBE_VGPU_CONTEXT", "prod")
+    code, err = top(capsys)
+    assert code == 2 and "KUBE_VGPU_CONTEXT='prod' needs a kubeconfig" in err and "--context" not in err

@@ -613,3 +613,118 @@ def test_the_backoff_restarts_after_reset_after_seconds_without_a_wait_and_not_b
     running.stop()
     # 120 s without a wait is not yet calm; just past it is, and the count starts again.
     assert backoff.attempts[:5] == [0, 1, 2, 0, 1]
+
+
+# -- lists from the API server's watch cache (client-go's relistResourceVersion) -----------------------
+
+
+def compact_during_an_outage(apiserver: ApiServerStandin, created: dict[str, Any]) -> None:
+    """Cut the watch, create `created` and compact past it: the watch's resume is refused with 410."""
+    apiserver.set_outage(True)
+    apiserver.put(created)
+    apiserver.expire_history()
+    apiserver.set_outage(False)
+
+
+def list_queries(apiserver: ApiServerStandin) -> list[dict[str, str]]:
+    return [r.query for r in apiserver.requests("GET", "/api/v1/pods") if r.query.get("watch") is None]
+
+
+def test_without_list_from_cache_every_list_is_a_consistent_read(
+    apiserver: ApiServerStandin, kube: Kube
+) -> None:
+    apiserver.put(pod("p0"))
+    recorder = Recorder()
+    running = Running(reflector(KubeSource(kube, "pod"), recorder))
+    recorder.wait(lambda: bool(recorder.lists), "the first list")
+    compact_during_an_outage(apiserver, pod("p1"))
+    recorder.wait(lambda: len(recorder.lists) == 2, "the relist after 410")
+    running.stop()
+    assert [q.get("resourceVersion") for q in list_queries(apiserver)] == [None, None]
+
+
+def test_from_the_cache_the_first_list_asks_for_0_and_a_relist_for_the_last_version_seen(
+    apiserver: ApiServerStandin, kube: Kube
+) -> None:
+    for index in range(3):
+        apiserver.put(pod(f"p{index}"))
+    recorder = Recorder()
+    running = Running(reflector(KubeSource(kube, "pod"), recorder, page_size=2, list_from_cache=True))
+    recorder.wait(lambda: bool(recorder.lists), "the first list")
+    apiserver.put(pod("late"))
+    recorder.wait(lambda: bool(recorder.events), "the watch event")
+    seen = recorder.events[-1].resource_version
+    compact_during_an_outage(apiserver, pod("later"))
+    recorder.wait(lambda: len(recorder.lists) == 2, "the relist after 410")
+    running.stop()
+    first, second, relist = list_queries(apiserver)
+    # "0" pages as asked (a watch cache before Kubernetes 1.33 answers it whole); its later pages
+    # follow the token alone.
+    assert (first.get("resourceVersion"), first.get("limit")) == ("0", "2")
+    assert "resourceVersion" not in second and second.get("continue")
+    # Unpaged, so that the watch cache answers it, and never older than the last event.
+    assert relist == {"resourceVersion": seen, "resourceVersionMatch": "NotOlderThan"}
+    assert [name for _, name in recorder.lists[1].items] == ["late", "later", "p0", "p1", "p2"]
+
+
+class TooNew:
+    """A source that refuses a list at any version but "0" as one the server has not reached."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int | None]] = []  # (version, limit); "" for a plain list_page
+        self.released = threading.Event()
+
+    def list_page(self, limit: int, continue_token: str | None) -> Any:
+        self.calls.append(("", limit))
+        return {"items": [pod("consistent")], "metadata": {"resourceVersion": "5"}}
+
+    def list_page_at(self, limit: int | None, resource_version: str) -> Any:
+        self.calls.append((resource_version, limit))
+        if resource_version != "0":
+            message = f"Timeout: Too large resource version: {resource_version}, current: 5"
+            raise ApiError(504, "Timeout", message)
+        return {"items": [pod("cached")], "metadata": {"resourceVersion": "9"}}
+
+    def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+        if len(self.calls) == 1:  # the first watch ends with 410: relist at the version seen
+            return iter([{"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}])
+        self.released.wait(10)
+        return iter(())
+
+
+def test_a_relist_at_a_version_the_server_has_not_reached_is_made_again_at_once_consistently() -> None:
+    source = TooNew()
+    recorder = Recorder()
+    # Any wait would outlast the test: the consistent list must come at once, as client-go makes it.
+    backoff = Backoff(initial=3600, maximum=3600)
+    running = Running(reflector(source, recorder, backoff=backoff, page_size=7, list_from_cache=True))
+    recorder.wait(lambda: len(recorder.lists) == 2, "the consistent relist")
+    source.released.set()
+    running.stop()
+    assert source.calls == [("0", 7), ("9", None), ("", 7)]
+    assert [name for _, name in recorder.lists[1].items] == ["consistent"]
+    assert recorder.failures == []
+
+
+def test_a_reflector_from_the_cache_needs_a_source_naming_versions_and_no_prefilter(kube: Kube) -> None:
+    class Unversioned:
+        def list_page(self, limit: int, continue_token: str | None) -> Any:
+            return {}
+
+        def watch(self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int) -> Any:
+            return iter(())
+
+    with pytest.raises(ValueError, match="needs a source that names versions"):
+        Reflector(Unversioned(), Recorder().handlers(), transform=name_of, name="t", list_from_cache=True)
+    with pytest.raises(ValueError, match="a reflector with a prefilter lists consistently, in pages"):
+        Reflector(
+            KubeSource(kube, "pod"),
+            Recorder().handlers(),
+            transform=name_of,
+            name="t",
+            prefilter=lambda raw: True,
+            list_from_cache=True,
+        )
+    Reflector(
+        KubeSource(kube, "pod"), Recorder().handlers(), transform=name_of, name="t", list_from_cache=True
+    )

@@ -144,6 +144,6 @@ def refused(answer: Mapping[str, Any], *words: str) -> bool:
 def running_pod(cluster: Cluster, annotations: Mapping[str, str]) -> dict[str, Any]:
     admitted = cluster.create(gpu_pod("mem-15000", "train", memory=10000))
     assert admitted["allowed"]
-    running = copy.deepcopy(admitted["pod"])
+    running: dict[str, Any] = copy.deepcopy(admitted["pod"])
     running["metadata"]["annotations"] = {**running["metadata"].get("annotations", {}), **annotations}
     return running

@@ -17,6 +17,7 @@ import yaml
 
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import HOSTNAME_LABEL
+from kube_vgpu.contract.yamltext import safe_load_all, utf8_problem, yaml_problem
 from kube_vgpu.demo.examples import ExampleError
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.dra.driver import DraNodePlugin, DraSettings
@@ -215,9 +216,13 @@ def load_dra_examples(folder: Path) -> list[DraExample]:
     examples = []
     for path in sorted(folder.glob("*.yaml")):
         try:
-            docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
-        except (OSError, yaml.YAMLError) as exc:
-            raise ExampleError(f"{DRA_EXAMPLES}/{path.name}: cannot be read: {exc}") from None
+            docs = [d for d in safe_load_all(path.read_text(encoding="utf-8")) if d]
+        except OSError as exc:
+            raise ExampleError(f"{DRA_EXAMPLES}/{path.name}: cannot be read: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ExampleError(f"{DRA_EXAMPLES}/{path.name}: {utf8_problem(exc)}") from None
+        except yaml.YAMLError as exc:
+            raise ExampleError(f"{DRA_EXAMPLES}/{path.name}: {yaml_problem(exc)}") from None
         kinds = sorted(str(d.get("kind")) if isinstance(d, dict) else "?" for d in docs)
         if kinds != ["Pod", "ResourceClaimTemplate"]:
             raise ExampleError(

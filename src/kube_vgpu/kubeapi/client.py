@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from kube_vgpu.contract.yamltext import safe_load, utf8_problem, yaml_problem
+from kube_vgpu.kubeapi.flags import given_as, source_of
 from kube_vgpu.kubeapi.permissions import Component, UndeclaredCall, Verb, declared
 
 log = logging.getLogger("kube_vgpu.kubeapi")
@@ -47,6 +48,7 @@ Kind = Literal[
     "deviceclass",
 ]
 PatchType = Literal["merge", "strategic", "json"]
+ResourceVersionMatch = Literal["NotOlderThan", "Exact"]
 _CONTENT_TYPES: dict[PatchType, str] = {
     "merge": "application/merge-patch+json",
     "strategic": "application/strategic-merge-patch+json",
@@ -108,6 +110,13 @@ class ApiError(KubeError):
     def __str__(self) -> str:
         return f"{self.status} {self.reason}: {self.message}"
 
+    @property
+    def version_unavailable(self) -> bool:
+        """Whether a list or watch at a resourceVersion failed because the server cannot serve that
+        version: 410 Expired (compacted away), or 504 "Too large resource version" (a server, or a
+        watch cache, that has not reached it yet; k8s.io/apiserver/pkg/storage/errors.go)."""
+        return self.status == 410 or (self.status == 504 and "Too large resource version" in self.message)
+
 
 def kubeconfig_files(
     flag: str | None, environ: Mapping[str, str], home: str
@@ -119,7 +128,7 @@ def kubeconfig_files(
     found means the in-cluster service account comes next.
     """
     if flag:
-        return "--kubeconfig", [flag], []
+        return source_of(flag, "--kubeconfig"), [flag], []
     listed = [p for p in environ.get("KUBECONFIG", "").split(os.pathsep) if p]
     if listed:
         found = [p for p in listed if os.path.exists(os.path.expanduser(p))]
@@ -199,8 +208,8 @@ def load_api_client(
     environ = os.environ if environ is None else environ
     configuration = k8s.Configuration()
     source, files, tried = kubeconfig_files(kubeconfig, environ, os.path.expanduser("~"))
-    if source == "--kubeconfig" and not os.path.exists(os.path.expanduser(files[0])):
-        raise KubeConfigError(f"--kubeconfig {files[0]}: no such file")
+    if kubeconfig and not os.path.exists(os.path.expanduser(kubeconfig)):
+        raise KubeConfigError(f"{given_as(kubeconfig, '--kubeconfig')}: no such file")
     if files:
         where = f"kubeconfig {os.pathsep.join(files)} (from {source})"
         documents = _documents(files)
@@ -219,7 +228,8 @@ def load_api_client(
     else:
         if context:
             raise KubeConfigError(
-                f"--context {context} needs a kubeconfig, and none was found: tried {', '.join(tried)}"
+                f"{given_as(context, '--context')} needs a kubeconfig, and none was found: "
+                f"tried {', '.join(tried)}"
             )
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -364,9 +374,16 @@ class Kube:
         timeout: float | tuple[float, float] | None = None,
         limit: int | None = None,
         continue_token: str | None = None,
+        resource_version: str | None = None,
+        resource_version_match: ResourceVersionMatch | None = None,
     ) -> dict[str, Any]:
         """The raw List object (`items`, `metadata.resourceVersion`); with `limit`, one page of it
-        (`metadata.continue` names the next page; see `kubeapi.listwatch`)."""
+        (`metadata.continue` names the next page; see `kubeapi.listwatch`).
+
+        Without `resource_version` the list is a consistent read (a quorum read from etcd on servers
+        before Kubernetes 1.31). `resource_version="0"` lets the API server answer from its watch
+        cache, at any age; a version with `resource_version_match="NotOlderThan"` (and no `limit`)
+        from the cache too, never older than that version (see `list_version`)."""
         result: dict[str, Any] = orjson.loads(
             self.list_raw(
                 kind,
@@ -376,6 +393,8 @@ class Kube:
                 timeout=timeout,
                 limit=limit,
                 continue_token=continue_token,
+                resource_version=resource_version,
+                resource_version_match=resource_version_match,
             )
         )
         return result
@@ -390,6 +409,8 @@ class Kube:
         timeout: float | tuple[float, float] | None = None,
         limit: int | None = None,
         continue_token: str | None = None,
+        resource_version: str | None = None,
+        resource_version_match: ResourceVersionMatch | None = None,
     ) -> bytes:
         """`list`'s answer as the API server sent it (JSON bytes), for readers that decode part of it."""
         self._require("list", kind)
@@ -398,6 +419,10 @@ class Kube:
             paging["limit"] = limit
         if continue_token:
             paging["_continue"] = continue_token
+        if resource_version:
+            paging["resource_version"] = resource_version
+        if resource_version_match:
+            paging["resource_version_match"] = resource_version_match
         return self._raw(
             self._method("list", kind, namespace),
             timeout=timeout,

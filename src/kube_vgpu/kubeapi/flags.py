@@ -20,3 +20,18 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="kubeconfig context to use; default: the kubeconfig's current-context",
     )
+
+
+def given_as(value: str, flag: str) -> str:
+    """Where an error says `value` came from: `--flag VALUE`, or `VARIABLE='VALUE'` when the command
+    line read it from an environment variable (`KUBE_VGPU_KUBECONFIG`): the parser then hands over a
+    `str` that carries the variable's name as `variable` (`cli.main.FromEnv`), and the variable's
+    refusals name it so."""
+    variable = getattr(value, "variable", None)
+    return f"{variable}={str(value)!r}" if isinstance(variable, str) else f"{flag} {value}"
+
+
+def source_of(value: str, flag: str) -> str:
+    """The flag, or the environment variable the command line read `value` from (see `given_as`)."""
+    variable = getattr(value, "variable", None)
+    return variable if isinstance(variable, str) else flag

@@ -18,7 +18,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kind, Kube, WatchInterrupt
+from kube_vgpu.kubeapi.client import (
+    ApiError,
+    ApiUnavailable,
+    Kind,
+    Kube,
+    ResourceVersionMatch,
+    WatchInterrupt,
+)
 from kube_vgpu.kubeapi.rawlist import Prefilter, read_page
 
 log = logging.getLogger("kube_vgpu.kubeapi.listwatch")
@@ -45,6 +52,14 @@ class Source(Protocol):
         self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
     ) -> Iterator[dict[str, Any]]:
         """Watch events from `resource_version` until the stream ends (blocking)."""
+        ...
+
+
+class VersionedSource(Source, Protocol):
+    """A source whose list can name the resourceVersion it wants (see `ListVersion`)."""
+
+    def list_page_at(self, limit: int | None, resource_version: str) -> Mapping[str, Any]:
+        """The first page of a list at `resource_version` (later pages follow the continue token)."""
         ...
 
 
@@ -85,6 +100,17 @@ class KubeSource:
             continue_token=continue_token,
         )
 
+    def list_page_at(self, limit: int | None, resource_version: str) -> Mapping[str, Any]:
+        """The first page of the list at `resource_version` (`list_arguments` decides the paging)."""
+        return self.kube.list(
+            self.kind,
+            namespace=self.namespace,
+            field_selector=self.field_selector,
+            label_selector=self.label_selector,
+            timeout=self.list_timeout,
+            **list_arguments(resource_version, limit),
+        )
+
     @property
     def filtered(self) -> bool:
         """Whether selectors narrow the list."""
@@ -115,6 +141,63 @@ class KubeSource:
             timeout_seconds=timeout_seconds,
             interrupt=interrupt,
         )
+
+
+@dataclass
+class ListVersion:
+    """The resourceVersion the next list of one collection asks for, chosen as client-go's reflector
+    chooses it (k8s.io/client-go/tools/cache/reflector.go, relistResourceVersion).
+
+    A list without a resourceVersion is a consistent read: before Kubernetes 1.31 a quorum read from
+    etcd, which for pods selected by `spec.nodeName` reads every pod of the cluster, and every node
+    repeats it. So the first list asks for "0" (the API server's watch cache answers, at whatever
+    version it holds) and later ones for the last version seen, which the watch cache answers when the
+    list is unpaged, never older than that version (`resourceVersionMatch=NotOlderThan`). After a list
+    at a version failed as unavailable (410 Expired, 504 too large), lists are consistent reads again
+    until one succeeds.
+    """
+
+    last: str = ""
+    unavailable: bool = False
+
+    def next(self) -> str:
+        """The version to list at: "" (a consistent read), "0", or the last version seen."""
+        if self.unavailable:
+            return ""
+        return self.last or "0"
+
+    def seen(self, version: str) -> None:
+        """A list or watch event reached `version`."""
+        if version:
+            self.last = version
+
+    def listed(self, version: str) -> None:
+        """A list succeeded at `version`."""
+        self.seen(version)
+        self.unavailable = False
+
+    def failed(self, asked: str, exc: ApiError) -> bool:
+        """Whether a list at `asked` failed only because that version cannot be served (then the next
+        list, which the caller makes at once, is a consistent read)."""
+        if asked == "" or not exc.version_unavailable:
+            return False
+        self.unavailable = True
+        return True
+
+
+def list_arguments(version: str, limit: int | None) -> dict[str, Any]:
+    """`Kube.list`'s keyword arguments for a list at `version` (`ListVersion.next`) and `limit`.
+
+    A version other than "0" goes unpaged: kube-apiserver serves a list with a limit from etcd unless
+    its version is "0" (k8s.io/apiserver/pkg/storage/cacher, shouldDelegateList), and client-go's
+    reflector drops its page size for such a list for that reason.
+    """
+    if version == "":
+        return {"limit": limit}
+    if version == "0":
+        return {"limit": limit, "resource_version": "0"}
+    match: ResourceVersionMatch = "NotOlderThan"
+    return {"resource_version": version, "resource_version_match": match}
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -208,6 +291,7 @@ class Reflector(Generic[T]):
         watch_timeout_seconds: int = 300,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
+        list_from_cache: bool = False,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be at least 1, got {page_size}")
@@ -215,6 +299,12 @@ class Reflector(Generic[T]):
             raise ValueError(f"watch_timeout_seconds must be at least 1, got {watch_timeout_seconds}")
         if prefilter is not None and not hasattr(source, "list_page_raw"):
             raise ValueError("a reflector with a prefilter needs a source that serves raw pages")
+        if list_from_cache and not hasattr(source, "list_page_at"):
+            raise ValueError("a reflector that lists from the watch cache needs a source that names versions")
+        if list_from_cache and prefilter is not None:
+            # A watch cache before Kubernetes 1.33 ignores `limit` at version "0" and answers in one
+            # piece, which is what a prefilter, there to bound memory per page, must not be handed.
+            raise ValueError("a reflector with a prefilter lists consistently, in pages")
         self._source = source
         # A necessary condition on an object's raw JSON for the transform to keep it: list items that
         # fail it are dropped without being decoded (`kubeapi.rawlist`).
@@ -233,6 +323,8 @@ class Reflector(Generic[T]):
         self._attempt = 0
         self._retried_at: float | None = None
         self.resource_version: str | None = None
+        # With `list_from_cache`, the version each list asks for, as client-go's reflector does.
+        self._versions = ListVersion() if list_from_cache else None
         # Counters for logs, metrics and tests (written by the reflector's thread only).
         self.lists = 0
         self.relists_gone = 0
@@ -261,6 +353,8 @@ class Reflector(Generic[T]):
                 started = time.monotonic()
                 version, events, gone = self._watch(version)
                 self.resource_version = version
+                if self._versions is not None:
+                    self._versions.seen(version)
                 if gone:
                     # History is gone: relist and reconcile, at once after a calm spell, else after a
                     # wait that grows (a server that ends every watch with 410 must not be hammered).
@@ -333,9 +427,10 @@ class Reflector(Generic[T]):
             token: str | None = None
             pages = read = 0
             remaining: int | None = None  # the previous page's remainingItemCount
+            asked = "" if self._versions is None else self._versions.next()
             try:
                 while True:
-                    metadata, objects, count = self._read_page(token, remaining)
+                    metadata, objects, count = self._read_page(token, remaining, asked)
                     pages += 1
                     read += count
                     for obj in objects:
@@ -355,10 +450,18 @@ class Reflector(Generic[T]):
                     if token is None:
                         self.lists += 1
                         version = str(metadata.get("resourceVersion") or "")
+                        if self._versions is not None:
+                            self._versions.listed(version)
                         return Listed(kept, version, pages, read, self._clock())
                     if self._stopping.is_set():
                         return None
             except ApiError as exc:
+                if token is None and self._versions is not None and self._versions.failed(asked, exc):
+                    # client-go lists again at once, as a consistent read.
+                    log.info(
+                        "event=relist reflector=%s reason=version_unavailable version=%s", self.name, asked
+                    )
+                    continue
                 if exc.status != 410 or token is None:
                     raise
                 self.expired_continues += 1
@@ -369,11 +472,16 @@ class Reflector(Generic[T]):
                     return None
 
     def _read_page(
-        self, token: str | None, remaining: int | None
+        self, token: str | None, remaining: int | None, asked: str
     ) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
-        """(List metadata, the items to transform, how many items the page held)."""
+        """(List metadata, the items to transform, how many items the page held); `asked`: the
+        version the list asks for ("" for a consistent read), named on its first page only."""
         if self._prefilter is None:
-            page = self._source.list_page(self.page_size, token)
+            if token is None and asked:
+                versioned: VersionedSource = self._source  # type: ignore[assignment]  # checked in __init__
+                page = versioned.list_page_at(self.page_size if asked == "0" else None, asked)
+            else:
+                page = self._source.list_page(self.page_size, token)
             metadata = page.get("metadata")
             items = list(page.get("items") or ())
             return (metadata if isinstance(metadata, dict) else {}), items, len(items)

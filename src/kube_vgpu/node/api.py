@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kube_vgpu.kubeapi.client import ApiError, ApiUnavailable, Kube, PatchType
-from kube_vgpu.kubeapi.listwatch import KubeSource
+from kube_vgpu.kubeapi.listwatch import KubeSource, ListVersion, list_arguments
 from kube_vgpu.node.deviceplugin.selection import PodRef
 from kube_vgpu.node.events import EventRecorder
 
@@ -48,6 +48,7 @@ class NodeApi:
         self._node_selector = f"metadata.name={node_name}"
         self._pod_selector = f"spec.nodeName={node_name}"
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="kube-vgpu-api")
+        self._pods_version = ListVersion()
         self.events = EventRecorder(self.create_event, node_name)
 
     async def _run(self, budget: float, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -63,10 +64,37 @@ class NodeApi:
             raise ApiUnavailable(f"no answer from the API server within {budget:.1f}s") from None
 
     async def pods_on_node(self, budget: float) -> list[dict[str, Any]]:
-        """Every pod bound to this node (field selector `spec.nodeName`)."""
+        """Every pod bound to this node (field selector `spec.nodeName`), as a consistent read: for
+        the calls that must see a bind or a booking made a moment ago (an Allocate, the kubelet's
+        restart, the MIG layouts adopted at start)."""
         result = await self._run(budget, self.kube.list, "pod", field_selector=self._pod_selector)
+        self._pods_version.listed(_list_version(result))
         items: list[dict[str, Any]] = result.get("items") or []
         return items
+
+    async def pods_on_node_cached(self, budget: float) -> list[dict[str, Any]]:
+        """Every pod bound to this node, as the API server's watch cache holds them, never older than
+        the last list of them (`ListVersion`): for the periodic sweeps, which every node repeats and
+        which wait out a grace period before acting on a pod's absence."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
+        while True:
+            asked = self._pods_version.next()
+            try:
+                result = await self._run(
+                    deadline - loop.time(),
+                    self.kube.list,
+                    "pod",
+                    field_selector=self._pod_selector,
+                    **list_arguments(asked, None),
+                )
+            except ApiError as exc:
+                if self._pods_version.failed(asked, exc):
+                    continue  # at once, as a consistent read, as client-go's reflector does
+                raise
+            self._pods_version.listed(_list_version(result))
+            items: list[dict[str, Any]] = result.get("items") or []
+            return items
 
     def pods_source(self, list_timeout: float) -> KubeSource:
         """The pods bound to this node as the pod watch's reflector lists (in pages) and watches them."""
@@ -81,8 +109,7 @@ class NodeApi:
         """This node's object (None when it does not exist) and the list's resourceVersion, blocking."""
         result = self.kube.list("node", field_selector=self._node_selector, timeout=timeout)
         items = result.get("items") or []
-        version = str((result.get("metadata") or {}).get("resourceVersion", ""))
-        return (items[0] if items else None), version
+        return (items[0] if items else None), _list_version(result)
 
     def node_source(self, list_timeout: float) -> KubeSource:
         """This node alone (by `metadata.name`) as the publisher's reflector lists and watches it."""
@@ -126,6 +153,10 @@ class NodeApi:
     def close(self) -> None:
         """Wait for calls still on their threads (each bounded by its own timeout) and release them."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _list_version(result: Mapping[str, Any]) -> str:
+    return str((result.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def is_conflict(exc: BaseException) -> bool:

@@ -221,7 +221,8 @@ class NodePlugin:
         if mig is not None:
             self._spawn(
                 mig.run(
-                    lambda: self.api.pods_on_node(node.allocate_timeout_seconds), reconcile_interval(node)
+                    lambda: self.api.pods_on_node_cached(node.allocate_timeout_seconds),
+                    reconcile_interval(node),
                 ),
                 "mig",
             )
@@ -342,7 +343,7 @@ class NodePlugin:
         reported: set[tuple[str, str]] = set()
         while True:
             try:
-                pods = await self.api.pods_on_node(node.allocate_timeout_seconds)
+                pods = await self.api.pods_on_node_cached(node.allocate_timeout_seconds)
                 if self.usage is not None:
                     self.usage.pods_seen(pods)
                 if self.cache_folders is not None:

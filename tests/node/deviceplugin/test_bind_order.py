@@ -170,10 +170,8 @@ def bind_three(c: Cluster) -> None:
 
 async def test_pods_bound_in_one_second_get_their_own_gpus_and_limits(cluster: Cluster) -> None:
     three_pods(cluster)
-    assert (
-        cluster.api.get("Pod", "m-two", "default")["spec"]["containers"][0]["resources"]["limits"][MEMORY]
-        == "3k"
-    )  # type: ignore[index]
+    stored = cluster.api.get("Pod", "m-two", "default")
+    assert stored is not None and stored["spec"]["containers"][0]["resources"]["limits"][MEMORY] == "3k"
     bind_three(cluster)
     for name, expected in EXPECTED.items():
         admitted = await cluster.admission.wait_admitted("default", name)

@@ -108,15 +108,20 @@ class FlakyApi:
 
     def __init__(self) -> None:
         self.lists = 0
+        self.asked: list[str] = []  # the resourceVersion each list asked for
         self.watches: list[str] = []
         self.stop, self.released = threading.Event(), threading.Event()
 
     def pods_source(self, list_timeout: float) -> FlakyApi:
-        return self  # the reflector's source: list_page and watch below
+        return self  # the reflector's source: list_page(_at) and watch below
 
     def list_page(self, limit: int, continue_token: str | None) -> dict[str, Any]:
         self.lists += 1
         return {"items": [], "metadata": {"resourceVersion": "10"}}
+
+    def list_page_at(self, limit: int | None, resource_version: str) -> dict[str, Any]:
+        self.asked.append(resource_version)
+        return self.list_page(limit or 0, None)
 
     def watch(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
         self.watches.append(version)
@@ -148,6 +153,8 @@ async def test_a_garbled_watch_stream_costs_a_relist_not_the_watch() -> None:
         api.released.set()
         await thread
     assert api.lists == 2  # the first list, and one after the garbled stream
+    # From the API server's watch cache: at any version first, then not older than the one seen.
+    assert api.asked == ["0", "10"]
     assert api.watches == ["10", "10", "12"]  # resumed from the bookmark's version, not relisted
 
 
@@ -158,16 +165,21 @@ class GarbledNodeApi:
 
     def __init__(self) -> None:
         self.reads = 0
+        self.asked: list[str] = []  # the resourceVersion each list asked for
         self.watching, self.released = threading.Event(), threading.Event()
 
     def node_source(self, list_timeout: float) -> GarbledNodeApi:
-        return self  # the reflector's source: list_page and watch below
+        return self  # the reflector's source: list_page(_at) and watch below
 
     def list_page(self, limit: int, continue_token: str | None) -> dict[str, Any]:
         self.reads += 1
         if self.reads == 1:
             raise json.JSONDecodeError("Unterminated string", '{"items": [', 11)
         return {"items": [], "metadata": {"resourceVersion": "5"}}
+
+    def list_page_at(self, limit: int | None, resource_version: str) -> dict[str, Any]:
+        self.asked.append(resource_version)
+        return self.list_page(limit or 0, None)
 
     def watch(self, version: str, interrupt: Any, timeout_seconds: int) -> Any:
         self.watching.set()
@@ -195,3 +207,4 @@ async def test_the_node_watch_also_survives_a_garbled_answer() -> None:
         api.released.set()
         await thread
     assert api.reads == 2
+    assert api.asked == ["0", "0"]  # no list succeeded before the retry: still any version

@@ -104,7 +104,7 @@ def test_plan_keeps_live_pods_and_waits_the_grace_period() -> None:
 
 
 def test_gone_pod_removed_after_the_grace_live_pod_kept(hook: Path, caplog: pytest.LogCaptureFixture) -> None:
-    clock, removed = Clock(), []
+    clock, removed = Clock(), list[int]()
     sweeper = folders(hook, clock, removed)
     live = container_folder(hook, UID_LIVE)
     gone = container_folder(hook, UID_GONE)
@@ -176,7 +176,7 @@ def test_symlinks_are_removed_never_followed(hook: Path, tmp_path: Path) -> None
 def test_a_folder_that_cannot_be_removed_is_logged_and_tried_again(
     hook: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock, removed = Clock(), []
+    clock, removed = Clock(), list[int]()
     sweeper = folders(hook, clock, removed)
     path = container_folder(hook, UID_GONE)
     sweeper.sweep(set())

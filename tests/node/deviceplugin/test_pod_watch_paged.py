@@ -1,6 +1,6 @@
 """The node plugin's two watches (its pods, its Node) read their lists through the one reflector as
 every other list is read: in pages (`limit`/`continue`), against the stand-in API server through the
-real client.
+real client; the first page names resourceVersion "0", so that the API server's watch cache answers.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ async def test_the_pod_watch_lists_this_nodes_pods_page_by_page(
     assert [q.get("limit") for q in lists] == ["2", "2", "2"]  # 5 pods: pages of 2, 2 and 1
     assert all(q.get("fieldSelector") == f"spec.nodeName={NODE}" for q in lists)
     assert "continue" not in lists[0] and all(q.get("continue") for q in lists[1:])
+    # The first page from the watch cache; the later ones follow their token, which names its version.
+    assert [q.get("resourceVersion") for q in lists] == ["0", None, None]
 
 
 async def test_the_node_watch_lists_its_node_in_a_page_and_sees_a_drift_there(
@@ -87,6 +89,7 @@ async def test_the_node_watch_lists_its_node_in_a_page_and_sees_a_drift_there(
         await thread
     (listed,) = list_requests(apiserver, "/api/v1/nodes")
     assert listed.get("limit") == "500" and listed.get("fieldSelector") == f"metadata.name={NODE}"
+    assert listed.get("resourceVersion") == "0"
 
 
 class CompactingPods:
@@ -100,7 +103,12 @@ class CompactingPods:
         self.pages = 0
 
     def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
-        page = self.source.list_page(limit, continue_token)
+        return self._counted(self.source.list_page(limit, continue_token))
+
+    def list_page_at(self, limit: int | None, resource_version: str) -> Mapping[str, Any]:
+        return self._counted(self.source.list_page_at(limit, resource_version))
+
+    def _counted(self, page: Mapping[str, Any]) -> Mapping[str, Any]:
         self.pages += 1
         if self.pages == 1:
             self.apiserver.put(bound("late", NODE))

@@ -198,3 +198,17 @@ def test_kube_vgpus_own_claim_specs_are_not_read_for_gpu_devices(tmp_path: Path)
     assert "devices found: 0)" in str(error.value) and "unreadable" not in str(error.value)
     (tmp_path / "other-vendor_uid.json").write_text(json.dumps(nvidia_spec(["GPU-ffff"])))
     assert gpus.device_id("GPU-ffff", 3) == "nvidia.com/gpu=GPU-ffff"  # only our own prefix is skipped
+
+
+def test_a_yaml_spec_is_refused_in_one_line_for_a_syntax_error_or_a_key_given_twice(tmp_path: Path) -> None:
+    path = tmp_path / "nvidia.yaml"
+    path.write_text("cdiVersion: 0.5.0\nkind: [\n")
+    with pytest.raises(CdiError) as info:
+        read_spec_file(path)
+    assert str(info.value).startswith(f"{path}: not valid YAML: ") and "\n" not in str(info.value)
+    path.write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\nkind: example.com/gpu\ndevices: []\n")
+    with pytest.raises(CdiError) as info:
+        read_spec_file(path)
+    assert str(info.value) == (
+        f"{path}: not valid YAML: key 'kind' given twice, on lines 2 and 3 (line 3, column 1)"
+    )

@@ -3,7 +3,7 @@ of the API on both sides; every published object checked against the stand-in's 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -306,7 +306,11 @@ def test_facts_come_from_nvml_where_the_driver_answers(mig: bool) -> None:
     from kube_vgpu.node.nvml.gpus import GpuInfo
 
     # A model no table knows: every fact must come from the driver.
-    (facts,) = read_facts(_FakeNvml(mig), [GpuInfo(0, "GPU-x", "NVIDIA Future GPU", 3, 97871)])
+    from kube_vgpu.node.nvml.surface import Nvml
+
+    # The fake answers only the calls read_facts makes.
+    nvml = cast(Nvml, _FakeNvml(mig))
+    (facts,) = read_facts(nvml, [GpuInfo(0, "GPU-x", "NVIDIA Future GPU", 3, 97871)])
     assert (facts.driver_version, facts.cuda_driver_version) == ("570.86.15", 12080)
     assert (facts.compute_capability, facts.architecture, facts.mig_capable) == ((9, 0), "hopper", mig)
     assert device_attributes(facts)["cudaDriverVersion"] == {"version": "12.8.0"}

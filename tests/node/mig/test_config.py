@@ -124,3 +124,17 @@ async def test_no_permission_to_read_the_configmap_stops_the_plugin(apiserver: A
             await load_geometry(kube, NodeConfig(), stop=asyncio.Event())
     finally:
         kube.close()
+
+
+def test_a_configmap_document_giving_a_key_twice_is_an_error_naming_the_configmap_and_both_lines() -> None:
+    # Volcano's YAML decoder would keep one of the two geometries: which one the scheduler fits
+    # with must not be left to chance.
+    twice = ONE_GROUP + "  knownMigGeometries: []\n"
+    with pytest.raises(MigConfigError) as info:
+        geometry_from_configmap(configmap("ns", "cm", {"device-config.yaml": twice}), "ns", "cm")
+    assert str(info.value) == (
+        "configmap ns/cm key device-config.yaml: device-config.yaml: not valid YAML: "
+        "key 'knownMigGeometries' given twice, on lines 2 and 7 (line 7, column 3)"
+    )
+    once = geometry_from_configmap(configmap("ns", "cm", {"device-config.yaml": ONE_GROUP}), "ns", "cm")
+    assert once.source == "configmap ns/cm"

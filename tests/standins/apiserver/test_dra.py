@@ -31,6 +31,7 @@ from kubernetes import client, watch
 
 from kube_vgpu.standins.apiserver.dra import REQUEST_FIELDS, FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.official_client import json_object, status_of
 
 GROUP, VERSION = "resource.k8s.io", "v1"
 DRIVER = "vgpu.kube-vgpu.io"
@@ -83,13 +84,10 @@ def shared_gpu(name: str, *, taint: bool = False) -> dict[str, Any]:
 
 
 def create_slice(custom: client.CustomObjectsApi, body: dict[str, Any]) -> dict[str, Any]:
-    created: dict[str, Any] = custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+    created: dict[str, Any] = json_object(
+        custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+    )
     return created
-
-
-def status_of(exc: client.ApiException) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(exc.body)
-    return body
 
 
 def test_discovery_lists_the_four_resources(apiserver: ApiServerStandin) -> None:
@@ -135,7 +133,9 @@ def test_a_stored_slice_keeps_gated_fields_it_already_uses(
     apiserver.feature_gates = FeatureGates()
     body = a_slice(devices=[shared_gpu("gpu-0", taint=True), shared_gpu("gpu-1")])
     body["spec"]["pool"]["generation"] = 2
-    updated = custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", "n1-vgpu", body)
+    updated = json_object(
+        custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", "n1-vgpu", body)
+    )
     assert [d.get("allowMultipleAllocations") for d in updated["spec"]["devices"]] == [True, True]
     assert updated["spec"]["devices"][0]["taints"][0]["effect"] == "NoSchedule"
 
@@ -161,7 +161,9 @@ def test_slices_are_selected_by_node_and_by_driver(
     create_slice(custom, a_slice("n1", driver="gpu.nvidia.com"))
 
     def names(selector: str) -> list[str]:
-        found = custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices", field_selector=selector)
+        found = json_object(
+            custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices", field_selector=selector)
+        )
         return [item["metadata"]["name"] for item in found["items"]]
 
     assert names("spec.nodeName=n1") == ["n1-gpu", "n1-vgpu"]
@@ -176,7 +178,7 @@ def test_slices_are_selected_by_node_and_by_driver(
 def test_slices_are_watched_with_their_field_selector(
     apiserver: ApiServerStandin, custom: client.CustomObjectsApi
 ) -> None:
-    listed = custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices")
+    listed = json_object(custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices"))
     create_slice(custom, a_slice("n2"))
     create_slice(custom, a_slice("n1"))
     events = watch.Watch().stream(
@@ -195,12 +197,16 @@ def test_slices_are_watched_with_their_field_selector(
 def test_slice_generation_follows_spec_changes_only(custom: client.CustomObjectsApi) -> None:
     created = create_slice(custom, a_slice())
     assert created["metadata"]["generation"] == 1
-    labelled = custom.patch_cluster_custom_object(
-        GROUP, VERSION, "resourceslices", "n1-vgpu", {"metadata": {"labels": {"a": "b"}}}
+    labelled = json_object(
+        custom.patch_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", "n1-vgpu", {"metadata": {"labels": {"a": "b"}}}
+        )
     )
     assert labelled["metadata"]["generation"] == 1
-    bumped = custom.patch_cluster_custom_object(
-        GROUP, VERSION, "resourceslices", "n1-vgpu", {"spec": {"pool": {"generation": 2}}}
+    bumped = json_object(
+        custom.patch_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", "n1-vgpu", {"spec": {"pool": {"generation": 2}}}
+        )
     )
     assert bumped["metadata"]["generation"] == 2
 
@@ -317,15 +323,19 @@ def device_class(**spec: Any) -> dict[str, Any]:
 def test_device_class_extended_resource_name_follows_its_gate(
     apiserver: ApiServerStandin, custom: client.CustomObjectsApi
 ) -> None:
-    off = custom.create_cluster_custom_object(
-        GROUP, VERSION, "deviceclasses", device_class(extendedResourceName="kube-vgpu.io/vgpu")
+    off = json_object(
+        custom.create_cluster_custom_object(
+            GROUP, VERSION, "deviceclasses", device_class(extendedResourceName="kube-vgpu.io/vgpu")
+        )
     )
     assert "extendedResourceName" not in off["spec"]
     assert off["metadata"]["generation"] == 1
     custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", DRIVER)
     apiserver.feature_gates = FeatureGates.of_release(36)
-    on = custom.create_cluster_custom_object(
-        GROUP, VERSION, "deviceclasses", device_class(extendedResourceName="kube-vgpu.io/vgpu")
+    on = json_object(
+        custom.create_cluster_custom_object(
+            GROUP, VERSION, "deviceclasses", device_class(extendedResourceName="kube-vgpu.io/vgpu")
+        )
     )
     assert on["spec"]["extendedResourceName"] == "kube-vgpu.io/vgpu"
 
@@ -352,8 +362,8 @@ def claim(name: str = "c1", **request: Any) -> dict[str, Any]:
 
 
 def create_claim(custom: client.CustomObjectsApi, body: dict[str, Any]) -> dict[str, Any]:
-    created: dict[str, Any] = custom.create_namespaced_custom_object(
-        GROUP, VERSION, "default", "resourceclaims", body
+    created: dict[str, Any] = json_object(
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", "resourceclaims", body)
     )
     return created
 
@@ -408,8 +418,10 @@ def test_claim_spec_is_immutable(custom: client.CustomObjectsApi) -> None:
         )
     assert refused.value.status == 422
     assert "spec: Invalid value: field is immutable" in status_of(refused.value)["message"]
-    labelled = custom.patch_namespaced_custom_object(
-        GROUP, VERSION, "default", "resourceclaims", "c1", {"metadata": {"labels": {"a": "b"}}}
+    labelled = json_object(
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", "resourceclaims", "c1", {"metadata": {"labels": {"a": "b"}}}
+        )
     )
     assert labelled["metadata"]["labels"] == {"a": "b"}
 
@@ -429,12 +441,16 @@ def test_claim_status_is_written_through_the_status_subresource(custom: client.C
             ]
         }
     }
-    ignored = custom.patch_namespaced_custom_object(
-        GROUP, VERSION, "default", "resourceclaims", "c1", {"status": {"allocation": allocation}}
+    ignored = json_object(
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, "default", "resourceclaims", "c1", {"status": {"allocation": allocation}}
+        )
     )
     assert "status" not in ignored
-    written = custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, "default", "resourceclaims", "c1", {"status": {"allocation": allocation}}
+    written = json_object(
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, "default", "resourceclaims", "c1", {"status": {"allocation": allocation}}
+        )
     )
     result = written["status"]["allocation"]["devices"]["results"][0]
     assert result["consumedCapacity"] == {"memory": "80Gi"}
@@ -522,8 +538,8 @@ def test_claim_templates_are_namespaced_and_immutable(custom: client.CustomObjec
         "metadata": {"name": "t1"},
         "spec": {"spec": claim()["spec"]},
     }
-    created = custom.create_namespaced_custom_object(
-        GROUP, VERSION, "default", "resourceclaimtemplates", template
+    created = json_object(
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", "resourceclaimtemplates", template)
     )
     assert created["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
     with pytest.raises(client.ApiException) as refused:

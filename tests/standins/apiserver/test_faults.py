@@ -17,6 +17,7 @@ from kubernetes import client, config
 
 from kube_vgpu.certs.issue import issue_ca, issue_serving
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.official_client import status_of
 from tests.support.timeouts import HANG_S
 
 
@@ -28,11 +29,6 @@ def core(apiserver: ApiServerStandin) -> Iterator[client.CoreV1Api]:
 
 def node(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-
-
-def status_of(exc: client.ApiException) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(exc.body)
-    return body
 
 
 # -- errors and faults ----------------------------------------------------------------------------------
@@ -59,7 +55,7 @@ def test_requests_without_the_right_token_are_unauthorized(apiserver: ApiServerS
             with pytest.raises(client.ApiException) as caught:
                 client.CoreV1Api(api_client).list_node()
             assert caught.value.status == 401
-            assert json.loads(caught.value.body)["reason"] == "Unauthorized"
+            assert status_of(caught.value)["reason"] == "Unauthorized"
     # The version is public, as on a real cluster.
     with client.ApiClient(anonymous) as api_client:
         assert client.VersionApi(api_client).get_code().git_version == apiserver.git_version
@@ -159,7 +155,9 @@ def test_https_through_a_kubeconfig_file(tmp_path: Path) -> None:
         api.put(node("n1"))
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         configuration = client.Configuration()
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+        config.load_kube_config(  # type: ignore[no-untyped-call]  # the client's kubeconfig loader is unannotated
+            config_file=str(kubeconfig), client_configuration=configuration
+        )
         assert configuration.host.startswith("https://127.0.0.1:")
         with client.ApiClient(configuration) as api_client:
             assert [n.metadata.name for n in client.CoreV1Api(api_client).list_node().items] == ["n1"]

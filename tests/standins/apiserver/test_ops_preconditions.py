@@ -19,15 +19,14 @@ reservations rely on it), each behaviour pinned against the real server's code:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from kubernetes import client
 
 from kube_vgpu.kubeapi.client import ApiError, Kube, PatchType
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.official_client import body, status_of
 
 STALE = (
     'Operation cannot be fulfilled on configmaps "cm": the object has been modified; '
@@ -37,9 +36,8 @@ STALE = (
 
 @pytest.fixture
 def core(apiserver: ApiServerStandin) -> Iterator[client.CoreV1Api]:
-    api = apiserver.api_client()
-    yield client.CoreV1Api(api)
-    api.close()
+    with apiserver.api_client() as api:
+        yield client.CoreV1Api(api)
 
 
 @pytest.fixture
@@ -49,31 +47,28 @@ def kube(apiserver: ApiServerStandin) -> Iterator[Kube]:
     k.close()
 
 
-def status_of(exc: client.ApiException) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(exc.body)
-    return body
-
-
 def make(core: client.CoreV1Api) -> str:
-    created = core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}, "data": {"a": "1"}})
+    created = core.create_namespaced_config_map(
+        "default", body({"metadata": {"name": "cm"}, "data": {"a": "1"}})
+    )
     return str(created.metadata.resource_version)
 
 
 def test_creating_an_existing_configmap_is_already_exists(core: client.CoreV1Api) -> None:
     make(core)
     with pytest.raises(client.ApiException) as caught:
-        core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}, "data": {"b": "2"}})
+        core.create_namespaced_config_map("default", body({"metadata": {"name": "cm"}, "data": {"b": "2"}}))
     assert caught.value.status == 409 and status_of(caught.value)["reason"] == "AlreadyExists"
     assert core.read_namespaced_config_map("cm", "default").data == {"a": "1"}
 
 
 def test_put_with_the_current_version_wins_and_a_stale_one_conflicts(core: client.CoreV1Api) -> None:
     rv = make(core)
-    body = {"metadata": {"name": "cm", "resourceVersion": rv}, "data": {"a": "2"}}
-    written = core.replace_namespaced_config_map("cm", "default", body)
+    replacement = {"metadata": {"name": "cm", "resourceVersion": rv}, "data": {"a": "2"}}
+    written = core.replace_namespaced_config_map("cm", "default", body(replacement))
     assert written.data == {"a": "2"} and written.metadata.resource_version != rv
     with pytest.raises(client.ApiException) as caught:
-        core.replace_namespaced_config_map("cm", "default", {**body, "data": {"a": "3"}})
+        core.replace_namespaced_config_map("cm", "default", body({**replacement, "data": {"a": "3"}}))
     assert caught.value.status == 409 and status_of(caught.value)["reason"] == "Conflict"
     assert status_of(caught.value)["message"] == STALE
     assert core.read_namespaced_config_map("cm", "default").data == {"a": "2"}
@@ -82,8 +77,8 @@ def test_put_with_the_current_version_wins_and_a_stale_one_conflicts(core: clien
 def test_put_without_a_version_is_unconditional_for_configmaps(core: client.CoreV1Api) -> None:
     make(core)
     core.patch_namespaced_config_map("cm", "default", {"data": {"a": "9"}})  # someone else wrote
-    body = {"metadata": {"name": "cm"}, "data": {"b": "1"}}
-    assert core.replace_namespaced_config_map("cm", "default", body).data == {"b": "1"}
+    replacement = {"metadata": {"name": "cm"}, "data": {"b": "1"}}
+    assert core.replace_namespaced_config_map("cm", "default", body(replacement)).data == {"b": "1"}
 
 
 @pytest.mark.parametrize("patch_type", ["merge", "strategic"])
@@ -92,9 +87,9 @@ def test_a_patch_carrying_a_stale_version_conflicts(
 ) -> None:
     rv = make(core)
     core.patch_namespaced_config_map("cm", "default", {"data": {"a": "2"}})
-    body = {"metadata": {"resourceVersion": rv}, "data": {"a": "3"}}
+    patch = {"metadata": {"resourceVersion": rv}, "data": {"a": "3"}}
     with pytest.raises(ApiError) as caught:
-        kube.patch("configmap", "cm", body, namespace="default", patch_type=patch_type)
+        kube.patch("configmap", "cm", patch, namespace="default", patch_type=patch_type)
     assert (caught.value.status, caught.value.reason, caught.value.message) == (409, "Conflict", STALE)
     current = core.read_namespaced_config_map("cm", "default")
     assert current.data == {"a": "2"}

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.official_client import body, json_object, raw, status_of
 
 
 @pytest.fixture
@@ -30,11 +31,6 @@ def pod(name: str, namespace: str = "default", **spec: Any) -> dict[str, Any]:
 
 def node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}}}
-
-
-def status_of(exc: client.ApiException) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(exc.body)
-    return body
 
 
 # -- discovery and metadata ------------------------------------------------------------------------------
@@ -57,58 +53,68 @@ def test_discovery_lists_groups_and_resources(core: client.CoreV1Api) -> None:
 def test_create_sets_server_metadata_and_defaults(core: client.CoreV1Api) -> None:
     created = core.create_namespaced_pod(
         "default",
-        {
-            **pod("p1"),
-            "spec": {
-                "containers": [
-                    {"name": "c", "image": "app", "resources": {"limits": {"volcano.sh/vgpu-number": "2"}}}
-                ]
-            },
-            "status": {"phase": "Running"},
-        },
+        body(
+            {
+                **pod("p1"),
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "app",
+                            "resources": {"limits": {"volcano.sh/vgpu-number": "2"}},
+                        }
+                    ]
+                },
+                "status": {"phase": "Running"},
+            }
+        ),
     )
     assert created.metadata.uid and created.metadata.creation_timestamp is not None
-    assert int(created.metadata.resource_version) > 0
+    assert int(created.metadata.resource_version or "") > 0
     # Requests default to limits; a created pod starts Pending whatever status it was sent with.
     assert created.spec.containers[0].resources.requests == {"volcano.sh/vgpu-number": "2"}
     assert created.spec.scheduler_name == "default-scheduler"
     assert created.status.phase == "Pending"
     namespace = core.read_namespace("default")
-    assert namespace.metadata.labels["kubernetes.io/metadata.name"] == "default"
+    assert (namespace.metadata.labels or {})["kubernetes.io/metadata.name"] == "default"
 
 
 def test_create_twice_is_already_exists(core: client.CoreV1Api) -> None:
-    core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}, "data": {"a": "1"}})
+    core.create_namespaced_config_map("default", body({"metadata": {"name": "cm"}, "data": {"a": "1"}}))
     with pytest.raises(client.ApiException) as caught:
-        core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}})
+        core.create_namespaced_config_map("default", body({"metadata": {"name": "cm"}}))
     assert caught.value.status == 409
     assert status_of(caught.value)["reason"] == "AlreadyExists"
     assert status_of(caught.value)["message"] == 'configmaps "cm" already exists'
 
 
 def test_generate_name_makes_distinct_names(core: client.CoreV1Api) -> None:
-    body = {"metadata": {"generateName": "job-"}, "data": {}}
-    names = {core.create_namespaced_config_map("default", body).metadata.name for _ in range(3)}
+    made = body({"metadata": {"generateName": "job-"}, "data": {}})
+    names = {str(core.create_namespaced_config_map("default", made).metadata.name) for _ in range(3)}
     assert len(names) == 3 and all(n.startswith("job-") and len(n) == len("job-") + 5 for n in names)
 
 
 def test_create_in_a_missing_namespace_is_not_found(core: client.CoreV1Api) -> None:
     with pytest.raises(client.ApiException) as caught:
-        core.create_namespaced_pod("nowhere", pod("p", namespace="nowhere"))
+        core.create_namespaced_pod("nowhere", body(pod("p", namespace="nowhere")))
     assert caught.value.status == 404
     assert status_of(caught.value)["message"] == 'namespaces "nowhere" not found'
 
 
 def test_invalid_pod_is_refused_with_the_field_named(core: client.CoreV1Api) -> None:
     with pytest.raises(client.ApiException) as caught:
-        core.create_namespaced_pod("default", {"metadata": {"name": "Bad_Name"}, "spec": {"containers": []}})
+        core.create_namespaced_pod(
+            "default", body({"metadata": {"name": "Bad_Name"}, "spec": {"containers": []}})
+        )
     assert caught.value.status == 422
     assert status_of(caught.value)["reason"] == "Invalid"
     assert 'metadata.name: Invalid value: "Bad_Name"' in status_of(caught.value)["message"]
 
 
 def test_secret_string_data_is_stored_as_data(core: client.CoreV1Api) -> None:
-    core.create_namespaced_secret("default", {"metadata": {"name": "s"}, "stringData": {"ca.crt": "PEM"}})
+    core.create_namespaced_secret(
+        "default", body({"metadata": {"name": "s"}, "stringData": {"ca.crt": "PEM"}})
+    )
     secret = core.read_namespaced_secret("s", "default")
     assert secret.data == {"ca.crt": "UEVN"} and secret.type == "Opaque"
 
@@ -227,7 +233,7 @@ def test_patch_that_changes_nothing_keeps_the_resource_version(
     first = core.patch_node("n1", {"metadata": {"labels": {"a": "2"}}}).metadata.resource_version
     again = core.patch_node("n1", {"metadata": {"labels": {"a": "2"}}}).metadata.resource_version
     assert again == first
-    assert int(first) == apiserver.store.rv
+    assert int(first or "") == apiserver.store.rv
 
 
 def test_status_patch_changes_only_status(apiserver: ApiServerStandin, core: client.CoreV1Api) -> None:
@@ -263,14 +269,14 @@ def test_binding_sets_node_and_merges_annotations(
     }
     # The real server answers a binding with a Status, which the client cannot read as a V1Binding;
     # callers take the raw response, as with a real cluster.
-    response = core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
+    response = raw(core.create_namespaced_pod_binding("p", "default", body(binding), _preload_content=False))
     assert response.status == 201 and json.loads(response.data)["status"] == "Success"
     bound = core.read_namespaced_pod("p", "default")
     assert bound.spec.node_name == "n1"
     assert bound.metadata.annotations == {"keep": "2", "volcano.sh/vgpu-node": "n1"}
     assert [(c.type, c.status) for c in bound.status.conditions] == [("PodScheduled", "True")]
     with pytest.raises(client.ApiException) as caught:
-        core.create_namespaced_pod_binding("p", "default", binding, _preload_content=False)
+        core.create_namespaced_pod_binding("p", "default", body(binding), _preload_content=False)
     assert caught.value.status == 409
     assert status_of(caught.value)["message"] == (
         'Operation cannot be fulfilled on pods/binding "p": pod p is already assigned to node "n1"'
@@ -285,7 +291,7 @@ def test_delete_answers_pods_with_the_object_and_others_with_a_status(
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm", "namespace": "default"}}
     )
     assert core.delete_namespaced_pod("p", "default").metadata.name == "p"
-    answer = core.delete_namespaced_config_map("cm", "default")
+    answer = json_object(core.delete_namespaced_config_map("cm", "default"))
     assert answer["status"] == "Success" and answer["details"]["name"] == "cm"
     assert apiserver.get("pods", "p") is None and apiserver.get("configmaps", "cm") is None
     with pytest.raises(client.ApiException) as caught:
@@ -317,8 +323,8 @@ def test_graceful_pod_deletion_waits_for_the_final_delete() -> None:
 def test_deleting_a_namespace_deletes_its_contents(
     apiserver: ApiServerStandin, core: client.CoreV1Api
 ) -> None:
-    core.create_namespace({"metadata": {"name": "team"}})
-    core.create_namespaced_pod("team", pod("p", namespace="team"))
+    core.create_namespace(body({"metadata": {"name": "team"}}))
+    core.create_namespaced_pod("team", body(pod("p", namespace="team")))
     apiserver.put(pod("other"))
     core.delete_namespace("team")
     assert apiserver.list("pods", "team") == []
@@ -334,13 +340,13 @@ def test_webhook_configuration_round_trip(core: client.CoreV1Api) -> None:
         "clientConfig": {"service": {"name": "kube-vgpu", "namespace": "kube-vgpu"}},
     }
     admission.create_mutating_webhook_configuration(
-        {"metadata": {"name": "kube-vgpu"}, "webhooks": [webhook]}
+        body({"metadata": {"name": "kube-vgpu"}, "webhooks": [webhook]})
     )
     admission.patch_mutating_webhook_configuration(
         "kube-vgpu", [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": "Q0E="}]
     )
     read = admission.read_mutating_webhook_configuration("kube-vgpu")
-    assert read.webhooks[0].client_config.ca_bundle == "Q0E="
+    assert (read.webhooks or [])[0].client_config.ca_bundle == "Q0E="
     assert read.metadata.generation == 2
     with pytest.raises(client.ApiException) as caught:
         admission.read_mutating_webhook_configuration("missing")

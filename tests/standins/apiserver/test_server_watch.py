@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client, watch
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
+from tests.support.official_client import body, raw, status_of
 
 
 @pytest.fixture
@@ -75,9 +76,9 @@ def test_list_is_in_namespace_then_name_order_with_resource_version(
 
 def test_raw_list_items_carry_no_kind(apiserver: ApiServerStandin, core: client.CoreV1Api) -> None:
     apiserver.put(pod("p"))
-    raw = json.loads(core.list_namespaced_pod("default", _preload_content=False).data)
-    assert (raw["kind"], raw["apiVersion"]) == ("PodList", "v1")
-    assert "kind" not in raw["items"][0] and raw["items"][0]["metadata"]["name"] == "p"
+    listed = json.loads(raw(core.list_namespaced_pod("default", _preload_content=False)).data)
+    assert (listed["kind"], listed["apiVersion"]) == ("PodList", "v1")
+    assert "kind" not in listed["items"][0] and listed["items"][0]["metadata"]["name"] == "p"
 
 
 @pytest.mark.parametrize(
@@ -130,10 +131,11 @@ def test_field_selectors(
 def test_bad_selectors_are_400(core: client.CoreV1Api) -> None:
     with pytest.raises(client.ApiException) as caught:
         core.list_namespaced_pod("default", field_selector="spec.hostname=x")
-    assert caught.value.status == 400 and "field label not supported: spec.hostname" in caught.value.body
+    assert caught.value.status == 400
+    assert "field label not supported: spec.hostname" in status_of(caught.value)["message"]
     with pytest.raises(client.ApiException) as caught:
         core.list_namespaced_pod("default", label_selector="app in web")
-    assert caught.value.status == 400 and json.loads(caught.value.body)["reason"] == "BadRequest"
+    assert caught.value.status == 400 and status_of(caught.value)["reason"] == "BadRequest"
 
 
 def test_pagination_is_consistent_across_pages(apiserver: ApiServerStandin, core: client.CoreV1Api) -> None:
@@ -165,7 +167,7 @@ def test_continue_token_older_than_the_history_is_410(
     apiserver.expire_history()
     with pytest.raises(client.ApiException) as caught:
         core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue)  # noqa: SLF001 (the kubernetes client names the continue token so)
-    status = json.loads(caught.value.body)
+    status = status_of(caught.value)
     assert caught.value.status == 410 and status["reason"] == "Expired" and status["code"] == 410
     assert status["message"] == (
         "The provided continue parameter is too old to display a consistent list result. You can start "
@@ -273,9 +275,9 @@ def test_watch_from_an_expired_resource_version_gets_410(
     old = core.list_node().metadata.resource_version
     apiserver.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
     apiserver.expire_history()
-    raw = core.list_node(watch=True, resource_version=old, timeout_seconds=5, _preload_content=False)
-    lines = raw.data.splitlines()
-    assert raw.status == 200 and len(lines) == 1
+    stream = raw(core.list_node(watch=True, resource_version=old, timeout_seconds=5, _preload_content=False))
+    lines = stream.data.splitlines()
+    assert stream.status == 200 and len(lines) == 1
     event = json.loads(lines[0])
     assert event["type"] == "ERROR"
     assert (event["object"]["kind"], event["object"]["code"], event["object"]["reason"]) == (
@@ -372,7 +374,7 @@ def test_watches_see_direct_writes_and_http_writes_alike(
 ) -> None:
     start = core.list_node().metadata.resource_version
     apiserver.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "direct"}})
-    core.create_node({"metadata": {"name": "http"}})
+    core.create_node(body({"metadata": {"name": "http"}}))
     apiserver.patch(
         "nodes", "http", [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}], patch_type="json"
     )
@@ -389,3 +391,99 @@ def test_watches_see_direct_writes_and_http_writes_alike(
     ]
     versions = [int(e["object"].metadata.resource_version) for e in events]
     assert versions == sorted(versions) and len(set(versions)) == 3
+
+
+# -- a list's resourceVersion (the API concepts page's semantics table; ValidateListOptions) ------------
+
+
+def test_a_list_at_0_or_not_older_than_a_version_reads_the_latest_state(
+    apiserver: ApiServerStandin, core: client.CoreV1Api
+) -> None:
+    apiserver.put(pod("p0"))
+    version = str(apiserver.store.rv)
+    apiserver.put(pod("p1"))
+    latest = str(apiserver.store.rv)
+    for listed in (
+        core.list_namespaced_pod("default", resource_version="0"),
+        core.list_namespaced_pod("default", resource_version="0", limit=10),
+        core.list_namespaced_pod("default", resource_version=version),
+        core.list_namespaced_pod("default", resource_version=latest, resource_version_match="NotOlderThan"),
+        core.list_namespaced_pod(
+            "default", resource_version=version, resource_version_match="NotOlderThan", limit=10
+        ),
+    ):
+        assert names(listed.items) == ["p0", "p1"] and listed.metadata.resource_version == latest
+
+
+def test_a_list_exactly_at_a_version_reads_that_state(
+    apiserver: ApiServerStandin, core: client.CoreV1Api
+) -> None:
+    apiserver.put(pod("p0"))
+    version = str(apiserver.store.rv)
+    apiserver.put(pod("p1"))
+    exact = core.list_namespaced_pod("default", resource_version=version, resource_version_match="Exact")
+    assert names(exact.items) == ["p0"] and exact.metadata.resource_version == version
+    # A version with a limit and no match is read exactly too (the legacy rule client-go's reflector
+    # avoids by listing unpaged at a version other than "0").
+    legacy = core.list_namespaced_pod("default", resource_version=version, limit=10)
+    assert names(legacy.items) == ["p0"] and legacy.metadata.resource_version == version
+
+
+def test_a_list_at_the_current_version_is_served_and_one_past_it_is_too_large(
+    apiserver: ApiServerStandin, core: client.CoreV1Api
+) -> None:
+    apiserver.put(pod("p0"))
+    current = apiserver.store.rv
+    at = core.list_namespaced_pod(
+        "default", resource_version=str(current), resource_version_match="NotOlderThan"
+    )
+    assert names(at.items) == ["p0"]
+    with pytest.raises(client.ApiException) as info:
+        core.list_namespaced_pod(
+            "default", resource_version=str(current + 1), resource_version_match="NotOlderThan"
+        )
+    status = status_of(info.value)
+    assert (info.value.status, status["reason"]) == (504, "Timeout")
+    assert status["message"] == f"Timeout: Too large resource version: {current + 1}, current: {current}"
+    assert status["details"]["causes"] == [
+        {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("version", "match", "says"),
+    [
+        (None, "NotOlderThan", "resourceVersionMatch is forbidden unless resourceVersion"),
+        ("1", "Newest", 'Unsupported value: "Newest"'),
+        ("0", "Exact", 'forbidden for resourceVersion "0"'),
+    ],
+)
+def test_a_list_with_an_impossible_version_match_is_invalid(
+    core: client.CoreV1Api, version: str | None, match: str, says: str
+) -> None:
+    with pytest.raises(client.ApiException) as info:
+        core.list_namespaced_pod("default", resource_version=version, resource_version_match=match)
+    status = status_of(info.value)
+    assert info.value.status == 422 and status["message"].startswith(
+        'ListOptions.meta.k8s.io "" is invalid: '
+    )
+    assert says in status["message"]
+
+
+def test_a_continue_token_with_a_version_is_refused(
+    apiserver: ApiServerStandin, core: client.CoreV1Api
+) -> None:
+    for index in range(3):
+        apiserver.put(pod(f"p{index}"))
+    token = core.list_namespaced_pod("default", limit=1).metadata._continue  # noqa: SLF001 (the kubernetes client names the continue token so)
+    with pytest.raises(client.ApiException) as info:
+        core.list_namespaced_pod(
+            "default", limit=1, _continue=token, resource_version=str(apiserver.store.rv)
+        )
+    assert info.value.status == 400
+    message = status_of(info.value)["message"]
+    assert message == "specifying resource version is not allowed when using continue"
+    # "0" is let through with a token, for compatibility (k8s.io/apiserver/pkg/storage/etcd3/store.go);
+    # client-go's pager clears the version on its later pages all the same.
+    rest = core.list_namespaced_pod("default", limit=5, _continue=token, resource_version="0")
+    assert names(rest.items) == ["p1", "p2"]

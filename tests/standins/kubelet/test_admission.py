@@ -44,6 +44,17 @@ class RecordingPlugin(pb_grpc.DevicePluginServicer):
             container_responses=[pb.ContainerAllocateResponse(envs={"CALL": str(len(self.calls))})]
         )
 
+    # Not offered (GetDevicePluginOptions answers all false); the kubelet never calls them.
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
+        return pb.PreferredAllocationResponse()
+
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: Any
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
 
 @pytest.fixture
 async def kubelet(apiserver: ApiServerStandin) -> AsyncIterator[tuple[KubeletStandin, RecordingPlugin]]:

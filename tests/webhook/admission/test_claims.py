@@ -214,7 +214,9 @@ def test_stale_cache_and_missing_uid_are_refused_in_a_quota_namespace() -> None:
 
 
 def claim_pod(
-    *entries: Mapping[str, Any], refs: list[dict[str, Any]] | None = None, **env: str
+    *entries: Mapping[str, Any],
+    refs: list[dict[str, Any]] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     c = container()
     c["resources"] = {"claims": refs if refs is not None else [{"name": e["name"]} for e in entries]}
@@ -240,10 +242,10 @@ def test_a_pod_using_a_kube_vgpu_claim_gets_the_isolation_rules() -> None:
     }  # as the cache keeps it
     p.templates["team-a/slice"] = {"metadata": {"name": "slice"}, "spec": {"spec": claim(gpu())["spec"]}}
     mine, theirs, template, unknown, clean = p.run(
-        pod_review(claim_pod({"name": "g", "resourceClaimName": "mine"}, **ESCAPE)),
-        pod_review(claim_pod({"name": "g", "resourceClaimName": "theirs"}, **ESCAPE)),
-        pod_review(claim_pod({"name": "g", "resourceClaimTemplateName": "slice"}, **ESCAPE)),
-        pod_review(claim_pod({"name": "g", "resourceClaimName": "not-seen-yet"}, **ESCAPE)),
+        pod_review(claim_pod({"name": "g", "resourceClaimName": "mine"}, env=ESCAPE)),
+        pod_review(claim_pod({"name": "g", "resourceClaimName": "theirs"}, env=ESCAPE)),
+        pod_review(claim_pod({"name": "g", "resourceClaimTemplateName": "slice"}, env=ESCAPE)),
+        pod_review(claim_pod({"name": "g", "resourceClaimName": "not-seen-yet"}, env=ESCAPE)),
         pod_review(claim_pod({"name": "g", "resourceClaimName": "mine"})),
     )
     for denied in (mine, template, unknown):

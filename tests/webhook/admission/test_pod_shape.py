@@ -85,7 +85,7 @@ def _schema_paths(shape: Shape, path: tuple[str | int, ...] = ()) -> list[tuple[
 
 
 PATHS = _schema_paths(POD)
-WRONG = [None, 0, 2**62, -1.5, True, "", "x" * 70, "\ud800", [], [None], {}, {"a": []}]
+WRONG: list[object] = [None, 0, 2**62, -1.5, True, "", "x" * 70, "\ud800", [], [None], {}, {"a": []}]
 
 
 def _put(obj: Any, path: tuple[str | int, ...], value: Any) -> None:

@@ -93,7 +93,7 @@ def volcano(obj: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> Volca
     return place(obj, nodes, [], ResourceNames())
 
 
-def annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict(obj["metadata"].get("annotations") or {})
 
 
@@ -125,7 +125,7 @@ def test_a_model_not_in_the_cluster_waits_and_never_takes_an_a100(token: str) ->
     assert token in verdict.warnings[0] and "pending" in verdict.warnings[0]
     # No node takes it now: not by affinity, and Volcano's own type rule finds no GPU either.
     assert not any(node_matches(n, required_terms(patched)) for n in CLUSTER)
-    assert token not in annotations(patched)[USE_GPUTYPE].split(",")
+    assert token not in annotations_of(patched)[USE_GPUTYPE].split(",")
     assert isinstance(volcano(patched, CLUSTER), str)
     without_affinity = {**patched, "spec": {**patched["spec"], "affinity": {}}}
     assert isinstance(volcano(without_affinity, CLUSTER), str), "Volcano's substring rule took the A100"
@@ -160,8 +160,8 @@ def test_a_token_no_label_can_hold_gets_a_valid_term_no_node_satisfies(token: st
     assert verdict.allowed and "never be scheduled" in verdict.warnings[0]
     assert_valid_label_keys(patched)
     # Volcano's rule gets an item no TYPE contains, not the token.
-    assert annotations(patched)[USE_GPUTYPE] == "[]"
-    assert not any(volcano_type_allows(annotations(patched), register_type(m)) for m in (A10, A100, H100))
+    assert annotations_of(patched)[USE_GPUTYPE] == "[]"
+    assert not any(volcano_type_allows(annotations_of(patched), register_type(m)) for m in (A10, A100, H100))
     # Not even a node carrying every label the terms name (with the pod's mode) satisfies them.
     keys = set(label_keys(patched))
     adversary = ready(gpu_node("adversary", "hami-core", [(A10, 24576)]))
@@ -181,7 +181,7 @@ def test_a_huge_unmatchable_token_is_not_copied_into_the_volcano_annotation() ->
     token = "A100/" + "x" * 100_000
     verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: token}))
     assert verdict.allowed
-    written = annotations(patched)
+    written = annotations_of(patched)
     assert written[USE_GPUTYPE] == "[]" and written["kube-vgpu.io/use-gputype"] == token
     assert sum(len(v) for v in written.values()) < len(token) + 4096
     # Messages quote the token, they do not echo it whole.
@@ -204,7 +204,7 @@ def test_the_longest_tokens_at_the_list_limit_keep_annotations_under_the_apiserv
     assert all(len(t) == 56 for t in tokens) and len(set(tokens)) == len(tokens)
     verdict, patched = admit(gpu_pod(**{USE_GPUTYPE: ",".join(tokens)}))
     assert verdict.allowed
-    total = sum(len(k) + len(v) for k, v in annotations(patched).items())
+    total = sum(len(k) + len(v) for k, v in annotations_of(patched).items())
     assert total < 256 * 1024, total  # the apiserver refuses a pod whose annotations pass 256 KiB
 
 
@@ -215,7 +215,7 @@ def test_any_token_yields_a_pod_the_apiserver_accepts(token: str) -> None:
     assert verdict.allowed
     assert_valid_label_keys(patched)
     # Volcano never reads the raw token (unless it already is an exact bracketed item).
-    assert token not in annotations(patched)[USE_GPUTYPE].split(",") or token.startswith("[")
+    assert token not in annotations_of(patched)[USE_GPUTYPE].split(",") or token.startswith("[")
 
 
 def test_nouse_refusing_every_known_model_waits_for_another_model() -> None:

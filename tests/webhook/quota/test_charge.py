@@ -216,7 +216,7 @@ def test_a_share_of_a_card_that_cannot_be_sized_is_refused_saying_how_to_fix_it(
     ],
 )
 def test_a_vgpu_container_without_an_sm_limit_is_told_apart(amounts: dict[str, int], no_limit: bool) -> None:
-    (container,) = parse_pod(pod(ctr("c", **amounts)), NAMES).containers
+    (container,) = parse_pod(pod(ctr("c", None, **amounts)), NAMES).containers
     assert states_no_cores(container) is no_limit
 
 
@@ -320,7 +320,7 @@ def slot_of(mib: int) -> int:
 def test_a_mig_container_is_charged_the_slot_it_holds_booked_or_not(
     amounts: dict[str, int], gpu_mib: int | None, booked: int | None, expected: Charge
 ) -> None:
-    (request,) = parse_pod(pod(ctr("m", **amounts)), NAMES).containers
+    (request,) = parse_pod(pod(ctr("m", None, **amounts)), NAMES).containers
     assert container_charge(request, gpu_mib=gpu_mib, booked_mib=booked, slot=slot_of) == expected
     # Without a slot (hami-core) a booking is charged as booked.
     if booked is not None:
@@ -368,7 +368,7 @@ def test_labels_left_out_are_unlimited_next_to_one_that_is_set() -> None:
 # -- why a charge is what it is (issue 34) ----------------------------------------------------------------
 
 
-def reasons_of(p: dict[str, Any], gpu_mib: int | None = 81920, **slots: Any) -> dict[str, list[str]]:
+def reasons_of(p: dict[str, Any], gpu_mib: int | None = 81920, **slots: Any) -> dict[Resource, list[str]]:
     return dict(charge_reasons(parse_pod(p, NAMES), names=NAMES, gpu_mib=gpu_mib, **slots))
 
 

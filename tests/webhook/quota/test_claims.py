@@ -69,7 +69,7 @@ def claim(
 ) -> dict[str, Any]:
     """A ResourceClaim whose requests are `exactly` bodies (or one firstAvailable list of them)."""
     if first_available:
-        devices = [{"name": "gpu", "firstAvailable": [dict(r) for r in requests]}]
+        devices: list[dict[str, Any]] = [{"name": "gpu", "firstAvailable": [dict(r) for r in requests]}]
     else:
         devices = [
             {"name": r["name"], "exactly": {k: v for k, v in r.items() if k != "name"}} for r in requests
@@ -485,7 +485,9 @@ def test_each_malformed_field_gets_its_own_message() -> None:
             parse_claim(obj, CLASSES)
         return str(caught.value)
 
-    requests = lambda *r: {"spec": {"devices": {"requests": list(r)}}}  # noqa: E731
+    def requests(*r: object) -> dict[str, Any]:
+        return {"spec": {"devices": {"requests": list(r)}}}
+
     assert refusal({"spec": "x"}) == "spec must be an object"
     assert refusal({"spec": {"devices": "x"}}) == "spec.devices must be an object"
     assert refusal(requests(5)) == "spec.devices.requests[0] must be an object"

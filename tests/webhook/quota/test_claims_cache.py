@@ -108,10 +108,12 @@ async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
         # 20 GiB + a whole (largest known) GPU; 10 + 100 cores; the NIC claim costs nothing.
         assert cache.largest_dra_gpu_mib() == 98304 and cache.largest_claim_gpu_mib() == 98304
         assert quota.usage("team-a") == Charge(2, 20480 + 98304, 110)
+        stored = apiserver.get("resourceclaim", "nic", "team-a")
+        assert stored is not None
         assert cache.claim("team-a", "nic") == {
             "metadata": {
                 k: v
-                for k, v in apiserver.get("resourceclaim", "nic", "team-a")["metadata"].items()
+                for k, v in stored["metadata"].items()
                 if k in ("name", "namespace", "uid", "resourceVersion")
             }
         }

@@ -105,7 +105,7 @@ async def test_three_replicas_admit_exactly_the_quota(
             else:
                 jobs.append(create_across(*pair(), burst_pod()))
         results = await asyncio.gather(*jobs)
-        real: dict[str, Admitted] = {}
+        real: dict[str, dict[str, Any]] = {}
         for i, result in enumerate(results):
             if i % 10 == 5:
                 continue  # dry runs

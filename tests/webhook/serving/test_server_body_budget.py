@@ -9,7 +9,7 @@ import json
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -216,7 +216,12 @@ def test_bodies_waiting_for_their_turn_stay_within_the_budget(webhook: ThreadedW
 
     async def hold_the_turn(release: asyncio.Event) -> None:
         # A large review being answered (its quota write waiting on the API, say): the others queue.
-        await app.turns.run(b"x" * (app.turns.large_bytes + 1), release.wait)
+        async def answer() -> None:
+            await release.wait()
+
+        turn: Awaitable[None] | None = app.turns.run(b"x" * (app.turns.large_bytes + 1), answer)
+        assert turn is not None  # a large body's answer waits for its turn: an awaitable
+        await turn
 
     release = webhook.read(asyncio.Event)
     holder = webhook.submit(hold_the_turn(release))

@@ -49,6 +49,7 @@ class PodWatch:
             page_size=page_size,
             watch_timeout_seconds=watch_timeout,
             backoff=Backoff(initial=_RETRY_SECONDS, maximum=_MAX_RETRY_SECONDS),
+            list_from_cache=True,
         )
 
     async def wait_known(self, pods: Iterable[Mapping[str, Any]], within: float) -> bool:

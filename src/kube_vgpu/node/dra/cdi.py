@@ -24,7 +24,7 @@ from typing import Any, Final, NotRequired, TypedDict
 
 import yaml
 
-from kube_vgpu.contract.yamltext import safe_load
+from kube_vgpu.contract.yamltext import safe_load, yaml_problem
 from kube_vgpu.node.dra.limits import Edits
 
 log = logging.getLogger("kube_vgpu.node.dra")
@@ -272,7 +272,9 @@ def read_spec_file(path: Path) -> Spec:
     try:
         text = raw.decode()
         data: Any = json.loads(text) if path.suffix == ".json" else safe_load(text)
-    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise CdiError(f"{path}: {yaml_problem(exc)}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise CdiError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
     return parse_spec(data, str(path))
 

@@ -280,7 +280,7 @@ class DraNodePlugin:
         interval = self.settings.pods_interval_seconds or node.register_interval_seconds
         while True:
             try:
-                pods = await self.api.pods_on_node(node.allocate_timeout_seconds)
+                pods = await self.api.pods_on_node_cached(node.allocate_timeout_seconds)
                 if self.usage is not None:
                     self.usage.pods_seen(pods)
             except (ApiError, ApiUnavailable) as exc:

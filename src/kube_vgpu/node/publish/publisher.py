@@ -75,6 +75,7 @@ class NodePublisher:
             name=f"node/{api.node_name}",
             watch_timeout_seconds=watch_timeout_seconds,
             backoff=Backoff(initial=_RETRY_SECONDS, maximum=_MAX_WATCH_RETRY_SECONDS),
+            list_from_cache=True,
         )
         self.published = 0  # reconciles that wrote something (for tests and logs)
 

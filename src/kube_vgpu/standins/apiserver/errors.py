@@ -24,6 +24,7 @@ Reason = Literal[
     "UnsupportedMediaType",
     "ServiceUnavailable",
     "InternalError",
+    "Timeout",
 ]
 
 
@@ -34,6 +35,8 @@ class StatusDetails(TypedDict, total=False):
     group: str
     kind: str
     uid: str
+    causes: list[dict[str, str]]
+    retryAfterSeconds: int
 
 
 class StatusError(Exception):
@@ -142,6 +145,19 @@ def expired(message: str, *, continue_after: tuple[str, str] | None = None) -> S
         token = json.dumps({"v": "meta.k8s.io/v1", "rv": -1, "start": [namespace, name]})
         error.list_continue = base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
     return error
+
+
+def too_large_resource_version(wanted: int, current: int) -> StatusError:
+    """A list or watch from a resourceVersion the server has not reached (504 Timeout), as
+    k8s.io/apiserver/pkg/storage/errors.go NewTooLargeResourceVersionError words it; clients such as
+    client-go's reflector recognise it by its cause and list again without a resourceVersion."""
+    details: StatusDetails = {
+        "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+        "retryAfterSeconds": 1,
+    }
+    return StatusError(
+        504, "Timeout", f"Timeout: Too large resource version: {wanted}, current: {current}", details
+    )
 
 
 def forbidden(message: str, resource: str, name: str, group: str) -> StatusError:

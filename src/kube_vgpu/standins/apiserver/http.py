@@ -178,9 +178,7 @@ class ApiHttp:
     def _list(self, target: Target, query: Any) -> web.Response:
         labels, fields = _selectors(target, query)
         limit = query_int(query, "limit") if query.get("limit") else None
-        exact_rv = None
-        if query.get("resourceVersionMatch") == "Exact" and query.get("resourceVersion"):
-            exact_rv = query_int(query, "resourceVersion")
+        exact_rv = self._list_version(query, limit)
         page = self.ops.list(
             target.rt,
             target.namespace,
@@ -200,6 +198,50 @@ class ApiHttp:
         head = encode({"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": metadata})
         body = head[:-1] + b',"items":[' + b",".join(s.raw for s in page.items) + b"]}"
         return web.Response(body=body, content_type="application/json")
+
+    def _list_version(self, query: Any, limit: int | None) -> int | None:
+        """The revision a list must be read at (None: the latest), after the real server's rules for
+        `resourceVersion` and `resourceVersionMatch` (k8s.io/apimachinery/pkg/apis/meta/internalversion/
+        validation ValidateListOptions; the semantics table of the API concepts page): unset, "0" and
+        NotOlderThan are served the latest state, which is never older than any version asked for;
+        Exact, or a version with a `limit` and no match (the legacy rule), reads at that revision."""
+        text, match = query.get("resourceVersion", ""), query.get("resourceVersionMatch", "")
+        causes = []
+        if match:
+            if not text:
+                causes.append(
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless "
+                    "resourceVersion is provided"
+                )
+            if query.get("continue"):
+                causes.append(
+                    "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden when continue "
+                    "is provided"
+                )
+            if match not in ("Exact", "NotOlderThan"):
+                causes.append(
+                    f'resourceVersionMatch: Unsupported value: "{match}": supported values: '
+                    '"Exact", "NotOlderThan", ""'
+                )
+            if match == "Exact" and text == "0":
+                causes.append(
+                    'resourceVersionMatch: Forbidden: resourceVersionMatch "exact" is forbidden for '
+                    'resourceVersion "0"'
+                )
+        if causes:
+            raise errors.invalid("ListOptions", "", causes, "meta.k8s.io")
+        if text in ("", "0"):
+            return None
+        if query.get("continue"):
+            # k8s.io/apiserver/pkg/storage ValidateListOptions: the token holds its own revision.
+            raise errors.bad_request("specifying resource version is not allowed when using continue")
+        wanted = query_int(query, "resourceVersion")
+        current = self.ops.store.rv
+        if wanted > current:
+            # The real server first waits up to 3 s for its watch cache to reach `wanted`; the
+            # stand-in's store is the only copy, so nothing would arrive by waiting.
+            raise errors.too_large_resource_version(wanted, current)
+        return wanted if match == "Exact" or (not match and limit) else None
 
     async def _watch(self, request: web.Request, target: Target) -> web.StreamResponse:
         params = _watch_params(target, request.query, self.config.default_watch_timeout_s)
