@@ -32,6 +32,7 @@ from kube_vgpu.webhook.service import build_quota
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support import webhook as support
 from tests.support.node import CORES, COUNT, MEMORY, container, make_pod, one_gpu_pod
+from tests.support.records import as_pod
 from tests.support.webhook_quota import memory_book, request_for
 
 A1 = "GPU-a1000000-0000-4000-8000-000000000001"
@@ -211,7 +212,7 @@ async def test_top_and_the_webhook_count_a_namespace_alike(
         # And the next review is refused with the very figure `top` shows.
         following = support.pod(support.container(memory=9000, cores=30), annotations={VGPU_MODE: MIG})
         following["metadata"] |= {"name": "next", "namespace": "team-q", "uid": "u-next"}
-        message = await quota.admit(request_for(following, {QUOTA_MEMORY_LABEL: "40000"}))
+        message = await quota.admit(request_for(as_pod(following), {QUOTA_MEMORY_LABEL: "40000"}))
         assert message is not None and f"in use {shown['memory_mib']['used']} MiB of 40000 MiB" in message
     finally:
         await cache.stop()

@@ -21,7 +21,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import jsonpatch
 
@@ -39,6 +39,7 @@ from kube_vgpu.contract.names import (
 )
 from kube_vgpu.contract.register import GpuRecord, encode_register
 from kube_vgpu.webhook.cli import new_event_loop
+from kube_vgpu.webhook.records import NodeRecord
 from kube_vgpu.webhook.service import Options, WebhookServer
 
 _T = TypeVar("_T")
@@ -65,7 +66,7 @@ def gpu_node(
     reference_form: bool = False,
     hostname: str | None = None,
     register: bool = True,
-) -> dict[str, Any]:
+) -> NodeRecord:
     """A Node with the labels and register annotation kube-vgpu's node plugin writes for (model, MiB) GPUs."""
     records = [
         GpuRecord(
@@ -82,12 +83,13 @@ def gpu_node(
     labels |= {MODEL_LABEL_PREFIX + model_label_name(model): "true" for model, _ in gpus}
     labels |= {UUID_LABEL_PREFIX + r.uuid: "true" for r in records}
     annotations = {NODE_REGISTER: encode_register(records)} if register else {}
-    return {
+    node = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "status": {},
     }
+    return cast(NodeRecord, node)  # a whole Node: its record's fields and more
 
 
 def container(name: str = "main", /, **amounts: Any) -> dict[str, Any]:

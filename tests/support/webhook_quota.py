@@ -10,7 +10,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL
@@ -20,6 +20,7 @@ from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.ledger import QuotaLedger
 from kube_vgpu.webhook.quota.shared import MAX_ENTRIES, NamespaceSnapshot
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
+from kube_vgpu.webhook.records import PodRecord
 from tests.support.memory_store import MemoryStore
 
 NAMES = ResourceNames()
@@ -53,7 +54,7 @@ def make_pod(
     phase: str | None = None,
     annotations: Mapping[str, str] | None = None,
     deletion: tuple[str, int] | None = None,
-) -> dict[str, Any]:
+) -> PodRecord:
     """A one-container pod as admission sees it: vGPU limits, and the metadata asked for."""
     limits = {
         key: str(value)
@@ -80,15 +81,15 @@ def make_pod(
     }
     if phase is not None:
         p["status"] = {"phase": phase}
-    return p
+    return cast(PodRecord, p)
 
 
-def in_cache(p: Mapping[str, Any], *, name: str | None = None) -> dict[str, Any]:
+def in_cache(p: PodRecord, *, name: str | None = None) -> PodRecord:
     """The pod as the cache shows it once created: with a uid, and a name picked from generateName."""
     meta = dict(p["metadata"])
     meta["uid"] = meta.get("uid") or f"uid-{next(_uids)}"
     meta["name"] = name or meta.get("name") or f"{meta.get('generateName', 'p-')}{next(_uids):05d}"
-    return {**p, "metadata": meta}
+    return cast(PodRecord, {**p, "metadata": meta})
 
 
 def make_gate(
@@ -135,7 +136,7 @@ def memory_book(
 
 
 def request_for(
-    p: Mapping[str, Any],
+    p: PodRecord,
     labels: Mapping[str, str] | None,
     *,
     gpu: int | None = 81920,
@@ -163,7 +164,7 @@ async def close(gate: NamespaceQuota) -> None:
 
 def admit(
     gate: NamespaceQuota,
-    p: Mapping[str, Any],
+    p: PodRecord,
     labels: Mapping[str, str] | None,
     *,
     gpu: int | None = 81920,

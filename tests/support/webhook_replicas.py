@@ -105,3 +105,17 @@ async def memory_used(session: aiohttp.ClientSession, replica: Replica, namespac
 async def equals(value: Awaitable[float | None], expected: float) -> bool:
     """Whether an awaited figure is `expected` (for `wait_for`)."""
     return await value == expected
+
+
+def memory_used_is(
+    session: aiohttp.ClientSession, replica: Replica, namespace: str, expected: float
+) -> Callable[[], Awaitable[bool]]:
+    """A `wait_for` condition: the replica exports `expected` as the vgpu-memory used in `namespace`."""
+    return lambda: equals(memory_used(session, replica, namespace), expected)
+
+
+def is_ready(
+    session: aiohttp.ClientSession, replica: Replica, context: ssl.SSLContext
+) -> Callable[[], Awaitable[bool]]:
+    """A `wait_for` condition: the replica answers /readyz with 200."""
+    return lambda: ready(session, replica, context)

@@ -16,6 +16,7 @@ from kube_vgpu.kubeapi.client import Kube, WatchInterrupt, load_api_client
 from kube_vgpu.kubeapi.listwatch import KubeSource
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
+from kube_vgpu.webhook.records import PodRecord
 from kube_vgpu.webhook.service import build_quota
 from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support.timeouts import HANG_S
@@ -86,7 +87,7 @@ async def test_first_list_fills_stores_and_inventory_and_readiness(cache: Cluste
 async def test_watch_events_reach_stores_inventory_and_subscribers(
     cache: ClusterCache, apiserver: ApiServerStandin
 ) -> None:
-    events: list[CacheEvent] = []
+    events: list[CacheEvent[PodRecord]] = []
     cache.subscribe("pod", events.append)
     apiserver.put(gpu_node("n2", "mig", [("NVIDIA H100 80GB HBM3", 81920)]))
     apiserver.put(
@@ -158,7 +159,7 @@ async def test_outage_keeps_serving_and_readiness_follows_staleness(
 async def test_a_failing_subscriber_does_not_stop_the_cache(
     cache: ClusterCache, apiserver: ApiServerStandin
 ) -> None:
-    def broken(event: CacheEvent) -> None:
+    def broken(event: CacheEvent[PodRecord]) -> None:
         raise RuntimeError("boom")
 
     cache.subscribe("pod", broken)

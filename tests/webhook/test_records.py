@@ -240,7 +240,7 @@ def test_a_reducer_keeps_every_field_its_record_names_and_no_other(
 def test_the_walk_sees_a_field_the_record_does_not_name_and_a_named_field_missing() -> None:
     reduced = pod_reducer(NAMES)(POD)
     assert reduced is not None
-    reduced["spec"]["containers"][0]["image"] = "cuda:12"
+    reduced["spec"]["containers"][0]["image"] = "cuda:12"  # type: ignore[typeddict-unknown-key]  # on purpose
     del reduced["metadata"]["generateName"]
     found = kept(reduced, records.PodRecord)
     assert "spec.containers[].image" in found - named(records.PodRecord)

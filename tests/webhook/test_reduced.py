@@ -6,6 +6,7 @@ inventory; and pods that ask for no vGPU, and nodes with no kube-vgpu label, are
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -34,6 +35,7 @@ from kube_vgpu.webhook.placement.resolve import resolve_placement
 from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.ledger import QuotaLedger
 from kube_vgpu.webhook.quota.sizing import mig_slot_sizer, placement_sizer
+from kube_vgpu.webhook.records import PodRecord
 from kube_vgpu.webhook.reduced import (
     NODE_PREFILTER,
     pod_prefilter,
@@ -41,6 +43,7 @@ from kube_vgpu.webhook.reduced import (
     reduce_namespace,
     reduce_node,
 )
+from tests.support.records import as_node, as_pod
 from tests.support.webhook import A100, H100, gpu_node, gpu_uuid
 
 NAMES = ResourceNames()
@@ -163,7 +166,7 @@ def ledger() -> QuotaLedger:
     )
 
 
-def placement_answer(pod: dict[str, Any]) -> object:
+def placement_answer(pod: PodRecord) -> object:
     try:
         request = parse_pod(pod, NAMES)
         selectors = parse_selectors(pod["metadata"].get("annotations") or {})
@@ -173,7 +176,7 @@ def placement_answer(pod: dict[str, Any]) -> object:
     return (placement, never_fits_in(request, inventory()))
 
 
-def quota_answers(pods: list[dict[str, Any]], uids: list[str]) -> object:
+def quota_answers(pods: Sequence[PodRecord], uids: list[str]) -> object:
     book = ledger()
     for pod in pods:
         book.pod_seen(pod)
@@ -192,7 +195,7 @@ def test_decisions_from_reduced_pods_equal_those_from_whole_pods(corpus: list[di
     kept_uids = {r["metadata"]["uid"] for r in reduced}
     # Quota and the shared book's view of it: the same usage, pods counted and released.
     uids = [p["metadata"]["uid"] for p in whole]
-    assert quota_answers(whole, uids) == quota_answers(reduced, uids)
+    assert quota_answers([as_pod(p) for p in whole], uids) == quota_answers(reduced, uids)
     for pod in whole:
         slim = REDUCE(copy.deepcopy(pod))
         if slim is None:
@@ -201,7 +204,7 @@ def test_decisions_from_reduced_pods_equal_those_from_whole_pods(corpus: list[di
             assert not any(k in orjson.dumps(pod["spec"]).decode() for k in NAMES.all())
             continue
         # Placement and never-fits warnings, as a review and the quota sizers resolve them.
-        assert placement_answer(pod) == placement_answer(slim)
+        assert placement_answer(as_pod(pod)) == placement_answer(slim)
         # The raw prefilter never drops a pod the reducer keeps.
         assert pod_prefilter(NAMES)(orjson.dumps(pod))
         assert len(orjson.dumps(slim)) < len(orjson.dumps(pod)) / 4
@@ -225,14 +228,14 @@ def test_nodes_reduce_to_the_same_inventory_facts(
         node["metadata"]["annotations"]["node.alpha.kubernetes.io/ttl"] = "0"
         node["status"] = {"allocatable": {"cpu": "64", "volcano.sh/vgpu-number": "80"}, "images": ["x"] * 50}
         slim = reduce_node(node)
-        assert slim is not None and node_gpus(slim) == node_gpus(node)
+        assert slim is not None and node_gpus(slim) == node_gpus(as_node(node))
         assert slim["status"] == {"allocatable": node["status"]["allocatable"]}
         assert NODE_PREFILTER(orjson.dumps(node))
 
 
 def test_a_node_without_kube_vgpu_labels_is_dropped() -> None:
     plain = {"metadata": {"name": "cpu-1", "labels": {"kubernetes.io/hostname": "cpu-1"}}, "status": {}}
-    assert reduce_node(plain) is None and node_gpus(plain) is None
+    assert reduce_node(plain) is None and node_gpus(as_node(plain)) is None
     assert not NODE_PREFILTER(orjson.dumps(plain))
 
 

@@ -401,8 +401,8 @@ def test_claim_capacity_requests_follow_the_consumable_capacity_gate(
         "spec": {"spec": body["spec"]},
     }
     stored_claim = create_claim(custom, body)["spec"]
-    stored_template = custom.create_namespaced_custom_object(
-        GROUP, VERSION, "default", "resourceclaimtemplates", template
+    stored_template = json_object(
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", "resourceclaimtemplates", template)
     )["spec"]["spec"]
     for spec in (stored_claim, stored_template):
         exact, (alternative,) = (r.get("exactly") or r["firstAvailable"] for r in spec["devices"]["requests"])
@@ -620,7 +620,8 @@ ADMIN_FORBIDDEN = (
 
 def namespace(apiserver: ApiServerStandin, name: str, labels: dict[str, str]) -> None:
     with apiserver.api_client() as api_client:
-        client.CoreV1Api(api_client).create_namespace({"metadata": {"name": name, "labels": labels}})
+        body = client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels))
+        client.CoreV1Api(api_client).create_namespace(body)
 
 
 def admin_claim(name: str = "monitor") -> dict[str, Any]:
@@ -654,7 +655,9 @@ def test_admin_access_is_stored_only_in_a_namespace_labelled_for_it(
     }
     for plural, body in (("resourceclaims", admin_claim()), ("resourceclaimtemplates", template)):
         if admitted:
-            created = custom.create_namespaced_custom_object(GROUP, VERSION, "team-a", plural, body)
+            created = json_object(
+                custom.create_namespaced_custom_object(GROUP, VERSION, "team-a", plural, body)
+            )
             spec = created["spec"] if plural == "resourceclaims" else created["spec"]["spec"]
             assert spec["devices"]["requests"][1]["exactly"]["adminAccess"] is True
             continue
@@ -689,14 +692,14 @@ def test_an_admin_access_allocation_needs_the_label_too(
         in status_of(refused.value)["message"]
     )
     custom.create_namespaced_custom_object(GROUP, VERSION, "ops", "resourceclaims", claim())
-    written = custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, "ops", "resourceclaims", "c1", status
+    written = json_object(
+        custom.patch_namespaced_custom_object_status(GROUP, VERSION, "ops", "resourceclaims", "c1", status)
     )
     assert written["status"]["allocation"]["devices"]["results"][0]["adminAccess"] is True
     with apiserver.api_client() as api_client:  # the label goes; the stored allocation stays valid
         client.CoreV1Api(api_client).patch_namespace("ops", {"metadata": {"labels": {ADMIN_LABEL: None}}})
     reserved = {"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u"}]}}
-    kept = custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, "ops", "resourceclaims", "c1", reserved
+    kept = json_object(
+        custom.patch_namespaced_custom_object_status(GROUP, VERSION, "ops", "resourceclaims", "c1", reserved)
     )
     assert kept["status"]["reservedFor"][0]["name"] == "p"

@@ -16,8 +16,10 @@ from kube_vgpu.webhook.admission.validation import DRA_CLAIMS, Validation
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.charge import Charge
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
+from kube_vgpu.webhook.records import ClaimRecord, TemplateRecord
 from tests.support.admission_view import StaticView
 from tests.support.memory_store import MemoryStore
+from tests.support.records import as_claim, as_template
 from tests.support.webhook import A100, H100, container, gpu_node, pod, review
 from tests.support.webhook_quota import Clocks, close, make_gate
 
@@ -82,9 +84,17 @@ class Pipeline:
             StaticView(inventory, QUOTA_NS, is_fresh=fresh),
             self.gate,
             self.gate,
-            claim_objects=lambda ns, name: self.claims.get(f"{ns}/{name}"),
-            template_objects=lambda ns, name: self.templates.get(f"{ns}/{name}"),
+            claim_objects=self.claim_record,
+            template_objects=self.template_record,
         )
+
+    def claim_record(self, namespace: str, name: str) -> ClaimRecord | None:
+        found = self.claims.get(f"{namespace}/{name}")
+        return None if found is None else as_claim(found)
+
+    def template_record(self, namespace: str, name: str) -> TemplateRecord | None:
+        found = self.templates.get(f"{namespace}/{name}")
+        return None if found is None else as_template(found)
 
     def run(self, *bodies: bytes) -> list[Verdict]:
         async def go() -> list[Verdict]:

@@ -16,6 +16,7 @@ from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.selectors import ORIGINAL_NOUSE_GPUTYPE, SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.charge import LABELS, QuotaLimits, parse_limits
 from kube_vgpu.webhook.quota.sizing import mig_slot_sizer
+from tests.support.records import as_pod
 from tests.support.webhook import A100, H100, container, gpu_node, pod
 
 
@@ -41,7 +42,7 @@ def test_the_mig_slot_sizer_skips_only_pods_it_would_not_size(
 ) -> None:
     inv = _mig_inventory()
     size = mig_slot_sizer(lambda: inv, default_device_config, ResourceNames(), HAMI_CORE)
-    assert (size(pod(container(memory=1), annotations=annotations)) is not None) is slotted
+    assert (size(as_pod(pod(container(memory=1), annotations=annotations))) is not None) is slotted
 
 
 def test_labels_without_quota_keys_are_unlimited_and_quota_keys_are_still_read() -> None:

@@ -30,6 +30,7 @@ from kube_vgpu.webhook.admission.review import Verdict, parse_review
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.selectors import ORIGINAL_USE_GPUTYPE
 from tests.support.admission_view import StaticView
+from tests.support.records import as_node
 from tests.support.webhook import (
     A10,
     A100,
@@ -55,7 +56,7 @@ NODES = (MIXED, H100_MIG, A100_ONLY)
 def inventory(nodes: Sequence[Mapping[str, Any]] = NODES) -> Inventory:
     inv = Inventory()
     for node in nodes:
-        inv.upsert(node)
+        inv.upsert(as_node(node))
     return inv
 
 

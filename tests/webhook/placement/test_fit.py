@@ -16,6 +16,7 @@ from kube_vgpu.webhook.admission.review import parse_review
 from kube_vgpu.webhook.placement.fit import never_fits
 from kube_vgpu.webhook.placement.inventory import Inventory, NodeGpus, node_gpus
 from tests.support.admission_view import StaticView
+from tests.support.records import as_node
 from tests.support.webhook import container, gpu_node, pod, review
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -27,7 +28,7 @@ NODES = [
 
 
 def known(nodes: Sequence[Mapping[str, Any]] = NODES) -> list[NodeGpus]:
-    found = [node_gpus(n) for n in nodes]
+    found = [node_gpus(as_node(n)) for n in nodes]
     return [n for n in found if n is not None]
 
 

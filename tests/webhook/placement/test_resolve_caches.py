@@ -21,6 +21,7 @@ from kube_vgpu.webhook.placement import resolve as placement_module
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.placement.resolve import Placement, resolve_placement
 from kube_vgpu.webhook.placement.selectors import Selectors, parse_selectors
+from kube_vgpu.webhook.records import NodeRecord
 from tests.support.webhook import A10, A100, container, gpu_node, pod
 
 A10_NODE = gpu_node("a10", "hami-core", [(A10, 24576)])
@@ -29,7 +30,7 @@ WANTS_A100 = parse_selectors({USE_GPUTYPE: "A100"})
 SMALL = parse_pod(pod(container(memory=1000)), ResourceNames())
 
 
-def _inventory(*nodes: dict[str, object]) -> Inventory:
+def _inventory(*nodes: NodeRecord) -> Inventory:
     inv = Inventory()
     for node in nodes:
         inv.upsert(node)

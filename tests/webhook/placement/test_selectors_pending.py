@@ -36,7 +36,9 @@ from kube_vgpu.standins.volcano.scheduler import VolcanoBinding, VolcanoStandin,
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.review import Verdict, decode_patch, parse_review
 from kube_vgpu.webhook.placement.inventory import Inventory
+from kube_vgpu.webhook.records import NodeRecord
 from tests.support.admission_view import StaticView
+from tests.support.records import as_node
 from tests.support.webhook import (
     A10,
     A100,
@@ -59,9 +61,9 @@ A100_SXM = "NVIDIA A100-SXM4-80GB"
 READY = {"volcano.sh/vgpu-number": "10", "volcano.sh/vgpu-memory": "81920", "volcano.sh/vgpu-cores": "100"}
 
 
-def ready(node: dict[str, Any]) -> dict[str, Any]:
+def ready(node: NodeRecord) -> NodeRecord:
     """The node as the kubelet reports it once the plugin runs: Volcano's readiness resources set."""
-    return {**node, "status": {"capacity": READY, "allocatable": READY}}
+    return as_node({**node, "status": {"capacity": READY, "allocatable": READY}})
 
 
 A100_NODE = ready(gpu_node("a100", "hami-core", [(A100, 40960)]))
@@ -78,7 +80,7 @@ def admit(
     """Admit `obj` against `nodes`; return the verdict and patched pod, after checking idempotence."""
     inv = Inventory()
     for node in nodes:
-        inv.upsert(node)
+        inv.upsert(as_node(node))
     admission = Admission(Config(webhook=WebhookConfig(**webhook)), StaticView(inv))
     verdict = admission.review(parse_review(json.dumps(review(obj)).encode()))
     patched = apply(obj, verdict.patch)

@@ -28,6 +28,8 @@ from kube_vgpu.webhook.quota.charge import (
     states_no_cores,
     unsized_message,
 )
+from kube_vgpu.webhook.records import PodRecord
+from tests.support.records import as_pod
 
 NAMES = ResourceNames()
 KEYS = {
@@ -52,14 +54,16 @@ def pod(
     *containers: dict[str, Any],
     init: tuple[dict[str, Any], ...] = (),
     annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "p", "namespace": "team-a", "annotations": annotations or {}},
-        "spec": {"containers": list(containers), "initContainers": list(init)},
-    }
+) -> PodRecord:
+    return as_pod(
+        {
+            "metadata": {"name": "p", "namespace": "team-a", "annotations": annotations or {}},
+            "spec": {"containers": list(containers), "initContainers": list(init)},
+        }
+    )
 
 
-def charge_of(p: dict[str, Any], gpu_mib: int | None = 81920) -> Charge:
+def charge_of(p: PodRecord, gpu_mib: int | None = 81920) -> Charge:
     request = parse_pod(p, NAMES)
     return pod_charge(
         request, gpu_mib=gpu_mib, sidecars=restartable_init_flags(p), booked_mib=booked_memory(p, request)
@@ -368,7 +372,7 @@ def test_labels_left_out_are_unlimited_next_to_one_that_is_set() -> None:
 # -- why a charge is what it is (issue 34) ----------------------------------------------------------------
 
 
-def reasons_of(p: dict[str, Any], gpu_mib: int | None = 81920, **slots: Any) -> dict[Resource, list[str]]:
+def reasons_of(p: PodRecord, gpu_mib: int | None = 81920, **slots: Any) -> dict[Resource, list[str]]:
     return dict(charge_reasons(parse_pod(p, NAMES), names=NAMES, gpu_mib=gpu_mib, **slots))
 
 

@@ -22,7 +22,7 @@ from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.shared import decode_entries, object_name
 from tests.support.webhook import A100, TlsFiles, gpu_node
-from tests.support.webhook_replicas import Replica, equals, memory_used, ready, wait_for, webhook_replicas
+from tests.support.webhook_replicas import Replica, is_ready, memory_used_is, wait_for, webhook_replicas
 
 NAMESPACE = "team-r"
 RELEASE = "kube-vgpu"
@@ -97,7 +97,7 @@ async def test_two_replicas_refuse_the_claim_that_would_pass_the_memory_label(
     context = tls.client_context()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=100)) as session:
         for replica in procs:
-            await wait_for(lambda r=replica: ready(session, r, context), f"replica {replica.port} ready")
+            await wait_for(is_ready(session, replica, context), f"replica {replica.port} ready")
         chains = [AdmissionChain(session, r.base, tls.ca.cert_pem) for r in procs]
 
         dry = await asyncio.gather(
@@ -121,7 +121,7 @@ async def test_two_replicas_refuse_the_claim_that_would_pass_the_memory_label(
             apiserver.put(obj)
         for replica in procs:
             await wait_for(
-                lambda r=replica: equals(memory_used(session, r, NAMESPACE), ROOM * 2048),
+                memory_used_is(session, replica, NAMESPACE, ROOM * 2048),
                 f"replica {replica.port} counting the stored claims",
             )
         # Deleted: exactly their share fits again, whichever replica decides.
@@ -129,7 +129,7 @@ async def test_two_replicas_refuse_the_claim_that_would_pass_the_memory_label(
             apiserver.delete("resourceclaim", obj["metadata"]["name"], NAMESPACE)
         for replica in procs:
             await wait_for(
-                lambda r=replica: equals(memory_used(session, r, NAMESPACE), (ROOM - FREED) * 2048),
+                memory_used_is(session, replica, NAMESPACE, (ROOM - FREED) * 2048),
                 f"replica {replica.port} seeing the deletions",
             )
         second = await asyncio.gather(

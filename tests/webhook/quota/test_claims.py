@@ -30,8 +30,10 @@ from kube_vgpu.webhook.quota.claims import (
     quantity,
 )
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
+from kube_vgpu.webhook.records import ClaimRecord
 from kube_vgpu.webhook.reduced import claim_reducer
 from tests.support.memory_store import MemoryStore
+from tests.support.records import as_claim
 from tests.support.webhook_quota import Clocks, close, make_gate
 
 CLASSES = frozenset({DEVICE_CLASS})
@@ -66,7 +68,7 @@ def claim(
     name: str | None = None,
     uid: str | None = None,
     first_available: bool = False,
-) -> dict[str, Any]:
+) -> ClaimRecord:
     """A ResourceClaim whose requests are `exactly` bodies (or one firstAvailable list of them)."""
     if first_available:
         devices: list[dict[str, Any]] = [{"name": "gpu", "firstAvailable": [dict(r) for r in requests]}]
@@ -75,12 +77,18 @@ def claim(
             {"name": r["name"], "exactly": {k: v for k, v in r.items() if k != "name"}} for r in requests
         ]
     n = next(_uids)
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name or f"claim-{n}", "namespace": namespace, "uid": uid or f"claim-uid-{n}"},
-        "spec": {"devices": {"requests": devices}},
-    }
+    return as_claim(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": name or f"claim-{n}",
+                "namespace": namespace,
+                "uid": uid or f"claim-uid-{n}",
+            },
+            "spec": {"devices": {"requests": devices}},
+        }
+    )
 
 
 def charge_of(obj: Mapping[str, Any], gpu_mib: int | None = 81920) -> Charge:
@@ -206,8 +214,8 @@ def test_memory_at_the_bound_passes_and_one_past_it_is_refused() -> None:
 
 def test_unknown_fields_are_ignored_and_shapes_refused() -> None:
     obj = claim(exact(memory="1Gi", cores="10"))
-    obj["spec"]["devices"]["requests"][0]["exactly"]["flavour"] = {"deep": [1, 2, 3]}
-    obj["spec"]["surprise"] = True
+    obj["spec"]["devices"]["requests"][0]["exactly"]["flavour"] = {"deep": [1]}  # type: ignore[typeddict-unknown-key]
+    obj["spec"]["surprise"] = True  # type: ignore[typeddict-unknown-key]
     assert charge_of(obj) == Charge(1, 1024, 10)
     for bad, says in (
         ({"spec": []}, "spec must be an object"),
@@ -293,7 +301,7 @@ def test_the_ledger_counts_no_admin_access_claim_read_back_from_the_cache() -> N
     monitor = claim({**exact(), "adminAccess": True})
     work = claim(exact(memory="20Gi", cores="30"))
     for obj in (monitor, work):
-        slim = reduce(obj)
+        slim = reduce(dict(obj))
         assert slim is not None
         ledger.claim_seen(slim)
     assert ledger.usage("team-a") == Charge(1, 20 * GIB, 30)

@@ -55,10 +55,9 @@ async def wait_for(cache: ClusterCache, condition: Callable[[], bool], what: str
     assert condition(), what
 
 
-async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
-    apiserver: ApiServerStandin, tmp_path: Path
-) -> None:
-    # Claims keep their capacity requests only where DRAConsumableCapacity is on (1.36).
+def a100_cluster_of_1_36(apiserver: ApiServerStandin) -> None:
+    """Kubernetes 1.36's gates (claims keep their capacity requests only where DRAConsumableCapacity
+    is on), an 80 GiB A100 node and the namespace team-a with a 60 GiB memory quota."""
     apiserver.feature_gates = FeatureGates.of_release(36)
     apiserver.put(support.gpu_node("a100", "hami-core", [(support.A100, 81920)]))
     apiserver.put(
@@ -68,6 +67,12 @@ async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
             "metadata": {"name": "team-a", "labels": {QUOTA_MEMORY_LABEL: "61440"}},
         }
     )
+
+
+async def test_claims_count_until_deleted_and_pods_using_them_are_vgpu_pods(
+    apiserver: ApiServerStandin, tmp_path: Path
+) -> None:
+    a100_cluster_of_1_36(apiserver)
     apiserver.put(claim("sized", "20Gi"))
     apiserver.put(claim("whole", None))
     apiserver.put(claim("nic", "1Gi", cls="nic.example.com"))

@@ -7,7 +7,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
@@ -29,7 +28,9 @@ from kube_vgpu.webhook.quota.charge import Charge, QuotaLimits
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.shared import Entry, decode_entries, object_name
 from kube_vgpu.webhook.quota.sizing import mig_slot_sizer, placement_sizer, pod_ledger
+from kube_vgpu.webhook.records import PodRecord
 from tests.support.memory_store import MemoryStore
+from tests.support.records import as_pod
 from tests.support.webhook import A100, H100, gpu_node, gpu_uuid
 from tests.support.webhook_quota import (
     MEM_80G,
@@ -92,7 +93,9 @@ def test_an_invalid_label_denies_every_vgpu_pod_naming_the_label(value: str) -> 
     message = admit(gate, make_pod(1, name="tiny"), labels)
     assert message is not None and QUOTA_MEMORY_LABEL in message and "team-a" in message
     # A pod asking for no vGPU is not the quota's business.
-    plain = {"metadata": {"namespace": "team-a", "name": "web"}, "spec": {"containers": [{"name": "c"}]}}
+    plain = as_pod(
+        {"metadata": {"namespace": "team-a", "name": "web"}, "spec": {"containers": [{"name": "c"}]}}
+    )
     assert admit(gate, plain, labels) is None
     assert gate.usage("team-a") == Charge()
 
@@ -260,7 +263,9 @@ def test_a_pod_of_a_namespace_the_cache_does_not_know_is_refused_and_nothing_is_
     # One step away: a known namespace without labels admits the pod.
     assert admit(gate, make_pod(1, name="a", namespace="ghost"), {}, review="uid-g") is None
     # A pod asking for no vGPU is not the quota's business, known namespace or not.
-    plain = {"metadata": {"namespace": "ghost", "name": "web"}, "spec": {"containers": [{"name": "c"}]}}
+    plain = as_pod(
+        {"metadata": {"namespace": "ghost", "name": "web"}, "spec": {"containers": [{"name": "c"}]}}
+    )
     assert admit(gate, plain, None) is None
 
 
@@ -309,10 +314,10 @@ async def test_usage_is_the_cache_plus_the_shared_reservations_per_namespace() -
     await close(gate)
 
 
-def renamed(p: dict[str, Any], **meta: object) -> dict[str, Any]:
+def renamed(p: PodRecord, **meta: object) -> PodRecord:
     """`p` with its name and generateName replaced (None: left out)."""
     kept = {k: v for k, v in p["metadata"].items() if k not in ("name", "generateName")}
-    return {**p, "metadata": {**kept, **{k: v for k, v in meta.items() if v is not None}}}
+    return as_pod({**p, "metadata": {**kept, **{k: v for k, v in meta.items() if v is not None}}})
 
 
 UNRECORDED = (

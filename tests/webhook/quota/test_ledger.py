@@ -26,7 +26,9 @@ from kube_vgpu.contract.names import (
 from kube_vgpu.webhook.quota.charge import Charge, SlotSize
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.shared import NEVER_CREATED_AFTER
+from kube_vgpu.webhook.records import PodRecord
 from tests.support.memory_store import MemoryStore
+from tests.support.records import as_pod
 from tests.support.webhook_quota import (
     MEM_80G,
     NAMES,
@@ -58,7 +60,7 @@ def test_a_terminal_pod_frees_its_share(phase: str) -> None:
     running = in_cache(make_pod(81920, name="job", phase="Running"))
     gate.ledger.pod_seen(running)
     assert admit(gate, make_pod(1, name="b"), MEM_80G) is not None
-    done = {**running, "status": {"phase": phase}}
+    done = as_pod({**running, "status": {"phase": phase}})
     gate.ledger.pod_seen(done)
     assert admit(gate, make_pod(81920, name="b"), MEM_80G) is None
     # Later events about the finished pod, and its deletion, change nothing.
@@ -128,10 +130,10 @@ def test_a_pods_charge_is_frozen_until_the_scheduler_books_it() -> None:
     gate.ledger.pod_seen(cached)
     assert gate.ledger.usage("team-a").memory_mib == 40960
     sizes["gpu"] = 24576  # the big nodes went away; the pod's usage does not drift
-    gate.ledger.pod_seen({**cached, "status": {"phase": "Pending"}})
+    gate.ledger.pod_seen(as_pod({**cached, "status": {"phase": "Pending"}}))
     assert gate.ledger.usage("team-a").memory_mib == 40960
     booking = encode_pod_devices([[DeviceRecord("GPU-aaaaaaaa-0000-0000-0000-000000000001", 12288, 0)]])
-    booked = {**cached, "metadata": {**cached["metadata"], "annotations": {VGPU_IDS_NEW: booking}}}
+    booked = as_pod({**cached, "metadata": {**cached["metadata"], "annotations": {VGPU_IDS_NEW: booking}}})
     gate.ledger.pod_seen(booked)
     assert gate.ledger.usage("team-a").memory_mib == 12288
 
@@ -190,7 +192,7 @@ def test_pods_without_vgpu_or_unreadable_are_not_counted() -> None:
     malformed = make_pod(None, name="bad")
     malformed["spec"]["containers"][0]["resources"]["limits"] = {NAMES.memory: "3Gi"}
     for p in (plain, malformed):
-        gate.ledger.pod_seen(in_cache(p))
+        gate.ledger.pod_seen(in_cache(as_pod(p)))
     gate.ledger.pod_seen({"metadata": {"namespace": "team-a", "name": "no-uid"}})
     assert gate.ledger.usage("team-a") == Charge()
     assert gate.ledger.namespaces() == []
@@ -303,12 +305,12 @@ def stamp(wall: float) -> str:
     return datetime.fromtimestamp(wall, tz=UTC).isoformat()
 
 
-def terminating(p: dict[str, Any], at: float, grace: object = 0) -> dict[str, Any]:
+def terminating(p: PodRecord, at: float, grace: object = 0) -> PodRecord:
     """`p` with a deletionTimestamp at wall time `at`, and `grace` as its grace period (ABSENT: none)."""
-    meta = {**p["metadata"], "deletionTimestamp": stamp(at)}
+    meta: dict[str, Any] = {**p["metadata"], "deletionTimestamp": stamp(at)}
     if grace is not ABSENT:
         meta["deletionGracePeriodSeconds"] = grace
-    return {**p, "metadata": meta}
+    return as_pod({**p, "metadata": meta})
 
 
 ABSENT = object()
@@ -391,14 +393,14 @@ def test_events_the_ledger_cannot_file_change_nothing() -> None:
     no_namespace = in_cache(make_pod(2048, name="x"))
     del no_namespace["metadata"]["namespace"]
     odd_namespace = in_cache(make_pod(2048, name="y"))
-    odd_namespace["metadata"]["namespace"] = ["team-a"]
-    for p in (no_uid, no_namespace, odd_namespace, {"metadata": None}, {"metadata": ["x"]}):
+    odd_namespace["metadata"]["namespace"] = ["team-a"]  # type: ignore[typeddict-item]  # hostile on purpose
+    for p in (no_uid, no_namespace, odd_namespace, as_pod({"metadata": None}), as_pod({"metadata": ["x"]})):
         gate.ledger.pod_seen(p)
         gate.ledger.pod_gone(p)
     gate.ledger.pod_gone(in_cache(make_pod(2048, name="never-seen")))  # a known namespace, unknown uid
     gate.ledger.pod_gone(in_cache(make_pod(2048, name="z", namespace="team-z")))  # an unknown namespace
     assert gate.ledger.usage("team-a") == ONE_GIB
-    gate.ledger.resync([real, odd_namespace, no_uid, {"metadata": None}])
+    gate.ledger.resync([real, odd_namespace, no_uid, as_pod({"metadata": None})])
     assert gate.ledger.usage("team-a") == ONE_GIB and gate.ledger.namespaces() == ["team-a"]
 
 
@@ -448,12 +450,17 @@ def test_a_deleted_pod_is_remembered_for_two_reservation_lifetimes() -> None:
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 
 
-def booked(p: dict[str, Any], booking: str) -> dict[str, Any]:
+def booked(p: PodRecord, booking: str) -> PodRecord:
     """`p` with the scheduler's `volcano.sh/vgpu-ids-new` booking."""
-    return {
-        **p,
-        "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], VGPU_IDS_NEW: booking}},
-    }
+    return as_pod(
+        {
+            **p,
+            "metadata": {
+                **p["metadata"],
+                "annotations": {**p["metadata"]["annotations"], VGPU_IDS_NEW: booking},
+            },
+        }
+    )
 
 
 def slot_of(mib: int) -> int:

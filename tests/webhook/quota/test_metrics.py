@@ -11,17 +11,21 @@ from prometheus_client import CollectorRegistry, generate_latest
 from kube_vgpu.contract.config import ResourceNames
 from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, QUOTA_NUMBER_LABEL
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics
+from kube_vgpu.webhook.records import PodRecord
+from tests.support.records import as_pod
 from tests.support.webhook_quota import admit, make_gate
 
 NAMES = ResourceNames()
 
 
-def gpu_pod(name: str, memory: int, *, uid: str | None = None, namespace: str = "team-a") -> dict[str, Any]:
+def gpu_pod(name: str, memory: int, *, uid: str | None = None, namespace: str = "team-a") -> PodRecord:
     meta: dict[str, Any] = {"namespace": namespace, "name": name}
     if uid:
         meta["uid"] = uid
     limits = {NAMES.count: "1", NAMES.memory: str(memory), NAMES.cores: "25"}
-    return {"metadata": meta, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+    return as_pod(
+        {"metadata": meta, "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+    )
 
 
 def sample(registry: CollectorRegistry, metric: str, namespace: str, resource: str) -> float | None:

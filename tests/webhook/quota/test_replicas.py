@@ -30,7 +30,7 @@ from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.shared import decode_entries, object_name
 from tests.support.timeouts import HANG_S
 from tests.support.webhook import A100, TlsFiles, container, gpu_node
-from tests.support.webhook_replicas import Replica, equals, memory_used, ready, wait_for, webhook_replicas
+from tests.support.webhook_replicas import Replica, is_ready, memory_used_is, wait_for, webhook_replicas
 
 NAMESPACE = "team-r"
 RELEASE = "kube-vgpu"
@@ -75,7 +75,7 @@ async def test_three_replicas_admit_exactly_the_quota(
     context = tls.client_context()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=300)) as session:
         for replica in procs:
-            await wait_for(lambda r=replica: ready(session, r, context), f"replica {replica.port} ready")
+            await wait_for(is_ready(session, replica, context), f"replica {replica.port} ready")
         chains = [AdmissionChain(session, r.base, tls.ca.cert_pem) for r in procs]
 
         def pair() -> tuple[AdmissionChain, AdmissionChain]:
@@ -124,7 +124,7 @@ async def test_three_replicas_admit_exactly_the_quota(
             apiserver.put(pod)
         for replica in procs:
             await wait_for(
-                lambda r=replica: equals(memory_used(session, r, NAMESPACE), ROOM * 1024),
+                memory_used_is(session, replica, NAMESPACE, ROOM * 1024),
                 f"replica {replica.port} counting the stored pods",
             )
         # Some are deleted: exactly their share fits again, whichever replicas decide.
@@ -132,7 +132,7 @@ async def test_three_replicas_admit_exactly_the_quota(
             apiserver.delete("pod", pod["metadata"]["name"], NAMESPACE)
         for replica in procs:
             await wait_for(
-                lambda r=replica: equals(memory_used(session, r, NAMESPACE), (ROOM - FREED) * 1024),
+                memory_used_is(session, replica, NAMESPACE, (ROOM - FREED) * 1024),
                 f"replica {replica.port} seeing the deletions",
             )
         second = await asyncio.gather(*(create_across(*pair(), burst_pod()) for _ in range(300)))
