@@ -115,7 +115,69 @@ def test_context_picks_a_context_and_an_unknown_one_is_named(
     write(home / ".kube" / "config", document)
     assert top(capsys, "--context", "standin") == (0, "")
     code, err = top(capsys, "--context", "nope")
-    assert code == 2 and "context 'nope'" in err and str(home / ".kube" / "config") in err
+    assert code == 2 and err.strip().endswith(
+        f"context 'nope' (from --context) is not in kubeconfig {home / '.kube' / 'config'} (from"
+        " ~/.kube/config); its contexts: standin, dead"
+    ), err
+    assert "Invalid kube-config" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unknown_context_from_the_variable_names_the_variable_and_every_file(
+    apiserver: ApiServerStandin,
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    first = write(tmp_path / "a.yaml", config(apiserver, context="live"))
+    second = write(tmp_path / "b.yaml", config(apiserver, server=DEAD, context="dead"))
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(first), str(second)]))
+    monkeypatch.setenv("KUBE_VGPU_CONTEXT", "nope")
+    code, err = top(capsys)
+    assert code == 2 and err.strip().endswith(
+        f"context 'nope' (from KUBE_VGPU_CONTEXT) is not in kubeconfig {first}{os.pathsep}{second} (from"
+        " $KUBECONFIG); its contexts: live, dead"
+    ), err
+    # A context either file gives is found.
+    monkeypatch.setenv("KUBE_VGPU_CONTEXT", "live")
+    assert top(capsys) == (0, "")
+
+
+def test_a_current_context_the_kubeconfig_lacks_is_named(
+    apiserver: ApiServerStandin, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = config(apiserver)
+    document["current-context"] = "gone"
+    write(home / ".kube" / "config", document)
+    code, err = top(capsys)
+    assert code == 2 and err.strip().endswith(
+        f"current-context 'gone' is not in kubeconfig {home / '.kube' / 'config'} (from ~/.kube/config);"
+        " its contexts: standin"
+    ), err
+    assert top(capsys, "--context", "standin") == (0, "")
+    document["contexts"] = []
+    write(home / ".kube" / "config", document)
+    code, err = top(capsys, "--context", "standin")
+    assert code == 2 and err.strip().endswith("; it has no contexts"), err
+
+
+def test_a_kubeconfig_with_many_contexts_lists_ten_of_them(
+    apiserver: ApiServerStandin, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = config(apiserver)
+    document["contexts"] += [{"name": f"c{i}", "context": {"cluster": "x", "user": "x"}} for i in range(10)]
+    write(home / ".kube" / "config", document)
+    code, err = top(capsys, "--context", "nope")
+    assert code == 2 and err.strip().endswith(
+        "its contexts: standin, c0, c1, c2, c3, c4, c5, c6, c7, c8, … (11 in all)"
+    )
+    # Ten are listed whole.
+    document["contexts"].pop()
+    write(home / ".kube" / "config", document)
+    code, err = top(capsys, "--context", "nope")
+    assert code == 2 and err.strip().endswith("its contexts: standin, c0, c1, c2, c3, c4, c5, c6, c7, c8"), (
+        err
+    )
 
 
 def test_nothing_found_names_every_place_tried(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,8 @@ than the last list), the reads that must see a bind made a moment ago as consist
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from kube_vgpu.kubeapi.client import ApiError, Kube, load_api_client
 from kube_vgpu.node.api import NodeApi
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from tests.support.node import NODE
+from tests.support.timeouts import HANG_S
 
 
 def bound(name: str, node: str = NODE) -> dict[str, Any]:
@@ -112,3 +115,48 @@ async def test_a_refusal_other_than_an_unavailable_version_is_not_retried(
         await api.pods_on_node_cached(5.0)
     assert info.value.status == 403
     assert [status for _, status in pod_lists(apiserver)] == [200, 403]
+
+
+class HeldCachedLists(Kube):
+    """The real client, whose lists from the watch cache (`NotOlderThan`) are answered by the server at
+    once but handed to the caller only when the test says: a cached list sent before a consistent read
+    that answers after it."""
+
+    def __init__(self, kube: Kube) -> None:
+        super().__init__(kube.api_client, component="node")
+        self.answered = threading.Event()
+        self.release = threading.Event()
+
+    def list(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        result = super().list(*args, **kwargs)
+        if kwargs.get("resource_version_match") == "NotOlderThan":
+            self.answered.set()
+            assert self.release.wait(HANG_S)
+        return result
+
+
+async def test_a_cached_list_answering_after_a_consistent_read_does_not_lower_the_floor(
+    apiserver: ApiServerStandin, api: NodeApi
+) -> None:
+    held = HeldCachedLists(api.kube)
+    api.kube = held
+    apiserver.put(bound("a"))
+    await api.pods_on_node_cached(5.0)
+    apiserver.put(bound("b"))
+    sweep = asyncio.create_task(api.pods_on_node_cached(HANG_S))
+    assert await asyncio.to_thread(held.answered.wait, HANG_S)
+    sweep_version = str(apiserver.store.rv)  # the version the held sweep's list was answered at
+    apiserver.put(bound("c"))
+    # An Allocate's consistent read, while the sweep's answer is on its way.
+    assert names(await api.pods_on_node(5.0)) == ["a", "b", "c"]
+    allocate_version = str(apiserver.store.rv)
+    assert int(sweep_version) < int(allocate_version)
+    held.release.set()
+    assert names(await sweep) == ["a", "b"]
+    # The next sweep reads no state older than the one the Allocate acted on.
+    assert names(await api.pods_on_node_cached(5.0)) == ["a", "b", "c"]
+    assert pod_lists(apiserver)[-1][0] == {
+        "fieldSelector": f"spec.nodeName={NODE}",
+        "resourceVersion": allocate_version,
+        "resourceVersionMatch": "NotOlderThan",
+    }

@@ -28,31 +28,81 @@ class DuplicateKey(ConstructorError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses a key given twice in one mapping.
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping, and a second `<<` merge key.
 
     Keys are compared after construction, as the mapping would hold them (`1` and `0x1` are the same
-    key). A merge (`<<: *base`) is left out of the check: a key written next to a merge overriding
-    the merged one is what merges are for.
+    key). Every mapping is checked before PyYAML flattens its merges into it (`flatten_mapping`, which
+    also runs on each merged mapping, one that is never constructed on its own: `<<: {a: 1, a: 2}`).
+    A key written next to a merge, or given by two merged mappings, is no duplicate: the YAML merge
+    key spec (https://yaml.org/type/merge.html) has the explicit key override the merged ones, and an
+    earlier mapping of a merged list override a later one.
     """
 
-    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        if isinstance(node, MappingNode):
-            seen: dict[Hashable, Node] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == _MERGE_TAG:
-                    continue
+    def __init__(self, stream: str | IO[str]) -> None:
+        super().__init__(stream)
+        # Mappings already checked: flattening rewrites a mapping's pairs in place (the merged ones
+        # first), so a mapping merged twice (`<<: *base` in two places) must be checked only once.
+        self._checked: set[MappingNode] = set()
+
+    def construct_document(self, node: Node) -> Any:
+        try:
+            return super().construct_document(node)
+        finally:
+            self._checked.clear()
+
+    def flatten_mapping(self, node: MappingNode) -> None:
+        if node not in self._checked:
+            self._checked.add(node)
+            self._check_unique(node)
+        super().flatten_mapping(node)
+        self._keep_last(node)
+
+    def _keep_last(self, node: MappingNode) -> None:
+        """Leave one pair per key in a flattened mapping, the last: its own pairs follow the merged
+        ones. PyYAML's `flatten_mapping` (yaml/constructor.py) keeps the first pair of a key among the
+        merged ones, so merging a mapping that overrides a key of its own merge (`b: &b {<<: *a, x: 2}`,
+        then `<<: *b`) would take the value `b` overrode."""
+        at: dict[Hashable, int] = {}
+        dropped: set[int] = set()
+        for index, (key_node, _) in enumerate(node.value):
+            try:
                 key = self.construct_object(key_node, deep=True)
-                try:
-                    first = seen.setdefault(key, key_node)
-                except TypeError:
-                    continue  # unhashable: SafeLoader's own construct_mapping refuses it
-                if first is not key_node:
-                    one, two = first.start_mark.line + 1, key_node.start_mark.line + 1
-                    where = f"on line {one}" if one == two else f"on lines {one} and {two}"
+                if key in at:
+                    dropped.add(at[key])
+                at[key] = index
+            except TypeError:
+                continue  # unhashable: SafeLoader's own construct_mapping refuses it
+        if dropped:
+            node.value = [pair for index, pair in enumerate(node.value) if index not in dropped]
+
+    def _check_unique(self, node: MappingNode) -> None:
+        seen: dict[Hashable, Node] = {}
+        merge: Node | None = None
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                if merge is not None:
                     raise DuplicateKey(
-                        problem=f"key {key!r} given twice, {where}", problem_mark=key_node.start_mark
+                        problem=f"merge key '<<' given twice ({_lines(merge, key_node)}): give one "
+                        "`<<` with a list of the mappings to merge",
+                        problem_mark=key_node.start_mark,
                     )
-        return super().construct_mapping(node, deep=deep)
+                merge = key_node
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:
+                continue  # unhashable: SafeLoader's own construct_mapping refuses it
+            if first is not key_node:
+                raise DuplicateKey(
+                    problem=f"key {key!r} given twice ({_lines(first, key_node)}): keep one of them",
+                    problem_mark=key_node.start_mark,
+                )
+
+
+def _lines(first: Node, second: Node) -> str:
+    one, two = first.start_mark.line + 1, second.start_mark.line + 1
+    return f"line {one}" if one == two else f"lines {one} and {two}"
 
 
 def safe_load(stream: str | IO[str]) -> Any:
@@ -80,7 +130,8 @@ def utf8_problem(exc: UnicodeDecodeError) -> str:
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """`not valid YAML: <problem> (line L, column C)`, from PyYAML's error."""
-    mark = getattr(exc, "problem_mark", None)
+    # A key given twice names both of its lines already.
+    mark = None if isinstance(exc, DuplicateKey) else getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc)
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
     return "not valid YAML: " + " ".join(f"{problem}{where}".split())

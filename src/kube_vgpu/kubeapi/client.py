@@ -176,6 +176,43 @@ def _current_context(documents: builtins.list[Mapping[str, Any]]) -> str | None:
     return None
 
 
+# A refusal lists at most this many of the kubeconfig's contexts.
+_CONTEXTS_LISTED = 10
+
+
+def _context_names(documents: builtins.list[Mapping[str, Any]]) -> builtins.list[str]:
+    """Every context name the kubeconfig files give, once each, in the order kubectl merges them."""
+    names: dict[str, None] = {}
+    for document in documents:
+        entries = document.get("contexts")
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, Mapping) and entry.get("name") is not None:
+                names.setdefault(str(entry["name"]), None)
+    return list(names)
+
+
+def _check_context(
+    documents: builtins.list[Mapping[str, Any]], context: str | None, chosen: str, where: str
+) -> None:
+    # The Python client's own refusal is "Invalid kube-config file. Expected object with name NAME
+    # in FILE/contexts list", naming neither the contexts there are nor where the name came from.
+    names = _context_names(documents)
+    if chosen in names:
+        return
+    named = (
+        f"context {chosen!r} (from {source_of(context, '--context')})"
+        if context
+        else f"current-context {chosen!r}"
+    )
+    if not names:
+        listed = "it has no contexts"
+    elif len(names) > _CONTEXTS_LISTED:
+        listed = f"its contexts: {', '.join(names[:_CONTEXTS_LISTED])}, … ({len(names)} in all)"
+    else:
+        listed = f"its contexts: {', '.join(names)}"
+    raise KubeConfigError(f"{named} is not in {where}; {listed}")
+
+
 def _cluster_of(documents: builtins.list[Mapping[str, Any]], context: str | None) -> str:
     """The cluster name `context` points at (kubectl's merge: the first file naming it wins)."""
     for document in documents:
@@ -214,6 +251,8 @@ def load_api_client(
         where = f"kubeconfig {os.pathsep.join(files)} (from {source})"
         documents = _documents(files)
         chosen_context = context or _current_context(documents)
+        if chosen_context is not None:
+            _check_context(documents, context, chosen_context, where)
         try:
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=os.pathsep.join(files),

@@ -154,7 +154,18 @@ class ListVersion:
     version it holds) and later ones for the last version seen, which the watch cache answers when the
     list is unpaged, never older than that version (`resourceVersionMatch=NotOlderThan`). After a list
     at a version failed as unavailable (410 Expired, 504 too large), lists are consistent reads again
-    until one succeeds.
+    until one succeeds, and that one's version is taken whatever it is (a server restored from an
+    older etcd backup has gone back).
+
+    The version only moves forward. A reflector sees versions in order, but lists made concurrently
+    by different callers (a node's sweeps from the watch cache, an Allocate's consistent read) can
+    answer out of order: a cached list sent before a consistent read may answer after it, at an older
+    version, and must not lower the floor the consistent read raised. The floor is shared rather than
+    kept per caller so that a list never reads a state older than one another caller already acted on.
+    Versions are compared as integers when both are: kube-apiserver's are etcd revisions, which it
+    parses as such itself (k8s.io/apiserver/pkg/storage/api_object_versioner.go,
+    ParseResourceVersion); any other version is opaque, and the newest report is kept, as client-go
+    keeps them.
     """
 
     last: str = ""
@@ -167,13 +178,16 @@ class ListVersion:
         return self.last or "0"
 
     def seen(self, version: str) -> None:
-        """A list or watch event reached `version`."""
-        if version:
+        """A list or watch event reached `version`: the floor moves to it unless it is older."""
+        if version and not _older(version, self.last):
             self.last = version
 
     def listed(self, version: str) -> None:
         """A list succeeded at `version`."""
-        self.seen(version)
+        if self.unavailable and version:
+            self.last = version
+        else:
+            self.seen(version)
         self.unavailable = False
 
     def failed(self, asked: str, exc: ApiError) -> bool:
@@ -183,6 +197,13 @@ class ListVersion:
             return False
         self.unavailable = True
         return True
+
+
+def _older(version: str, than: str) -> bool:
+    """Whether `version` is older than `than`, known only when both are decimal integers."""
+    if not (version.isascii() and version.isdigit() and than.isascii() and than.isdigit()):
+        return False
+    return int(version) < int(than)
 
 
 def list_arguments(version: str, limit: int | None) -> dict[str, Any]:

@@ -210,5 +210,5 @@ def test_a_yaml_spec_is_refused_in_one_line_for_a_syntax_error_or_a_key_given_tw
     with pytest.raises(CdiError) as info:
         read_spec_file(path)
     assert str(info.value) == (
-        f"{path}: not valid YAML: key 'kind' given twice, on lines 2 and 3 (line 3, column 1)"
+        f"{path}: not valid YAML: key 'kind' given twice (lines 2 and 3): keep one of them"
     )

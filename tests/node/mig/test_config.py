@@ -134,7 +134,7 @@ def test_a_configmap_document_giving_a_key_twice_is_an_error_naming_the_configma
         geometry_from_configmap(configmap("ns", "cm", {"device-config.yaml": twice}), "ns", "cm")
     assert str(info.value) == (
         "configmap ns/cm key device-config.yaml: device-config.yaml: not valid YAML: "
-        "key 'knownMigGeometries' given twice, on lines 2 and 7 (line 7, column 3)"
+        "key 'knownMigGeometries' given twice (lines 2 and 7): keep one of them"
     )
     once = geometry_from_configmap(configmap("ns", "cm", {"device-config.yaml": ONE_GROUP}), "ns", "cm")
     assert once.source == "configmap ns/cm"
