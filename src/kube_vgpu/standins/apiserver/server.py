@@ -165,7 +165,7 @@ class ApiServerStandin:
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        config.load_kube_config_from_dict(self.kubeconfig(), client_configuration=configuration)  # type: ignore[no-untyped-call]
+        config.load_kube_config_from_dict(self.kubeconfig(), client_configuration=configuration)  # type: ignore[no-untyped-call, unused-ignore]
         return client.ApiClient(configuration)
 
     # -- lifecycle ----------------------------------------------------------------------------------
