@@ -6,11 +6,14 @@ label, and every other writer's unchanged labels, pass."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import helm_python
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.helm.test_node_security import Policy
 from tests.support.helm_render import Obj, Rendered, render
@@ -141,3 +144,21 @@ def test_off_by_default_and_refused_where_it_cannot_work() -> None:
     for bad in (["it's"], ["a\\b"], [""], ["x", "x"]):
         with pytest.raises(helm_python.HelmError, match="values don't meet the specifications of the schema"):
             _render(allowedUsers=bad)
+
+
+def test_the_policy_docs_quota_md_shows_refuses_and_allows_the_same() -> None:
+    """docs/quota.md gives the policy for clusters installed without the chart's value: it must
+    validate against Kubernetes' schema and decide as the chart's does."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "quota.md").read_text(encoding="utf-8")
+    section = text[text.index("## Who may change the labels") :]
+    (block,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", section, re.S) if "kind: ValidatingAdmissionPolicy" in b
+    ]
+    vap, binding = yaml.safe_load_all(block)
+    for obj in (vap, binding):
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)
+    documented = Policy(vap)
+    for what, before, after in PROTECTED_CHANGES:
+        assert not _labels(documented, before, after)[0], what
+        assert _labels(documented, before, after, user="bob", groups=["platform-admins"])[0], what
+    assert _labels(documented, {QUOTA: "1"}, {QUOTA: "1", "team": "a"}) == (True, "")

@@ -5,11 +5,14 @@ validated against Kubernetes' own schemas, and the refusals."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import helm_python
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.helm.test_node_security import ACCOUNT, NODE_CLAIM, Policy
 from tests.support.helm_render import Obj, Rendered, render
@@ -299,3 +302,52 @@ def test_dra_on_1_34_renders_and_without_dra_1_33_still_does() -> None:
     assert _render("v1.34.0").of_kind("DeviceClass")
     volcano = _render("v1.33.9", groups=[VOLCANO_GROUP])
     assert volcano.of_kind("DeviceClass") == [] and volcano.of_kind("DaemonSet")
+
+
+# --- docs/install.md's DRA-only cluster ---------------------------------------------------------
+
+INSTALL = Path(__file__).resolve().parents[2] / "docs" / "install.md"
+
+
+def _dra_only_values() -> dict[str, Any]:
+    """The values file docs/install.md's "A DRA-only cluster" section writes."""
+    text = INSTALL.read_text(encoding="utf-8")
+    section = text[text.index("## A DRA-only cluster") :]
+    section = section[: section.index("\n## ", 1)]
+    (block,) = re.findall(r"cat > kube-vgpu-values.yaml <<'EOF'\n(.*?)\nEOF\n", section, re.S)
+    values: dict[str, Any] = yaml.safe_load(block)
+    return values
+
+
+@pytest.mark.parametrize("version", ["v1.34.0", "v1.36.0"])
+def test_the_dra_only_values_of_the_install_guide_render_one_dra_group_and_no_volcano(version: str) -> None:
+    values = _dra_only_values()
+    assert values["node"]["groups"] == [
+        {
+            "name": "dra",
+            "mode": "hami-core",
+            "api": "dra",
+            "nodeSelector": {"nvidia.com/gpu.present": "true", "kube-vgpu.io/node-group": "dra"},
+        }
+    ]
+    r = render(values, kube_version=version)
+    (ds,) = r.of_kind("DaemonSet")
+    assert ds["metadata"]["labels"]["kube-vgpu.io/node-api"] == "dra"
+    assert [d["metadata"]["name"] for d in r.of_kind("DeviceClass")] == ["vgpu.kube-vgpu.io"]
+    assert r.of_kind("ConfigMap") and not [
+        c for c in r.of_kind("ConfigMap") if c["metadata"]["name"] == "volcano-vgpu-device-config"
+    ]
+    assert "Volcano node groups" not in r.notes and "deviceshare" not in r.notes
+    assert "kubectl get resourceslices --field-selector spec.driver=vgpu.kube-vgpu.io" in r.notes
+    for obj in r.objects:
+        kubernetes_validate.validate(obj, version.lstrip("v"), strict=True)
+    with pytest.raises(helm_python.HelmError, match=r"needs Kubernetes >= 1\.34"):
+        render(values, kube_version="v1.33.0")
+
+
+def test_a_bare_dra_group_renders_alone_and_is_refused_beside_the_default_group() -> None:
+    bare = {"name": "dra", "mode": "hami-core", "api": "dra"}
+    (ds,) = render({"node": {"groups": [bare]}}, kube_version="v1.34.0").of_kind("DaemonSet")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    with pytest.raises(helm_python.HelmError, match="select the same nodes"):
+        render({"node": {"groups": [{"name": "default", "mode": "hami-core"}, bare]}}, kube_version="v1.34.0")
