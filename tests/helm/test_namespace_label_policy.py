@@ -162,3 +162,12 @@ def test_the_policy_docs_quota_md_shows_refuses_and_allows_the_same() -> None:
         assert not _labels(documented, before, after)[0], what
         assert _labels(documented, before, after, user="bob", groups=["platform-admins"])[0], what
     assert _labels(documented, {QUOTA: "1"}, {QUOTA: "1", "team": "a"}) == (True, "")
+
+
+def test_the_notes_say_who_may_change_the_labels() -> None:
+    on = " ".join(_render(allowedGroups=[ADMINS], allowedUsers=[GITOPS]).notes.split())
+    assert f"Namespace labels: only {ADMINS}, {GITOPS} may change quota.kube-vgpu.io/*" in on
+    assert "(ValidatingAdmissionPolicy kube-vgpu-namespace-labels)" in on
+    off = " ".join(render(None, kube_version="v1.31.0").notes.split())
+    assert "whoever may update a namespace may change its quota.kube-vgpu.io/* quota" in off
+    assert "namespaceLabelPolicy.enabled" in off
