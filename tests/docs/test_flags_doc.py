@@ -89,3 +89,15 @@ def test_a_missing_flag_and_a_stale_row_are_caught() -> None:
         check_table(section, "p", [["--a"], ["-b", "--bee"]])
     with pytest.raises(AssertionError, match="names \\['--gone'\\]"):
         check_table(section, "p", [["--a"]])
+
+
+def test_the_node_commands_summary_names_both_apis() -> None:
+    """`kube-vgpu --help` and `kube-vgpu node --help` say the node plugin is a device plugin or,
+    with --api dra, the DRA driver (hami-core only), matching the flag's choices."""
+    summary = SUBCOMMANDS["node"][1]
+    assert "kubelet device plugin" in summary and "--api dra" in summary
+    assert "DRA driver vgpu.kube-vgpu.io (hami-core mode only)" in summary
+    (node,) = [p for p in _walk(build_parser("node")) if p.prog == "kube-vgpu node"]
+    (api,) = [a for a in node._actions if "--api" in a.option_strings]  # noqa: SLF001 (argparse has no public list of a parser's actions)
+    assert node.description == summary
+    assert list(api.choices or []) == ["deviceplugin", "dra"]

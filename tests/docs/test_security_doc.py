@@ -35,3 +35,27 @@ def test_the_update_condition_count_is_the_charts() -> None:
         assert WORDS[owned] == len(SCHEDULER_OWNED_ANNOTATIONS)
     placement = re.findall(r"and the (\w+) mode, GPU selector and charge annotations", text)
     assert [WORDS[n] for n in placement] == [len(PLACEMENT_ANNOTATIONS)]
+
+
+def _english(verbs: list[str]) -> str:
+    quoted = [f"`{v}`" for v in verbs]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def test_the_node_plugins_dra_verbs_are_the_charts() -> None:
+    """The sentence on the node plugin's DRA grants lists the verbs of its ClusterRole, in order."""
+    rendered = render(None, kube_version="v1.32.0")
+    (role,) = [r for r in rendered.of_kind("ClusterRole") if r["metadata"]["name"].endswith("-node")]
+    granted = {
+        resource: rule["verbs"]
+        for rule in role["rules"]
+        if rule["apiGroups"] == ["resource.k8s.io"]
+        for resource in rule["resources"]
+    }
+    assert set(granted) == {"resourceslices", "resourceclaims"}
+    text = " ".join(SECURITY.split())
+    expected = (
+        f"It also grants, for DRA groups, {_english(granted['resourceslices'])} on `resourceslices` "
+        f"and {_english(granted['resourceclaims'])} on `resourceclaims` (`resource.k8s.io`)."
+    )
+    assert expected in text

@@ -5,11 +5,14 @@ validated against Kubernetes' own schemas, and the refusals."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import helm_python
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.helm.test_node_security import ACCOUNT, NODE_CLAIM, Policy
 from tests.support.helm_render import Obj, Rendered, render
@@ -216,11 +219,135 @@ def test_the_notes_say_what_a_dra_group_installed_and_how_to_ask_for_a_slice() -
     assert "Node groups: default (hami-core), dra (hami-core, DRA)" in notes
     assert "DRA node groups: dra: driver vgpu.kube-vgpu.io" in notes
     assert "The class serves kube-vgpu.io/gpu: a pod asking kube-vgpu.io/gpu: 1" in notes
+    # The claim fragment and the pod side that uses it.
     assert 'capacity: {requests: {memory: 20Gi, cores: "30"}}' in notes
-    assert "docs/dra.md" in notes and "deviceshare.VGPUEnable" in notes  # the Volcano group too
+    assert "resourceClaims: [{name: gpu, resourceClaimTemplateName: <template name>}]" in notes
+    assert "resources: {claims: [{name: gpu}]}" in notes
+    assert "Volcano node groups: default." in notes and "deviceshare.VGPUEnable" in notes
+    # Shared slices: 1.36, or 1.34/1.35 with the gate on (as docs/dra.md says); only older
+    # clusters are told they get whole GPUs.
+    assert "need Kubernetes 1.36, or 1.34 and 1.35 with the DRAConsumableCapacity" in notes
+    assert "This cluster is" not in notes
+    assert "This cluster is v1.34.0: whole GPUs unless that gate is on." in _render("v1.34.0").notes
+    # Other GPU device plugins on the DRA nodes.
+    assert "nvidia.com/gpu.deploy.device-plugin=false" in notes
+    # With DRA, pods with claims and claim CREATEs reach the webhook too.
+    assert (
+        "only pods naming a vGPU resource, pods with spec.resourceClaims and ResourceClaim CREATEs "
+        "naming vgpu.kube-vgpu.io reach the webhook"
+    ) in notes
     only_dra = _render(groups=[DRA_GROUP]).notes
     assert "DRA node groups: dra:" in only_dra and "DeviceClass vgpu.kube-vgpu.io." in only_dra
     assert "The class serves" not in only_dra
     assert "deviceshare.VGPUEnable" not in only_dra  # no Volcano group: no Volcano to set up
     volcano_only = _render(groups=[VOLCANO_GROUP]).notes
     assert "DRA node groups" not in volcano_only and "deviceshare.VGPUEnable" in volcano_only
+    assert "resourceClaims" not in volcano_only
+
+
+def _check_commands(notes: str) -> list[str]:
+    """The commands under the notes' closing "Check:" line."""
+    tail = notes[notes.index("\nCheck:\n") :].splitlines()[2:]
+    return [line.strip() for line in tail if line.startswith("  kubectl")]
+
+
+def test_the_notes_check_commands_follow_the_groups() -> None:
+    node_check = "kubectl -n gpu-system exec <node plugin pod> -- kube-vgpu node check"
+    pods = "kubectl -n gpu-system get pods -l app.kubernetes.io/instance=kube-vgpu"
+    volcano = (
+        "kubectl get nodes -o custom-columns=NAME:.metadata.name,"
+        "VGPU:.status.allocatable.volcano\\.sh/vgpu-number"
+    )
+    dra = [
+        "kubectl get deviceclass vgpu.kube-vgpu.io",
+        "kubectl get resourceslices --field-selector spec.driver=vgpu.kube-vgpu.io",
+    ]
+    both = _render().notes
+    assert _check_commands(both) == [pods, node_check, volcano, *dra]
+    # The node check hint is printed once, not once per section.
+    assert both.count("kube-vgpu node check") == 1
+    assert "(on DRA nodes also the DRA sockets, the published ResourceSlice and the CDI folder)" in both
+    assert _check_commands(_render(groups=[DRA_GROUP]).notes) == [pods, node_check, *dra]
+    volcano_only = _render(groups=[VOLCANO_GROUP]).notes
+    assert _check_commands(volcano_only) == [pods, node_check, volcano]
+    assert "on DRA nodes" not in volcano_only
+
+
+def test_the_notes_keep_a_blank_line_after_the_open_port_warning() -> None:
+    # Rendered offline the API server's addresses are unknown: the warning is printed, and the
+    # section after it starts after a blank line instead of running on from its last line.
+    notes = _render().notes
+    assert "--set 'webhook.networkPolicy.controlPlaneCIDRs={<address>/32}'\n\nVolcano node groups" in notes
+
+
+# --- DRA needs resource.k8s.io/v1: Kubernetes 1.34 ------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["v1.30.0", "v1.33.9"])
+def test_a_dra_group_below_1_34_is_refused_naming_the_group_and_the_version(version: str) -> None:
+    with pytest.raises(
+        helm_python.HelmError,
+        match=rf"node.groups dra \(api: dra\) needs Kubernetes >= 1.34 .*this cluster is {version}",
+    ):
+        _render(version)
+    with pytest.raises(
+        helm_python.HelmError, match=rf"dra.enabled needs Kubernetes >= 1.34 .*this cluster is {version}"
+    ):
+        render({"dra": {"enabled": True}}, kube_version=version)
+
+
+def test_dra_on_1_34_renders_and_without_dra_1_33_still_does() -> None:
+    for r in (_render("v1.34.0"), render({"dra": {"enabled": True}}, kube_version="v1.34.0")):
+        assert r.of_kind("ValidatingWebhookConfiguration")
+    assert _render("v1.34.0").of_kind("DeviceClass")
+    volcano = _render("v1.33.9", groups=[VOLCANO_GROUP])
+    assert volcano.of_kind("DeviceClass") == [] and volcano.of_kind("DaemonSet")
+
+
+# --- docs/install.md's DRA-only cluster ---------------------------------------------------------
+
+INSTALL = Path(__file__).resolve().parents[2] / "docs" / "install.md"
+
+
+def _dra_only_values() -> dict[str, Any]:
+    """The values file docs/install.md's "A DRA-only cluster" section writes."""
+    text = INSTALL.read_text(encoding="utf-8")
+    section = text[text.index("## A DRA-only cluster") :]
+    section = section[: section.index("\n## ", 1)]
+    (block,) = re.findall(r"cat > kube-vgpu-values.yaml <<'EOF'\n(.*?)\nEOF\n", section, re.S)
+    values: dict[str, Any] = yaml.safe_load(block)
+    return values
+
+
+@pytest.mark.parametrize("version", ["v1.34.0", "v1.36.0"])
+def test_the_dra_only_values_of_the_install_guide_render_one_dra_group_and_no_volcano(version: str) -> None:
+    values = _dra_only_values()
+    assert values["node"]["groups"] == [
+        {
+            "name": "dra",
+            "mode": "hami-core",
+            "api": "dra",
+            "nodeSelector": {"nvidia.com/gpu.present": "true", "kube-vgpu.io/node-group": "dra"},
+        }
+    ]
+    r = render(values, kube_version=version)
+    (ds,) = r.of_kind("DaemonSet")
+    assert ds["metadata"]["labels"]["kube-vgpu.io/node-api"] == "dra"
+    assert [d["metadata"]["name"] for d in r.of_kind("DeviceClass")] == ["vgpu.kube-vgpu.io"]
+    assert r.of_kind("ConfigMap") and not [
+        c for c in r.of_kind("ConfigMap") if c["metadata"]["name"] == "volcano-vgpu-device-config"
+    ]
+    assert "Volcano node groups" not in r.notes and "deviceshare" not in r.notes
+    assert "kubectl get resourceslices --field-selector spec.driver=vgpu.kube-vgpu.io" in r.notes
+    for obj in r.objects:
+        kubernetes_validate.validate(obj, version.lstrip("v"), strict=True)
+    with pytest.raises(helm_python.HelmError, match=r"needs Kubernetes >= 1\.34"):
+        render(values, kube_version="v1.33.0")
+
+
+def test_a_bare_dra_group_renders_alone_and_is_refused_beside_the_default_group() -> None:
+    bare = {"name": "dra", "mode": "hami-core", "api": "dra"}
+    (ds,) = render({"node": {"groups": [bare]}}, kube_version="v1.34.0").of_kind("DaemonSet")
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    with pytest.raises(helm_python.HelmError, match="select the same nodes"):
+        render({"node": {"groups": [{"name": "default", "mode": "hami-core"}, bare]}}, kube_version="v1.34.0")

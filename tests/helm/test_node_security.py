@@ -156,7 +156,9 @@ class Policy:
         assert spec["failurePolicy"] == "Fail"
         self.rules = spec["matchConstraints"]["resourceRules"]
         self.conditions = [env.program(env.compile(c["expression"])) for c in spec["matchConditions"]]
-        self.variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in spec["variables"]]
+        self.variables = [
+            (v["name"], env.program(env.compile(v["expression"]))) for v in spec.get("variables", [])
+        ]
         self.validations = [
             (
                 env.program(env.compile(v["expression"])),

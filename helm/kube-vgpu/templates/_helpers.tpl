@@ -219,11 +219,18 @@ through which many control planes reach webhooks. `true` fails without any.
 
 {{/* The DeviceClasses whose ResourceClaims the webhook judges, comma-separated: config.webhook.draDeviceClasses,
 or kube-vgpu's own class when none are listed; empty when DRA is off (dra.enabled false and no node
-group with `api: dra`: a DRA node group always brings quotas over its claims). */}}
+group with `api: dra`: a DRA node group always brings quotas over its claims). Fails below
+Kubernetes 1.34, which has no resource.k8s.io/v1: `helm install` would fail later, at the first
+DRA object, with "no matches for kind". */}}
 {{- define "kube-vgpu.draDeviceClasses" -}}
 {{- $dra := .Values.dra.enabled }}
+{{- $groups := list }}
 {{- range $group := .Values.node.groups }}
-{{- if eq ($group.api | default "deviceplugin") "dra" }}{{ $dra = true }}{{ end }}
+{{- if eq ($group.api | default "deviceplugin") "dra" }}{{ $dra = true }}{{ $groups = append $groups $group.name }}{{ end }}
+{{- end }}
+{{- if and $dra (not (semverCompare ">=1.34.0-0" .Capabilities.KubeVersion.Version)) }}
+{{- $what := ternary (printf "node.groups %s (api: dra)" (join ", " $groups)) "dra.enabled" (gt (len $groups) 0) }}
+{{- fail (printf "%s needs Kubernetes >= 1.34 (DRA, resource.k8s.io/v1: the DeviceClass, ResourceSlices and ResourceClaims); this cluster is %s: serve its GPUs from api: deviceplugin groups (Volcano) and leave dra.enabled off" $what .Capabilities.KubeVersion.Version) }}
 {{- end }}
 {{- if $dra -}}
 {{- join "," (.Values.config.webhook.draDeviceClasses | default (list "vgpu.kube-vgpu.io")) -}}

@@ -20,7 +20,11 @@ ENV_PREFIX = "KUBE_VGPU_"
 # subcommand -> module providing `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "webhook": ("kube_vgpu.webhook.cli", "serve the admission webhook (/mutate and /validate) over HTTPS"),
-    "node": ("kube_vgpu.cli.node", "run the kubelet device plugin on a GPU node"),
+    "node": (
+        "kube_vgpu.cli.node",
+        "run the node plugin on a GPU node: the kubelet device plugin Volcano places pods through, or "
+        "with --api dra the DRA driver vgpu.kube-vgpu.io (hami-core mode only)",
+    ),
     "certs": ("kube_vgpu.certs.cli", "create, patch or write the webhook's certificates"),
     "demo": ("kube_vgpu.demo.cli", "run every part locally on simulated GPUs and admit the example pods"),
     "top": (

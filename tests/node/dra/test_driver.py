@@ -244,3 +244,31 @@ async def test_a_volcano_device_plugin_on_the_same_node_is_said_once_and_its_lea
         await eventually(lambda: "event=device_plugin_gone" in caplog.text)
         assert f"{metric} 0.0" in await metrics_text(port)
         assert len(node_events(api, DEVICE_PLUGIN_ON_DRA_NODE)) == 1
+
+
+async def test_nvidias_device_plugin_on_the_same_node_is_said_too(
+    api: ApiServerStandin, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVIDIA's k8s-device-plugin (the GPU Operator's default) advertises nvidia.com/gpu: the same
+    GPUs handed out a second time, noticed like a Volcano device plugin and named as NVIDIA's."""
+    caplog.set_level(logging.INFO)
+    async with running(api, tmp_path) as plugin:
+        assert plugin.metrics_server is not None
+        port = plugin.metrics_server.port
+        metric = f'kube_vgpu_dra_device_plugin_resources{{node="{NODE}"}}'
+        idle = node_object()
+        idle["status"]["capacity"]["nvidia.com/gpu"] = "0"  # its plugin gone: the kubelet keeps 0
+        served = node_object()
+        served["status"]["capacity"]["nvidia.com/gpu"] = "2"
+        served["status"]["allocatable"] = {"nvidia.com/gpu": "2"}
+        api.put(served)
+        await eventually(lambda: "event=device_plugin_on_dra_node" in caplog.text)
+        assert f"{metric} 1.0" in await metrics_text(port)
+        await eventually(lambda: bool(node_events(api, DEVICE_PLUGIN_ON_DRA_NODE)))
+        (event,) = node_events(api, DEVICE_PLUGIN_ON_DRA_NODE)
+        assert event["reason"] == "DevicePluginOnDRANode" and event["type"] == "Warning"
+        assert "nvidia.com/gpu=2: NVIDIA's k8s-device-plugin" in event["message"]
+        assert "nvidia.com/gpu.deploy.device-plugin=false" in event["message"]
+        api.put(idle)
+        await eventually(lambda: "event=device_plugin_gone" in caplog.text)
+        assert f"{metric} 0.0" in await metrics_text(port)

@@ -42,7 +42,12 @@ from kube_vgpu.node.dra.server import (
     inventory_cards,
     serve_dra,
 )
-from kube_vgpu.node.dra.volcano import DEVICE_PLUGIN_ON_DRA_NODE, conflict_message, device_plugin_resources
+from kube_vgpu.node.dra.volcano import (
+    DEVICE_PLUGIN_ON_DRA_NODE,
+    NVIDIA_GPU_RESOURCE,
+    conflict_message,
+    device_plugin_resources,
+)
 from kube_vgpu.node.events import node_reference
 from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, hold_while_missing
 from kube_vgpu.node.nvml.gpus import GpuInfo, check_inventory, discover
@@ -128,8 +133,8 @@ class _DraCollector(Collector):
         claims.add_metric([node], len(prepared))
         volcano = GaugeMetricFamily(
             "kube_vgpu_dra_device_plugin_resources",
-            "Volcano vGPU resource names this DRA node also advertises with a non-zero amount (a device "
-            "plugin serves it too: should be 0)",
+            "Device plugin resource names (Volcano's vGPU names, NVIDIA's nvidia.com/gpu) this DRA node "
+            "also advertises with a non-zero amount (a device plugin serves it too: should be 0)",
             labels=["node"],
         )
         volcano.add_metric([node], len(d.device_plugin_resources))
@@ -304,9 +309,10 @@ class DraNodePlugin:
             await self._check_device_plugin()
 
     async def _check_device_plugin(self) -> None:
-        """Read the Node: a Volcano vGPU resource advertised with a non-zero amount means a device
-        plugin serves this node too (`node.dra.volcano`). Said once when it appears (a Warning log
-        line and a Node Event) and once when it goes; the metric holds it meanwhile."""
+        """Read the Node: a Volcano vGPU resource (the configured names) or NVIDIA's `nvidia.com/gpu`
+        advertised with a non-zero amount means a device plugin serves this node too
+        (`node.dra.volcano`). Said once when it appears (a Warning log line and a Node Event) and
+        once when it goes; the metric holds it meanwhile."""
         s = self.settings
         try:
             found = await self.api.node(s.config.node.allocate_timeout_seconds)
@@ -315,9 +321,10 @@ class DraNodePlugin:
             return
         if found is None:
             return
-        names = device_plugin_resources(found, s.config.resource_names.all())
+        volcano_names = s.config.resource_names.all()
+        names = device_plugin_resources(found, dict.fromkeys([*volcano_names, NVIDIA_GPU_RESOURCE]))
         if names and not self.device_plugin_resources:
-            message = conflict_message(s.node_name, names)
+            message = conflict_message(s.node_name, names, volcano_names)
             log.warning("event=device_plugin_on_dra_node node=%s message=%r", s.node_name, message)
             self.api.events.record(node_reference(s.node_name), "Warning", DEVICE_PLUGIN_ON_DRA_NODE, message)
         elif self.device_plugin_resources and not names:
