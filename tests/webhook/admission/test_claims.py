@@ -15,6 +15,7 @@ from kube_vgpu.webhook.admission.review import Verdict, parse_review
 from kube_vgpu.webhook.admission.validation import DRA_CLAIMS, Validation
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.charge import Charge
+from kube_vgpu.webhook.quota.claims import ADMIN_ACCESS_LABEL
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.records import ClaimRecord, TemplateRecord
 from tests.support.admission_view import StaticView
@@ -25,7 +26,11 @@ from tests.support.webhook_quota import Clocks, close, make_gate
 
 CLASSES = (DEVICE_CLASS,)
 CONFIG = Config(webhook=WebhookConfig(dra_device_classes=CLASSES))
-QUOTA_NS = {"team-a": {QUOTA_MEMORY_LABEL: str(60 * 1024)}, "free": {}}
+QUOTA_NS = {
+    "team-a": {QUOTA_MEMORY_LABEL: str(60 * 1024)},
+    "gpu-ops": {QUOTA_MEMORY_LABEL: str(60 * 1024), ADMIN_ACCESS_LABEL: "true"},
+    "free": {},
+}
 OTHER = "gpu.nvidia.com"
 
 
@@ -162,15 +167,35 @@ def test_an_admin_access_claim_books_nothing_and_the_quota_stays_whole() -> None
     resource.kubernetes.io/admin-access) is admitted past the memory label and books nothing; the
     namespace's full quota is still there for its workloads, and the next claim past it is refused."""
     p = Pipeline()
+    ops = {"namespace": "gpu-ops"}
     monitor, every, work, over = p.run(
-        claim_review(claim(gpu(memory=None, adminAccess=True), uid="m", name="monitor")),
-        claim_review(claim(gpu(memory=None, adminAccess=True, allocationMode="All"), uid="e", name="every")),
-        claim_review(claim(gpu(memory="60Gi"), uid="w", name="work")),
-        claim_review(claim(gpu(memory="1Gi"), uid="o", name="over")),
+        claim_review(claim(gpu(memory=None, adminAccess=True), uid="m", name="monitor", **ops)),
+        claim_review(
+            claim(gpu(memory=None, adminAccess=True, allocationMode="All"), uid="e", name="every", **ops)
+        ),
+        claim_review(claim(gpu(memory="60Gi"), uid="w", name="work", **ops)),
+        claim_review(claim(gpu(memory="1Gi"), uid="o", name="over", **ops)),
     )
     assert monitor.allowed and every.allowed and work.allowed
-    assert p.gate.reserved("team-a") == Charge(1, 60 * 1024, 30)
+    assert p.gate.reserved("gpu-ops") == Charge(1, 60 * 1024, 30)
     assert not over.allowed and "in use 61440 MiB of 61440 MiB" in over.message
+
+
+def test_an_admin_access_claim_is_charged_where_the_cache_shows_no_admin_label() -> None:
+    """Defence in depth: in a namespace the webhook's cache shows without
+    resource.kubernetes.io/admin-access=true (the API server should have refused the claim), an
+    admin request is charged like any other: past the quota it is refused, within it it is booked."""
+    p = Pipeline()
+    whole, every, small = p.run(
+        claim_review(claim(gpu(memory=None, adminAccess=True), uid="m", name="monitor")),
+        claim_review(claim(gpu(memory=None, adminAccess=True, allocationMode="All"), uid="e", name="every")),
+        claim_review(claim(gpu(memory="20Gi", adminAccess=True), uid="s", name="small")),
+    )
+    assert not whole.allowed and whole.reason == "quota"
+    assert "requested 81920 MiB, in use 0 MiB of 61440 MiB" in whole.message
+    assert not every.allowed and "allocationMode All" in every.message
+    assert small.allowed
+    assert p.gate.reserved("team-a") == Charge(1, 20 * 1024, 30)
 
 
 def test_other_classes_and_quota_free_namespaces_pass() -> None:

@@ -44,7 +44,7 @@ from kube_vgpu.webhook.admission.safety import (
 from kube_vgpu.webhook.placement.resolve import resolve_placement
 from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.charge import parse_limits, states_no_cores
-from kube_vgpu.webhook.quota.claims import ClaimError, parse_claim
+from kube_vgpu.webhook.quota.claims import ClaimError, admin_free, parse_claim
 
 MISSING_UID = "missing-uid"
 # The subresource `kubectl debug` writes to add an ephemeral container to a running pod.
@@ -168,7 +168,7 @@ class Validation:
         generate_name = meta.get("generateName") if isinstance(meta.get("generateName"), str) else None
         shown = str(name or f"{generate_name or ''}*")[:253]
         try:
-            claim_request = parse_claim(claim, classes)
+            claim_request = parse_claim(claim, classes, admin_free=admin_free(namespace_labels))
         except ClaimError as exc:
             return Verdict(
                 allowed=False, reason=MALFORMED_OBJECT, message=f"malformed ResourceClaim {shown}: {exc}"
