@@ -458,3 +458,8 @@ def test_a_privileged_container_beside_a_limited_one_is_refused_pod_wide() -> No
         debug_review(two_containers([watch, share], [{"name": "w"}], [{"name": "s"}]), PRIVILEGED)
     )
     assert not debugged.allowed and debugged.reason == "privileged"
+    # Admin requests only, but a vGPU asked in the limits (a Volcano share): the rules apply.
+    with_vgpu = two_containers([watch], [{"name": "w"}], [], PRIVILEGED)
+    with_vgpu["spec"]["containers"][1]["resources"]["limits"] = container(number=1)["resources"]["limits"]
+    (vgpu,) = p.run(pod_review(with_vgpu))
+    assert not vgpu.allowed and vgpu.reason == "privileged"
