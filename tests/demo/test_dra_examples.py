@@ -161,6 +161,20 @@ def test_on_1_35_defaults_the_slice_gets_a_whole_gpu(apiserver: ApiServerStandin
         scheduler.allocate("default", claim_from_named(apiserver, "slice-20gi-30pct.yaml", "c"), NODE)
 
 
+def test_on_1_35_defaults_the_two_slices_example_is_refused(apiserver: ApiServerStandin) -> None:
+    """Kubernetes 1.34 and 1.35 drop distinctAttribute with DRAConsumableCapacity off, and then
+    refuse the constraint left with no attribute: the example needs 1.36 or the gate."""
+    apiserver.feature_gates = FeatureGates.of_release(35)
+    with pytest.raises(StatusError, match=r"spec\.devices\.constraints\[0\]\.matchAttribute: Required value"):
+        claim_from(apiserver, "two-slices-distinct-gpus.yaml")
+    body = template("two-slices-distinct-gpus.yaml")
+    with pytest.raises(StatusError, match=r"spec\.spec\.devices\.constraints\[0\]\.matchAttribute"):
+        apiserver.put({**body, "metadata": {**body["metadata"], "namespace": "default"}})
+    # The other two examples are accepted on 1.35's defaults.
+    claim_from(apiserver, "slice-20gi-30pct.yaml")
+    claim_from(apiserver, "whole-gpu.yaml")
+
+
 def claim_from_named(api: ApiServerStandin, name: str, claim_name: str) -> str:
     api.put(
         {

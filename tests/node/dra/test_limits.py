@@ -14,6 +14,7 @@ from kube_vgpu.node.dra.limits import (
     ClaimRef,
     ClaimRefused,
     Share,
+    admin_requests,
     allocation_results,
     by_request,
     cache_host_dir,
@@ -226,9 +227,44 @@ def test_requests_are_grouped_in_order_and_cache_folders_are_per_request() -> No
 
 
 def test_an_admin_access_result_consumes_nothing_and_gets_no_limits() -> None:
-    (admin,) = shares([{**result(memory="80Gi"), "adminAccess": True}], CARDS, REF)
+    (admin,) = shares([{**result(memory="80Gi"), "adminAccess": True}], CARDS, REF, {"gpu"})
     assert admin == Share("gpu", "gpu-0", "GPU-aaaa", 0, 0, admin=True)
     check_fit(REF, [admin], held("a", 81920, cores=100), CARDS)  # beside a full card
     assert by_request([admin]) == {}
     (user,) = shares([{**result(), "adminAccess": False}], CARDS, REF)
     assert not user.admin and user.memory_mib == 81920
+
+
+def test_an_admin_access_result_needs_a_request_that_asks_it() -> None:
+    """A result marked adminAccess whose request does not ask it (exactly.adminAccess) is refused,
+    naming claim, request and device; the claim's admin requests are read from its spec, where a
+    firstAvailable alternative or a non-boolean value asks nothing."""
+    marked = {**result(memory="1Gi"), "adminAccess": True}
+    admins: tuple[frozenset[str], ...] = (frozenset(), frozenset({"other"}), frozenset({"gpu/sub"}))
+    for admin in admins:
+        with pytest.raises(ClaimRefused) as refused:
+            shares([marked], CARDS, REF, admin)
+        assert str(refused.value) == (
+            "claim team-a/slice (uid uid-1): the result for request 'gpu' on device gpu-0 (GPU-aaaa) is "
+            "marked adminAccess, but the claim's request 'gpu' does not ask it "
+            "(spec.devices.requests[].exactly.adminAccess is not true); refused rather than give the GPU "
+            "without limits"
+        )
+    (share,) = shares([marked], CARDS, REF, {"gpu"})
+    assert share.admin
+    spec = {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "adminAccess": True}},
+                    {"name": "work", "exactly": {"deviceClassName": DRIVER, "adminAccess": False}},
+                    {"name": "text", "exactly": {"deviceClassName": DRIVER, "adminAccess": "true"}},
+                    {"name": "alt", "firstAvailable": [{"name": "a", "adminAccess": True}]},
+                    "junk",
+                    {"exactly": {"adminAccess": True}},
+                ]
+            }
+        }
+    }
+    assert admin_requests(spec) == {"gpu"}
+    assert admin_requests({}) == admin_requests({"spec": {"devices": {"requests": "x"}}}) == frozenset()

@@ -109,13 +109,27 @@ class DraNode:
             await self.server.stop()
             self.server = None
 
-    def claim(self, name: str, results: list[dict[str, Any]] | None, namespace: str = "default") -> ClaimId:
-        """Create a claim and, with `results`, allocate it as the scheduler would (through /status)."""
+    def claim(
+        self,
+        name: str,
+        results: list[dict[str, Any]] | None,
+        namespace: str = "default",
+        *,
+        admin: bool | None = None,
+    ) -> ClaimId:
+        """Create a claim and, with `results`, allocate it as the scheduler would (through /status).
+        Its request `gpu` asks adminAccess when `admin` says so, or (None) when the results are
+        marked adminAccess."""
+        if admin is None:
+            admin = any(r.get("adminAccess") is True for r in results or ())
+        exactly: dict[str, Any] = {"deviceClassName": DRIVER}
+        if admin:
+            exactly["adminAccess"] = True
         body: dict[str, Any] = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
         }
         created = cast(
             dict[str, Any],
@@ -425,6 +439,30 @@ async def test_an_admin_access_share_holds_nothing_across_a_restart(
         await node.unprepare(monitor)
         assert list(node.checkpoint()) == [whole.uid]
         assert node.spec_files() == [f"vgpu.kube-vgpu.io-claim_{whole.uid}.json"]
+
+
+async def test_a_result_marked_admin_access_whose_request_does_not_ask_it_is_refused(
+    apiserver: ApiServerStandin, root: Path
+) -> None:
+    """The result's adminAccess would give the GPU without limits: the driver takes it only from a
+    request that asks it (the request is what the API server checked against the namespace's
+    label), and refuses the claim naming claim, request and device; nothing is prepared."""
+    ops = admin_namespace(apiserver)
+    async with dra_node(apiserver, root) as node:
+        forged = node.claim(
+            "forged", [share("gpu-2", "1Gi", "1", adminAccess=True)], namespace=ops, admin=False
+        )
+        with pytest.raises(DraError) as refused:
+            await node.prepare(forged)
+        message = str(refused.value)
+        assert f"claim {ops}/forged (uid {forged.uid})" in message
+        assert f"result for request 'gpu' on device gpu-2 ({uuid(2)}) is marked adminAccess" in message
+        assert "does not ask it" in message
+        assert node.checkpoint() == {} and node.spec_files() == []
+        # The other side: the same result under a request that asks it is prepared without limits.
+        asked = node.claim("asked", [share("gpu-2", "1Gi", "1", adminAccess=True)], namespace=ops, admin=True)
+        (device,) = (await node.prepare(asked))[asked.uid]
+        assert device.cdi_device_ids == (f"nvidia.com/gpu={uuid(2)}",)
 
 
 @pytest.mark.parametrize("uid", ["../../x", "a/b", "", "x" * 64, "uid with space"])

@@ -410,6 +410,56 @@ def test_claim_capacity_requests_follow_the_consumable_capacity_gate(
         assert ("capacity" in alternative) is consumable_capacity
 
 
+def constrained(name: str, constraint: dict[str, Any]) -> dict[str, Any]:
+    body = claim(name, count=2)
+    body["spec"]["devices"]["constraints"] = [{"requests": ["gpu"], **constraint}]
+    return body
+
+
+def test_distinct_attribute_is_dropped_while_consumable_capacity_is_off(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    """resourceclaimspec.DropDisabledFields drops constraints[].distinctAttribute with capacity
+    while DRAConsumableCapacity is off; validateDeviceConstraint then finds neither attribute and,
+    with the gate off, asks for matchAttribute. Claims and templates alike; matchAttribute passes."""
+    distinct = {"distinctAttribute": f"{DRIVER}/uuid"}
+    with pytest.raises(client.ApiException) as refused:
+        create_claim(custom, constrained("distinct", distinct))
+    assert refused.value.status == 422
+    assert "spec.devices.constraints[0].matchAttribute: Required value" in status_of(refused.value)["message"]
+    template = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t"},
+        "spec": {"spec": constrained("t", distinct)["spec"]},
+    }
+    with pytest.raises(client.ApiException) as refused:
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", "resourceclaimtemplates", template)
+    assert (
+        "spec.spec.devices.constraints[0].matchAttribute: Required value"
+        in (status_of(refused.value)["message"])
+    )
+    match = create_claim(custom, constrained("match", {"matchAttribute": f"{DRIVER}/productName"}))
+    assert match["spec"]["devices"]["constraints"][0]["matchAttribute"] == f"{DRIVER}/productName"
+
+
+def test_distinct_attribute_is_kept_while_consumable_capacity_is_on(
+    apiserver: ApiServerStandin, custom: client.CustomObjectsApi
+) -> None:
+    apiserver.feature_gates = FeatureGates(consumable_capacity=True)
+    stored = create_claim(custom, constrained("distinct", {"distinctAttribute": f"{DRIVER}/uuid"}))
+    assert stored["spec"]["devices"]["constraints"] == [
+        {"requests": ["gpu"], "distinctAttribute": f"{DRIVER}/uuid"}
+    ]
+    # With the gate on, a constraint with neither attribute is refused in the gate's own words.
+    with pytest.raises(client.ApiException) as refused:
+        create_claim(custom, constrained("neither", {}))
+    assert (
+        'spec.devices.constraints[0]: Required value: exactly one of "matchAttribute" or '
+        '"distinctAttribute" is required'
+    ) in status_of(refused.value)["message"]
+
+
 def test_claim_spec_is_immutable(custom: client.CustomObjectsApi) -> None:
     create_claim(custom, claim())
     with pytest.raises(client.ApiException) as refused:

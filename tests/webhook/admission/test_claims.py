@@ -15,6 +15,7 @@ from kube_vgpu.webhook.admission.review import Verdict, parse_review
 from kube_vgpu.webhook.admission.validation import DRA_CLAIMS, Validation
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.charge import Charge
+from kube_vgpu.webhook.quota.claims import ADMIN_ACCESS_LABEL
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.records import ClaimRecord, TemplateRecord
 from tests.support.admission_view import StaticView
@@ -25,7 +26,11 @@ from tests.support.webhook_quota import Clocks, close, make_gate
 
 CLASSES = (DEVICE_CLASS,)
 CONFIG = Config(webhook=WebhookConfig(dra_device_classes=CLASSES))
-QUOTA_NS = {"team-a": {QUOTA_MEMORY_LABEL: str(60 * 1024)}, "free": {}}
+QUOTA_NS = {
+    "team-a": {QUOTA_MEMORY_LABEL: str(60 * 1024)},
+    "gpu-ops": {QUOTA_MEMORY_LABEL: str(60 * 1024), ADMIN_ACCESS_LABEL: "true"},
+    "free": {},
+}
 OTHER = "gpu.nvidia.com"
 
 
@@ -162,15 +167,35 @@ def test_an_admin_access_claim_books_nothing_and_the_quota_stays_whole() -> None
     resource.kubernetes.io/admin-access) is admitted past the memory label and books nothing; the
     namespace's full quota is still there for its workloads, and the next claim past it is refused."""
     p = Pipeline()
+    ops = {"namespace": "gpu-ops"}
     monitor, every, work, over = p.run(
-        claim_review(claim(gpu(memory=None, adminAccess=True), uid="m", name="monitor")),
-        claim_review(claim(gpu(memory=None, adminAccess=True, allocationMode="All"), uid="e", name="every")),
-        claim_review(claim(gpu(memory="60Gi"), uid="w", name="work")),
-        claim_review(claim(gpu(memory="1Gi"), uid="o", name="over")),
+        claim_review(claim(gpu(memory=None, adminAccess=True), uid="m", name="monitor", **ops)),
+        claim_review(
+            claim(gpu(memory=None, adminAccess=True, allocationMode="All"), uid="e", name="every", **ops)
+        ),
+        claim_review(claim(gpu(memory="60Gi"), uid="w", name="work", **ops)),
+        claim_review(claim(gpu(memory="1Gi"), uid="o", name="over", **ops)),
     )
     assert monitor.allowed and every.allowed and work.allowed
-    assert p.gate.reserved("team-a") == Charge(1, 60 * 1024, 30)
+    assert p.gate.reserved("gpu-ops") == Charge(1, 60 * 1024, 30)
     assert not over.allowed and "in use 61440 MiB of 61440 MiB" in over.message
+
+
+def test_an_admin_access_claim_is_charged_where_the_cache_shows_no_admin_label() -> None:
+    """Defence in depth: in a namespace the webhook's cache shows without
+    resource.kubernetes.io/admin-access=true (the API server should have refused the claim), an
+    admin request is charged like any other: past the quota it is refused, within it it is booked."""
+    p = Pipeline()
+    whole, every, small = p.run(
+        claim_review(claim(gpu(memory=None, adminAccess=True), uid="m", name="monitor")),
+        claim_review(claim(gpu(memory=None, adminAccess=True, allocationMode="All"), uid="e", name="every")),
+        claim_review(claim(gpu(memory="20Gi", adminAccess=True), uid="s", name="small")),
+    )
+    assert not whole.allowed and whole.reason == "quota"
+    assert "requested 81920 MiB, in use 0 MiB of 61440 MiB" in whole.message
+    assert not every.allowed and "allocationMode All" in every.message
+    assert small.allowed
+    assert p.gate.reserved("team-a") == Charge(1, 20 * 1024, 30)
 
 
 def test_other_classes_and_quota_free_namespaces_pass() -> None:
@@ -305,3 +330,136 @@ def test_a_container_may_use_one_kube_vgpu_request_only() -> None:
     assert picked.allowed
     assert not across.allowed and "(g/b, h/x)" in across.message
     assert with_nic.allowed
+
+
+# -- adminAccess requests in pods ---------------------------------------------------------------------
+
+
+def admin(name: str = "monitor", **more: Any) -> dict[str, Any]:
+    return gpu(name, memory="256Mi", adminAccess=True, **more)
+
+
+def two_containers(
+    entries: list[dict[str, Any]],
+    first: list[dict[str, Any]],
+    second: list[dict[str, Any]],
+    security: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A pod of two containers using `first` and `second`; the first one with `security`."""
+    a, b = container("tool"), container("work")
+    a["resources"] = {"claims": first}
+    b["resources"] = {"claims": second}
+    if security is not None:
+        a["securityContext"] = dict(security)
+    return pod(a, b, namespace="gpu-ops", resourceClaims=entries)
+
+
+def debug_review(obj: Mapping[str, Any], security: Mapping[str, Any]) -> bytes:
+    """`kubectl debug` on the running `obj`: an UPDATE of pods/ephemeralcontainers."""
+    old = json.loads(json.dumps(obj))
+    old["metadata"]["uid"] = "pod-uid"
+    new = json.loads(json.dumps(old))
+    new["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox", "securityContext": security}]
+    doc = review(new, operation="UPDATE")
+    doc["request"]["oldObject"] = old
+    doc["request"]["subResource"] = "ephemeralcontainers"
+    return json.dumps(doc).encode()
+
+
+def test_a_container_may_not_use_an_admin_request_beside_a_slice() -> None:
+    """A container that sees an admin GPU (no limits) and a slice's GPU would get the slice's
+    HAMi-core limits indexed by the order in which it sees its GPUs: refused, whichever way the
+    two requests are named; each in a container of its own passes, and so do admin requests alone."""
+    p = Pipeline()
+    p.claims["gpu-ops/mixed"] = claim(admin("a"), gpu("b"), name="mixed", namespace="gpu-ops")
+    p.claims["gpu-ops/watch"] = claim(admin("w"), name="watch", namespace="gpu-ops")
+    p.claims["gpu-ops/watch2"] = claim(admin("v"), admin("u"), name="watch2", namespace="gpu-ops")
+    p.claims["gpu-ops/share"] = claim(gpu("s"), name="share", namespace="gpu-ops")
+    mixed = {"name": "m", "resourceClaimName": "mixed"}
+    watch = {"name": "w", "resourceClaimName": "watch"}
+    watch2 = {"name": "v", "resourceClaimName": "watch2"}
+    share = {"name": "s", "resourceClaimName": "share"}
+    whole, named, across, apart, admins = p.run(
+        pod_review(two_containers([mixed], [{"name": "m"}], [])),
+        pod_review(
+            two_containers([mixed], [{"name": "m", "request": "a"}, {"name": "m", "request": "b"}], [])
+        ),
+        pod_review(two_containers([watch, share], [{"name": "w"}, {"name": "s"}], [])),
+        pod_review(two_containers([mixed], [{"name": "m", "request": "a"}], [{"name": "m", "request": "b"}])),
+        pod_review(two_containers([watch, watch2], [{"name": "w"}, {"name": "v"}], [])),
+    )
+    for denied in (whole, named, across):
+        assert not denied.allowed and denied.reason == DRA_CLAIMS, denied
+        assert "put the admin request in a container of its own" in denied.message
+    assert whole.message.startswith(
+        "container containers[tool] uses the adminAccess request(s) m/a beside the request m/b"
+    )
+    assert "w/w beside the request s/s" in across.message
+    assert apart.allowed and admins.allowed
+
+
+PRIVILEGED = {"privileged": True}
+SYS_ADMIN = {"capabilities": {"add": ["SYS_ADMIN"]}}
+
+
+def test_a_pod_using_only_admin_requests_is_exempt_from_the_isolation_rules() -> None:
+    """A DCGM exporter or an nvidia-smi monitor needs privileges, and its admin GPU carries no
+    HAMi-core limits for the rules to protect: a privileged or SYS_ADMIN container passes, and so
+    does `kubectl debug` on such a pod."""
+    p = Pipeline()
+    p.claims["gpu-ops/watch"] = claim(admin(), name="watch", namespace="gpu-ops")
+    p.templates["gpu-ops/every"] = {
+        "metadata": {"name": "every"},
+        "spec": {"spec": claim(admin(allocationMode="All"))["spec"]},
+    }
+    watch = {"name": "w", "resourceClaimName": "watch"}
+    every = {"name": "e", "resourceClaimTemplateName": "every"}
+    monitor = two_containers([watch], [{"name": "w"}], [], PRIVILEGED)
+    verdicts = p.run(
+        pod_review(monitor),
+        pod_review(two_containers([watch], [{"name": "w"}], [], SYS_ADMIN)),
+        pod_review(two_containers([every], [{"name": "e"}], [], PRIVILEGED)),
+        pod_review(two_containers([watch], [{"name": "w"}], [{"name": "w"}], PRIVILEGED)),
+        debug_review(monitor, PRIVILEGED),
+    )
+    assert all(v.allowed for v in verdicts), verdicts
+
+
+def test_a_privileged_container_beside_a_limited_one_is_refused_pod_wide() -> None:
+    """As soon as one request of the pod carries limits (or a claim may: not in the cache yet, or
+    unreadable), every container gets the rules, the admin one's too: a privileged sibling could
+    reach the limited container's processes, mounts and every GPU of the node."""
+    p = Pipeline()
+    p.claims["gpu-ops/watch"] = claim(admin(), name="watch", namespace="gpu-ops")
+    p.claims["gpu-ops/mixed"] = claim(admin("a"), gpu("b"), name="mixed", namespace="gpu-ops")
+    p.claims["gpu-ops/share"] = claim(gpu("s"), name="share", namespace="gpu-ops")
+    p.claims["gpu-ops/bad"] = claim(gpu("x", memory="-1Gi"), name="bad", namespace="gpu-ops")
+    watch = {"name": "w", "resourceClaimName": "watch"}
+    mixed = {"name": "m", "resourceClaimName": "mixed"}
+    share = {"name": "s", "resourceClaimName": "share"}
+    unseen = {"name": "u", "resourceClaimName": "not-seen-yet"}
+    bad = {"name": "x", "resourceClaimName": "bad"}
+    beside_share, same_claim, unseen_claim, bad_claim, unused_share, via_sys_admin = p.run(
+        pod_review(two_containers([watch, share], [{"name": "w"}], [{"name": "s"}], PRIVILEGED)),
+        pod_review(
+            two_containers(
+                [mixed], [{"name": "m", "request": "a"}], [{"name": "m", "request": "b"}], PRIVILEGED
+            )
+        ),
+        pod_review(two_containers([watch, unseen], [{"name": "w"}], [{"name": "u"}], PRIVILEGED)),
+        pod_review(two_containers([watch, bad], [{"name": "w"}], [{"name": "x"}], PRIVILEGED)),
+        pod_review(two_containers([watch, share], [{"name": "w"}], [], PRIVILEGED)),
+        pod_review(two_containers([watch, share], [{"name": "w"}], [{"name": "s"}], SYS_ADMIN)),
+    )
+    for denied in (beside_share, same_claim, unseen_claim, bad_claim, unused_share):
+        assert not denied.allowed and denied.reason == "privileged", denied
+    assert not via_sys_admin.allowed and "SYS_ADMIN" in via_sys_admin.message
+    (debugged,) = p.run(
+        debug_review(two_containers([watch, share], [{"name": "w"}], [{"name": "s"}]), PRIVILEGED)
+    )
+    assert not debugged.allowed and debugged.reason == "privileged"
+    # Admin requests only, but a vGPU asked in the limits (a Volcano share): the rules apply.
+    with_vgpu = two_containers([watch], [{"name": "w"}], [], PRIVILEGED)
+    with_vgpu["spec"]["containers"][1]["resources"]["limits"] = container(number=1)["resources"]["limits"]
+    (vgpu,) = p.run(pod_review(with_vgpu))
+    assert not vgpu.allowed and vgpu.reason == "privileged"

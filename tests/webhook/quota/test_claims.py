@@ -17,9 +17,11 @@ from kube_vgpu.node.dra import slices
 from kube_vgpu.webhook.admission.gates import ClaimQuotaRequest
 from kube_vgpu.webhook.quota.charge import Charge
 from kube_vgpu.webhook.quota.claims import (
+    ADMIN_ACCESS_LABEL,
     MAX_REQUESTS,
     ClaimError,
     ClaimRequest,
+    admin_free,
     all_devices_message,
     claim_charge,
     claim_reasons,
@@ -91,8 +93,8 @@ def claim(
     )
 
 
-def charge_of(obj: Mapping[str, Any], gpu_mib: int | None = 81920) -> Charge:
-    return claim_charge(parse_claim(obj, CLASSES), gpu_mib)
+def charge_of(obj: Mapping[str, Any], gpu_mib: int | None = 81920, *, admin_free: bool = False) -> Charge:
+    return claim_charge(parse_claim(obj, CLASSES, admin_free=admin_free), gpu_mib)
 
 
 # -- the charge -------------------------------------------------------------------------------------
@@ -150,19 +152,42 @@ def test_requests_of_other_classes_cost_nothing() -> None:
 
 def test_an_admin_access_request_costs_nothing_and_its_neighbours_are_still_charged() -> None:
     """adminAccess gets no capacity (the scheduler counts such results as allocated to nobody), and
-    the API server stores it only in a namespace an admin labelled: it is not charged, whatever its
-    shape, allocationMode All included. adminAccess false, or a request without it, is charged."""
+    the API server stores it only in a namespace an admin labelled: where the caller says the
+    namespace is so labelled it is not charged, whatever its shape, allocationMode All included.
+    adminAccess false, or a request without it, is charged."""
     whole = claim({**exact(), "adminAccess": True})
-    assert not parse_claim(whole, CLASSES).asks_vgpu
-    assert charge_of(whole) == Charge(0, 0, 0)
-    every = parse_claim(claim({**exact(mode="All"), "adminAccess": True}), CLASSES)
+    assert not parse_claim(whole, CLASSES, admin_free=True).asks_vgpu
+    assert parse_claim(whole, CLASSES, admin_free=True).admin == ("gpu",)
+    assert charge_of(whole, admin_free=True) == Charge(0, 0, 0)
+    every = parse_claim(claim({**exact(mode="All"), "adminAccess": True}), CLASSES, admin_free=True)
     assert every.all_devices == () and not every.asks_vgpu
     beside = claim({**exact("monitor"), "adminAccess": True}, exact("work", memory="8Gi", cores="10"))
-    assert charge_of(beside) == Charge(1, 8 * GIB, 10)
-    assert charge_of(claim({**exact(memory="8Gi", cores="10"), "adminAccess": False})) == Charge(
-        1, 8 * GIB, 10
+    assert charge_of(beside, admin_free=True) == Charge(1, 8 * GIB, 10)
+    assert charge_of(claim({**exact(memory="8Gi", cores="10"), "adminAccess": False}), admin_free=True) == (
+        Charge(1, 8 * GIB, 10)
     )
-    assert parse_claim(claim({**exact(mode="All"), "adminAccess": False}), CLASSES).all_devices == ("gpu",)
+    assert parse_claim(
+        claim({**exact(mode="All"), "adminAccess": False}), CLASSES, admin_free=True
+    ).all_devices == ("gpu",)
+
+
+def test_an_admin_access_request_is_charged_unless_its_namespace_is_labelled_for_it() -> None:
+    """Defence in depth: without the namespace label the API server demands of admin requests
+    (as the webhook's cache holds the namespace), an admin request is charged like any other,
+    allocationMode All included, rather than trusting that the API server refused it."""
+    beside = claim({**exact("monitor"), "adminAccess": True}, exact("work", memory="8Gi", cores="10"))
+    assert charge_of(beside) == Charge(2, 81920 + 8 * GIB, 110)
+    parsed = parse_claim(beside, CLASSES)
+    assert [r.name for r in parsed.requests] == ["monitor", "work"] and parsed.admin == ("monitor",)
+    every = parse_claim(claim({**exact(mode="All"), "adminAccess": True}), CLASSES)
+    assert every.all_devices == ("gpu",)
+    # Another class's admin request is neither ours nor charged, labelled or not.
+    theirs = claim({**exact(device_class=OTHER_CLASS), "adminAccess": True})
+    assert parse_claim(theirs, CLASSES) == ClaimRequest() == parse_claim(theirs, CLASSES, admin_free=True)
+    # The label, exactly as the API server reads it.
+    assert admin_free({ADMIN_ACCESS_LABEL: "true"})
+    for labels in ({ADMIN_ACCESS_LABEL: "True"}, {ADMIN_ACCESS_LABEL: ""}, {"other": "true"}, {}, None):
+        assert not admin_free(labels)
 
 
 @pytest.mark.parametrize("value", ["true", 1, "yes", [True], {"on": True}])

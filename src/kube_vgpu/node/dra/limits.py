@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
@@ -143,6 +143,22 @@ def allocation_results(claim_object: Mapping[str, Any], ref: ClaimRef) -> list[M
     return results
 
 
+def admin_requests(claim_object: Mapping[str, Any]) -> frozenset[str]:
+    """The names of the claim's requests that ask admin access (`exactly.adminAccess: true`; a
+    `firstAvailable` alternative cannot). A result marked adminAccess must belong to one of them."""
+    spec = claim_object.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    if not isinstance(requests, list):
+        return frozenset()
+    names = []
+    for request in requests:
+        exactly = request.get("exactly") if isinstance(request, Mapping) else None
+        if isinstance(exactly, Mapping) and exactly.get("adminAccess") is True:
+            names.append(request.get("name"))
+    return frozenset(n for n in names if isinstance(n, str))
+
+
 def own_results(
     results: Iterable[Mapping[str, Any]], *, driver: str, pool: str, ref: ClaimRef
 ) -> list[Mapping[str, Any]]:
@@ -194,9 +210,19 @@ def _cores(raw: object, ref: ClaimRef, request: str) -> int:
     return int(value)
 
 
-def shares(results: Iterable[Mapping[str, Any]], cards: Mapping[str, Card], ref: ClaimRef) -> list[Share]:
+def shares(
+    results: Iterable[Mapping[str, Any]],
+    cards: Mapping[str, Card],
+    ref: ClaimRef,
+    admin: Collection[str] = frozenset(),
+) -> list[Share]:
     """The share of a GPU each result holds: its consumedCapacity (memory in bytes, cores in percent),
-    or the whole card for a result that consumed none (a device allocated to this claim alone)."""
+    or the whole card for a result that consumed none (a device allocated to this claim alone).
+
+    `admin`: the claim's requests that ask admin access (`admin_requests`). A result marked
+    adminAccess gets its GPU without limits, so one whose request does not ask it is refused rather
+    than trusted: only the request, which the API server checked against its namespace's label,
+    says that it may."""
     out = []
     for result in results:
         request = _str(result.get("request"), "an allocation result's request", ref)
@@ -214,6 +240,13 @@ def shares(results: Iterable[Mapping[str, Any]], cards: Mapping[str, Card], ref:
         share_id = result.get("shareID")
         share_id = share_id if isinstance(share_id, str) else None
         if result.get("adminAccess") is True:
+            if request not in admin:
+                raise ClaimRefused(
+                    f"claim {ref}: the result for request {request!r} on device {device} ({card.uuid}) "
+                    f"is marked adminAccess, but the claim's request {request!r} does not ask it "
+                    "(spec.devices.requests[].exactly.adminAccess is not true); refused rather than "
+                    "give the GPU without limits"
+                )
             out.append(Share(request, device, card.uuid, 0, 0, share_id, admin=True))
             continue
         consumed = result.get("consumedCapacity")

@@ -31,6 +31,7 @@ from kube_vgpu.node.dra.limits import (
     ClaimRefused,
     Edits,
     Share,
+    admin_requests,
     allocation_results,
     base_request,
     by_request,
@@ -140,11 +141,13 @@ class Preparer:
     async def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         check_uid(ref)
         results: list[Mapping[str, Any]] | None = None
+        admin: frozenset[str] = frozenset()
         if ref.uid not in self._checkpoint.claims:
             claim = await self.read_claim(ref.namespace, ref.name)
             if claim is None:
                 raise ClaimRefused(f"claim {ref}: not found in the API server")
             results = own_results(allocation_results(claim, ref), driver=self.driver, pool=self.pool, ref=ref)
+            admin = admin_requests(claim)
         async with self._lock:
             cards = self.cards()
             known = self._checkpoint.claims.get(ref.uid)
@@ -153,7 +156,7 @@ class Preparer:
                     raise ClaimRefused(
                         f"claim {ref}: unprepared while it was being prepared; prepare it again"
                     )
-                held = shares(results, cards, ref)
+                held = shares(results, cards, ref, admin)
                 check_fit(ref, held, {u: c.shares for u, c in self._checkpoint.claims.items()}, cards)
             else:
                 held = list(known.shares)

@@ -114,9 +114,12 @@ def validate(
     obj: dict[str, Any],
     old: dict[str, Any] | None,
     namespace_labels: NamespaceLabels | None = None,
+    gates: FeatureGates | None = None,
 ) -> None:
     """The part of validation.go a driver or a claim author could trip over, after the admin-access
-    check of the strategies when `namespace_labels` is given; 422 naming every field."""
+    check of the strategies when `namespace_labels` is given; 422 naming every field. `gates`
+    (default: those of 1.34 and 1.35) pick the wording where validation.go reads a gate."""
+    gates = gates if gates is not None else FeatureGates()
     causes: list[str] = []
     if namespace_labels is not None:
         causes += admin_access_causes(rt, obj, old, namespace_labels)
@@ -128,13 +131,13 @@ def validate(
         if old is not None and obj.get("spec") != old.get("spec"):
             causes.append("spec: Invalid value: field is immutable")
         elif old is None:
-            _validate_claim_spec(_dict(obj.get("spec")), "spec", causes)
+            _validate_claim_spec(_dict(obj.get("spec")), "spec", causes, gates)
         _validate_claim_status(_dict(obj.get("status")), _dict((old or {}).get("status")), causes)
     elif rt.plural == "resourceclaimtemplates":
         if old is not None and obj.get("spec") != old.get("spec"):
             causes.append("spec: Invalid value: field is immutable")
         elif old is None:
-            _validate_claim_spec(_dict(_dict(obj.get("spec")).get("spec")), "spec.spec", causes)
+            _validate_claim_spec(_dict(_dict(obj.get("spec")).get("spec")), "spec.spec", causes, gates)
     if causes:
         raise errors.invalid(rt.kind, str(obj["metadata"].get("name") or ""), causes, GROUP)
 
@@ -277,9 +280,10 @@ def _drop_slice_fields(obj: dict[str, Any], old: dict[str, Any] | None, gates: F
 
 def _drop_claim_spec_fields(spec: dict[str, Any], old_spec: dict[str, Any], gates: FeatureGates) -> None:
     """pkg/registry/resource/resourceclaimspec/strategy.go (DropDisabledFields) for the gates kept
-    here: a request's `capacity` while DRAConsumableCapacity is off (so a claim asking a slice is
-    stored asking a whole device), `adminAccess` while DRAAdminAccess is off; unless the stored
-    spec already uses them."""
+    here: while DRAConsumableCapacity is off a request's `capacity` (so a claim asking a slice is
+    stored asking a whole device) and every constraint's `distinctAttribute` (so validation then
+    refuses a constraint left with neither attribute), `adminAccess` while DRAAdminAccess is off;
+    unless the stored spec already uses them."""
 
     def requests(of: dict[str, Any]) -> list[dict[str, Any]]:
         return [r for r in _list(_dict(of.get("devices")).get("requests")) if isinstance(r, dict)]
@@ -289,8 +293,17 @@ def _drop_claim_spec_fields(spec: dict[str, Any], old_spec: dict[str, Any], gate
         exact = request.get("exactly")
         return [exact, *subs] if isinstance(exact, dict) else subs
 
+    def constraints(of: dict[str, Any]) -> list[dict[str, Any]]:
+        return [c for c in _list(_dict(of.get("devices")).get("constraints")) if isinstance(c, dict)]
+
     old = [e for r in requests(old_spec) for e in exact_and_subs(r)]
-    if not gates.consumable_capacity and not any(e.get("capacity") is not None for e in old):
+    # DRAConsumableCapacityFeatureInUse: a capacity or a distinctAttribute in the stored spec.
+    capacity_in_use = any(e.get("capacity") is not None for e in old) or any(
+        c.get("distinctAttribute") is not None for c in constraints(old_spec)
+    )
+    if not gates.consumable_capacity and not capacity_in_use:
+        for constraint in constraints(spec):
+            constraint.pop("distinctAttribute", None)
         for request in requests(spec):
             for exact in exact_and_subs(request):
                 exact.pop("capacity", None)
@@ -641,7 +654,7 @@ def _validate_selector(selector: Any, path: str, causes: list[str]) -> None:
         causes.append(f"{path}.cel.expression: Too long: may not be more than {MAX_CEL_LENGTH} bytes")
 
 
-def _validate_claim_spec(spec: dict[str, Any], path: str, causes: list[str]) -> None:
+def _validate_claim_spec(spec: dict[str, Any], path: str, causes: list[str], gates: FeatureGates) -> None:
     requests = _list(_dict(spec.get("devices")).get("requests"))
     if len(requests) > MAX_REQUESTS:
         causes.append(
@@ -672,16 +685,20 @@ def _validate_claim_spec(spec: dict[str, Any], path: str, causes: list[str]) -> 
         for j, sub in enumerate(subs):
             _label(_dict(sub).get("name"), f"{where}.firstAvailable[{j}].name", causes)
             _validate_exact(_dict(sub), f"{where}.firstAvailable[{j}]", causes)
+    # validateDeviceConstraint: matchAttribute, else distinctAttribute (which the strategy has dropped
+    # while DRAConsumableCapacity is off), else Required, worded by the gate.
     for i, constraint in enumerate(_list(_dict(spec.get("devices")).get("constraints"))):
         constraint = _dict(constraint)  # noqa: PLW2901
         attribute = constraint.get("matchAttribute") or constraint.get("distinctAttribute")
-        if attribute is None:
+        if attribute is not None:
+            _qualified_name(attribute, f"{path}.devices.constraints[{i}]", causes, fully=True)
+        elif gates.consumable_capacity:
             causes.append(
                 f"{path}.devices.constraints[{i}]: Required value:"
                 ' exactly one of "matchAttribute" or "distinctAttribute" is required'
             )
         else:
-            _qualified_name(attribute, f"{path}.devices.constraints[{i}]", causes, fully=True)
+            causes.append(f"{path}.devices.constraints[{i}].matchAttribute: Required value")
 
 
 def _validate_exact(request: dict[str, Any], path: str, causes: list[str]) -> None:

@@ -187,7 +187,7 @@ class Operations:
             validate(rt, obj)
             if dra.is_dra(rt):
                 dra.prepare(rt, obj, None, self.feature_gates, scope="all" if direct else "main")
-                dra.validate(rt, obj, None, self._namespace_labels)
+                dra.validate(rt, obj, None, self._namespace_labels, self.feature_gates)
             if dry_run:
                 return Stored(obj, self.store.rv)
             return self.store.commit(rt, "ADDED", obj, None)
@@ -370,7 +370,7 @@ class Operations:
         validate(rt, obj)
         if dra.is_dra(rt):
             dra.prepare(rt, obj, old, self.feature_gates, scope=scope)
-            dra.validate(rt, obj, old, self._namespace_labels)
+            dra.validate(rt, obj, old, self._namespace_labels, self.feature_gates)
         if rt.has_generation and _spec_part(obj) != _spec_part(old):
             metadata["generation"] = int(old["metadata"].get("generation") or 0) + 1
         metadata["resourceVersion"] = str(current.rv)

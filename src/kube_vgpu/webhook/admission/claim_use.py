@@ -8,9 +8,20 @@ rule a vGPU pod gets. A claim or template the webhook's cache does not show (cre
 or not yet seen) might be one of ours: the pod is treated as using kube-vgpu's GPUs, which only
 applies rules a well-behaved pod passes.
 
-A container may use at most one request of kube-vgpu's classes: each prepared request carries its
-own HAMi-core limits (`CUDA_DEVICE_MEMORY_LIMIT_0`, `CUDA_DEVICE_SM_LIMIT`, ...) in its CDI device,
-and two CDI devices in one container would overwrite each other's variables.
+A container may use at most one request of kube-vgpu's classes that carries limits: each prepared
+request carries its own HAMi-core limits (`CUDA_DEVICE_MEMORY_LIMIT_0`, `CUDA_DEVICE_SM_LIMIT`, ...)
+in its CDI device, and two CDI devices in one container would overwrite each other's variables.
+Nor may it use such a request beside an `adminAccess` request of kube-vgpu's classes: the admin
+request's GPU has no limits of its own, the container would see both GPUs, and the limits,
+indexed by the order in which it sees its GPUs, could land on the admin GPU and leave the slice's
+GPU unlimited. Admin requests alone (one or several) carry no limits to overwrite.
+
+A pod whose every request of kube-vgpu's classes is an `adminAccess` one (a DCGM exporter, an
+`nvidia-smi` monitor: they need privileges) runs under no HAMi-core limits at all, so the isolation
+rules, which protect those limits, do not apply to it (`ClaimUse.limited` is false). As soon as one
+claim of the pod has a request that carries limits (or one claim cannot be read or is not in the
+cache yet), every container of the pod gets the rules: a privileged container beside a limited one
+could reach its processes (shareProcessNamespace), its mounts and every GPU of the node.
 
 Pure: the cache is read through the two lookups handed in.
 """
@@ -33,10 +44,21 @@ MAX_POD_CLAIMS: Final = 128
 
 @dataclass(frozen=True)
 class ClaimUse:
-    """What a pod's claims say: whether it uses kube-vgpu's GPUs, and the refusal when unsafely."""
+    """What a pod's claims say: whether it uses kube-vgpu's GPUs, whether under HAMi-core limits
+    (any of its requests of kube-vgpu's classes is not an admin one, or might not be), and the
+    refusal when unsafely."""
 
     uses: bool = False
     problem: str | None = None
+    limited: bool = False
+
+
+@dataclass(frozen=True)
+class _Requests:
+    """The requests of kube-vgpu's classes of one claim, by whether they carry limits."""
+
+    limited: frozenset[str]
+    admin: frozenset[str]
 
 
 NONE: Final = ClaimUse()
@@ -77,10 +99,13 @@ def pod_claim_use(
     if not isinstance(entries, list) or not entries:
         return NONE
     if len(entries) > MAX_POD_CLAIMS:
-        return ClaimUse(True, f"spec.resourceClaims has {len(entries)} entries; at most {MAX_POD_CLAIMS}")
+        return ClaimUse(
+            True, f"spec.resourceClaims has {len(entries)} entries; at most {MAX_POD_CLAIMS}", True
+        )
     uses = False
-    # Per pod-level claim name: the names of its requests of our classes (None: not known).
-    ours: dict[str, frozenset[str] | None] = {}
+    limited = False
+    # Per pod-level claim name: its requests of our classes (None: not known).
+    ours: dict[str, _Requests | None] = {}
     for entry in entries:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
             continue
@@ -88,24 +113,30 @@ def pod_claim_use(
         if found is False:
             continue
         if found is None:
-            uses = True  # not shown yet: might be ours
+            uses = limited = True  # not shown yet: might be ours, with limits
             ours[entry["name"]] = None
             continue
         if not names_class(found, classes):
             continue
         uses = True
         try:
-            requests = parse_claim(found, classes).requests
+            # admin_free: the admin requests are listed apart (no charge is computed here).
+            parsed = parse_claim(found, classes, admin_free=True)
         except ClaimError:
+            limited = True
             ours[entry["name"]] = None
             continue
-        ours[entry["name"]] = frozenset(r.name for r in requests[:MAX_REQUESTS])
+        requests = _Requests(
+            frozenset(r.name for r in parsed.requests[:MAX_REQUESTS]), frozenset(parsed.admin[:MAX_REQUESTS])
+        )
+        limited = limited or bool(requests.limited)
+        ours[entry["name"]] = requests
     if not uses:
         return NONE
-    return ClaimUse(True, _container_problem(spec, ours))
+    return ClaimUse(True, _container_problem(spec, ours), limited)
 
 
-def _container_problem(spec: Mapping[str, Any], ours: Mapping[str, frozenset[str] | None]) -> str | None:
+def _container_problem(spec: Mapping[str, Any], ours: Mapping[str, _Requests | None]) -> str | None:
     for key in ("initContainers", "containers", "ephemeralContainers"):
         for container in spec.get(key) or ():
             if not isinstance(container, Mapping):
@@ -115,6 +146,7 @@ def _container_problem(spec: Mapping[str, Any], ours: Mapping[str, frozenset[str
             if not isinstance(refs, list):
                 continue
             used: list[str] = []
+            admin: list[str] = []
             for ref in refs[:MAX_POD_CLAIMS]:
                 if not isinstance(ref, Mapping):
                     continue
@@ -125,15 +157,29 @@ def _container_problem(spec: Mapping[str, Any], ours: Mapping[str, frozenset[str
                 request = ref.get("request")
                 if isinstance(request, str) and request:
                     # `req` or `req/sub`: the request of the claim it belongs to.
-                    if request.split("/", 1)[0] in requests:
+                    parent = request.split("/", 1)[0]
+                    if parent in requests.limited:
                         used.append(f"{claim}/{request}")
+                    elif parent in requests.admin:
+                        admin.append(f"{claim}/{request}")
                 else:
-                    used.extend(f"{claim}/{r}" for r in sorted(requests))
+                    used.extend(f"{claim}/{r}" for r in sorted(requests.limited))
+                    admin.extend(f"{claim}/{r}" for r in sorted(requests.admin))
+            where = f"container {key}[{container.get('name', '?')}]"
             if len(used) > 1:
                 return (
-                    f"container {key}[{container.get('name', '?')}] uses {len(used)} requests of kube-vgpu's "
+                    f"{where} uses {len(used)} requests of kube-vgpu's "
                     f"DRA classes ({', '.join(used)}): each carries its own HAMi-core limits "
                     "(CUDA_DEVICE_MEMORY_LIMIT_0, CUDA_DEVICE_SM_LIMIT), which would overwrite each other "
                     "in one container; ask for several GPUs with one request's count instead"
+                )
+            if used and admin:
+                return (
+                    f"{where} uses the adminAccess request(s) {', '.join(admin)} beside the request "
+                    f"{used[0]} of kube-vgpu's DRA classes: the admin GPU has no HAMi-core limits, and "
+                    f"{used[0]}'s limits, indexed by the order in which the container sees its GPUs, "
+                    "could land on the admin GPU and leave the slice's GPU unlimited; put the admin "
+                    "request in a container of its own (name the claim's request in each container's "
+                    "resources.claims[].request)"
                 )
     return None

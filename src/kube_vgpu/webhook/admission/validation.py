@@ -44,13 +44,14 @@ from kube_vgpu.webhook.admission.safety import (
 from kube_vgpu.webhook.placement.resolve import resolve_placement
 from kube_vgpu.webhook.placement.selectors import SelectorError, parse_selectors
 from kube_vgpu.webhook.quota.charge import parse_limits, states_no_cores
-from kube_vgpu.webhook.quota.claims import ClaimError, parse_claim
+from kube_vgpu.webhook.quota.claims import ClaimError, admin_free, parse_claim
 
 MISSING_UID = "missing-uid"
 # The subresource `kubectl debug` writes to add an ephemeral container to a running pod.
 EPHEMERAL_CONTAINERS = "ephemeralcontainers"
 RESOURCE_GROUP = "resource.k8s.io"
-# A pod whose container would use two requests of kube-vgpu's DRA classes.
+# A pod whose container would use two requests of kube-vgpu's DRA classes (or a limited one beside
+# an admin one).
 DRA_CLAIMS = "dra-claims"
 
 
@@ -122,6 +123,10 @@ class Validation:
             return ALLOWED
         if dra.problem is not None:
             raise Denied(DRA_CLAIMS, dra.problem)
+        if not pod_request.asks_vgpu and not dra.limited:
+            # Only adminAccess requests of kube-vgpu's classes: no HAMi-core limits anywhere in the
+            # pod for the isolation rules to protect (`kube_vgpu.webhook.admission.claim_use`).
+            return ALLOWED
         check_create(pod, pod_request, self.config)
         if not pod_request.asks_vgpu:
             # Its GPUs come from its claims, which were charged when they were created.
@@ -168,7 +173,7 @@ class Validation:
         generate_name = meta.get("generateName") if isinstance(meta.get("generateName"), str) else None
         shown = str(name or f"{generate_name or ''}*")[:253]
         try:
-            claim_request = parse_claim(claim, classes)
+            claim_request = parse_claim(claim, classes, admin_free=admin_free(namespace_labels))
         except ClaimError as exc:
             return Verdict(
                 allowed=False, reason=MALFORMED_OBJECT, message=f"malformed ResourceClaim {shown}: {exc}"
@@ -232,7 +237,7 @@ class Validation:
         except RequestError:
             asks_vgpu = True  # stored pods were admitted; be strict with whatever this is
         namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-        if asks_vgpu or self._claim_use(pod, namespace).uses:
+        if asks_vgpu or self._claim_use(pod, namespace).limited:
             check_containers(pod, self.config)
 
     async def _quota(

@@ -13,11 +13,13 @@ depends on; the charge follows the request policy the driver publishes on every 
 - `firstAvailable`: the scheduler picks one alternative, so the request is charged, per resource,
   the most any alternative of kube-vgpu's classes could cost;
 - requests of other device classes cost nothing;
-- a request with `adminAccess: true` costs nothing: the scheduler gives it a device beside its
-  users without counting it as allocated or consuming its capacity for anyone else
+- a request with `adminAccess: true` costs nothing where the caller says its namespace is labelled
+  `resource.kubernetes.io/admin-access: "true"` (`admin_free`): the scheduler gives it a device
+  beside its users without counting it as allocated or consuming its capacity for anyone else
   (kube-scheduler's dynamicresources plugin, allocateddevices.go, skips such results), and the API
-  server stores one only in a namespace labelled `resource.kubernetes.io/admin-access: "true"`,
-  a label only a cluster admin can set (pkg/registry/resource/utils.go, AuthorizedForAdmin).
+  server stores one only in a namespace so labelled, a label only a cluster admin can set
+  (pkg/registry/resource/utils.go, AuthorizedForAdmin). Elsewhere it is charged like any request,
+  so the quota does not rest on the API server's check alone.
 
 Pure: no I/O; the work is bounded by Kubernetes' own limits on a claim, checked first.
 """
@@ -42,6 +44,11 @@ MAX_SUBREQUESTS: Final = 8
 MAX_COUNT: Final = 32
 # No GPU has 2 PiB of memory: a larger amount is a typo or hostile, refused rather than charged.
 MAX_MEMORY_MIB: Final = 2**31
+# The namespace label without which the API server refuses a request with `adminAccess: true`
+# (k8s.io/api/resource/v1/types.go, DRAAdminNamespaceLabelKey; checked in
+# pkg/registry/resource/utils.go, AuthorizedForAdmin).
+ADMIN_ACCESS_LABEL: Final = "resource.kubernetes.io/admin-access"
+ADMIN_ACCESS_VALUE: Final = "true"
 _MIB: Final = Decimal(1024 * 1024)
 _EXACT = Context(prec=4 * MAX_TEXT)
 _QUANTITY = re.compile(
@@ -121,6 +128,9 @@ class ClaimRequest:
     """The requests of a claim that kube-vgpu's classes serve (others are not charged)."""
 
     requests: tuple[ClaimRequestAsk, ...] = ()
+    # The names of the requests of kube-vgpu's classes with `adminAccess: true` (charged, and then
+    # also in `requests`, only where `parse_claim` was not told they are free).
+    admin: tuple[str, ...] = ()
 
     @property
     def asks_vgpu(self) -> bool:
@@ -219,7 +229,11 @@ def _device_ask(spec: Mapping[str, Any], request: str, where: str) -> DeviceAsk:
     )
 
 
-def _request(raw: object, index: int, classes: Collection[str]) -> ClaimRequestAsk | None:
+def _request(
+    raw: object, index: int, classes: Collection[str], admin_free: bool
+) -> tuple[ClaimRequestAsk | None, bool]:
+    """The request's ask of `classes` (None: none, or an admin request that is free), and whether
+    it is an admin request of `classes`."""
     where = f"spec.devices.requests[{index}]"
     if not isinstance(raw, Mapping):
         raise ClaimError(f"{where} must be an object")
@@ -237,9 +251,12 @@ def _request(raw: object, index: int, classes: Collection[str]) -> ClaimRequestA
         admin = exactly.get("adminAccess")
         if admin is not None and not isinstance(admin, bool):
             raise ClaimError(f"{where}.exactly.adminAccess must be true or false, got {str(admin)[:64]!r}")
-        if admin:
-            return None  # consumes no capacity: see the module's docstring
-        return ClaimRequestAsk(name, (ask,), False) if ask.device_class in classes else None
+        if ask.device_class not in classes:
+            return None, False
+        admin = admin is True
+        if admin and admin_free:
+            return None, True  # consumes no capacity: see the module's docstring
+        return ClaimRequestAsk(name, (ask,), False), admin
     if not isinstance(first, list) or not first:
         raise ClaimError(f"{where}.firstAvailable must be a non-empty list")
     if len(first) > MAX_SUBREQUESTS:
@@ -257,13 +274,18 @@ def _request(raw: object, index: int, classes: Collection[str]) -> ClaimRequestA
         ask = _device_ask(sub, f"{name}/{sub_name}", sub_where)
         if ask.device_class in classes:
             ours.append(ask)
-    return ClaimRequestAsk(name, tuple(ours), True) if ours else None
+    return (ClaimRequestAsk(name, tuple(ours), True) if ours else None), False
 
 
-def parse_claim(claim: Mapping[str, Any], classes: Collection[str]) -> ClaimRequest:
+def parse_claim(
+    claim: Mapping[str, Any], classes: Collection[str], *, admin_free: bool = False
+) -> ClaimRequest:
     """The requests of `claim` that name one of `classes` (directly or as a firstAvailable
     alternative); ClaimError naming the field when the claim cannot be read. Every request is read,
-    whatever its class, so a malformed claim is refused the same whichever request is bad."""
+    whatever its class, so a malformed claim is refused the same whichever request is bad.
+
+    `admin_free`: whether requests with `adminAccess: true` cost nothing (their namespace carries
+    `ADMIN_ACCESS_LABEL`); otherwise they are charged like any request."""
     spec = claim.get("spec")
     if not isinstance(spec, Mapping):
         raise ClaimError("spec must be an object")
@@ -277,8 +299,17 @@ def parse_claim(claim: Mapping[str, Any], classes: Collection[str]) -> ClaimRequ
         raise ClaimError(
             f"spec.devices.requests has {len(requests)} requests; Kubernetes allows {MAX_REQUESTS}"
         )
-    found = [_request(raw, i, classes) for i, raw in enumerate(requests)]
-    return ClaimRequest(tuple(r for r in found if r is not None))
+    found = [_request(raw, i, classes, admin_free) for i, raw in enumerate(requests)]
+    return ClaimRequest(
+        tuple(r for r, _ in found if r is not None),
+        tuple(str(raw["name"]) for raw, (_, admin) in zip(requests, found, strict=True) if admin),
+    )
+
+
+def admin_free(namespace_labels: Mapping[str, str] | None) -> bool:
+    """Whether the namespace's labels (as the webhook's cache holds them) let admin requests go
+    uncharged: the label the API server demands of them is there."""
+    return (namespace_labels or {}).get(ADMIN_ACCESS_LABEL) == ADMIN_ACCESS_VALUE
 
 
 def names_class(claim: Mapping[str, Any], classes: Collection[str]) -> bool:

@@ -258,7 +258,9 @@ class QuotaLedger:
         if previous is not None or not names_class(claim, self.claim_classes):
             return  # a claim's spec is immutable: its charge never changes
         try:
-            request = parse_claim(claim, self.claim_classes)
+            # Stored: the API server admitted its admin requests, if any, only in a namespace
+            # labelled for them (the webhook charged them at CREATE where its cache lacked the label).
+            request = parse_claim(claim, self.claim_classes, admin_free=True)
         except ClaimError as exc:
             # Only claims that bypassed admission can be malformed; the scheduler allocates none.
             log.warning(
