@@ -254,7 +254,7 @@ def load_api_client(
         if chosen_context is not None:
             _check_context(documents, context, chosen_context, where)
         try:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call, unused-ignore]
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=os.pathsep.join(files),
                 context=chosen_context,
                 client_configuration=configuration,
@@ -271,7 +271,7 @@ def load_api_client(
                 f"tried {', '.join(tried)}"
             )
         try:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call, unused-ignore]
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except (ConfigException, OSError) as exc:
             tried.append(f"in-cluster service account ({exc})")
             raise KubeConfigError(
@@ -349,7 +349,7 @@ class Kube:
 
     def close(self) -> None:
         """Release the client's connection pool."""
-        self.api_client.close()  # type: ignore[no-untyped-call, unused-ignore]
+        self.api_client.close()  # type: ignore[no-untyped-call]
 
     def _require(self, verb: Verb, kind: Kind, subresource: str = "") -> None:
         if self.component is None:

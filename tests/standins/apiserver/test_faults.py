@@ -155,7 +155,7 @@ def test_https_through_a_kubeconfig_file(tmp_path: Path) -> None:
         api.put(node("n1"))
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         configuration = client.Configuration()
-        config.load_kube_config(  # type: ignore[no-untyped-call, unused-ignore]  # the client's kubeconfig loader is unannotated
+        config.load_kube_config(  # type: ignore[no-untyped-call]  # the client's kubeconfig loader is unannotated
             config_file=str(kubeconfig), client_configuration=configuration
         )
         assert configuration.host.startswith("https://127.0.0.1:")

@@ -165,7 +165,7 @@ class ApiServerStandin:
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        config.load_kube_config_from_dict(self.kubeconfig(), client_configuration=configuration)  # type: ignore[no-untyped-call, unused-ignore]
+        config.load_kube_config_from_dict(self.kubeconfig(), client_configuration=configuration)  # type: ignore[no-untyped-call]
         return client.ApiClient(configuration)
 
     # -- lifecycle ----------------------------------------------------------------------------------
