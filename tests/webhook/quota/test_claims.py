@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from kube_vgpu.contract.dra import DEVICE_CLASS, MEMORY_MIN_MIB
+from kube_vgpu.contract.mig.shipped import default_device_config
 from kube_vgpu.contract.names import QUOTA_CORES_LABEL, QUOTA_MEMORY_LABEL, QUOTA_NUMBER_LABEL
+from kube_vgpu.kubeapi.client import ApiUnavailable
 from kube_vgpu.node.dra import slices
 from kube_vgpu.webhook.admission.gates import ClaimQuotaRequest
-from kube_vgpu.webhook.quota.charge import Charge
+from kube_vgpu.webhook.placement.inventory import Inventory
+from kube_vgpu.webhook.quota.charge import Charge, parse_limits
 from kube_vgpu.webhook.quota.claims import (
     ADMIN_ACCESS_LABEL,
     MAX_REQUESTS,
@@ -32,11 +37,15 @@ from kube_vgpu.webhook.quota.claims import (
     quantity,
 )
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
+from kube_vgpu.webhook.quota.ledger import QuotaLedger
+from kube_vgpu.webhook.quota.shared import MAX_ENTRIES
+from kube_vgpu.webhook.quota.sizing import pod_ledger
 from kube_vgpu.webhook.records import ClaimRecord
 from kube_vgpu.webhook.reduced import claim_reducer
 from tests.support.memory_store import MemoryStore
 from tests.support.records import as_claim
-from tests.support.webhook_quota import Clocks, close, make_gate
+from tests.support.webhook import A100, H100, gpu_node
+from tests.support.webhook_quota import NAMES, Clocks, close, make_gate
 
 CLASSES = frozenset({DEVICE_CLASS})
 GIB = 1024
@@ -637,3 +646,324 @@ def test_the_edges_the_first_mutation_runs_found() -> None:
         exact("a", memory="1Gi", cores="1"), exact("b", device_class=OTHER_CLASS), first_available=True
     )
     assert claim_reasons(parse_claim(one, CLASSES), 81920) == {}
+
+
+# -- every refusal of a claim: its message, its counted reason, its log line -------------------------
+# (mutation testing: scripts/mutation.py quota-ledger)
+
+
+class Denials:
+    """A DenialCounter that records what it is told."""
+
+    def __init__(self) -> None:
+        self.denied_for: list[tuple[str, str]] = []
+
+    def denied(self, namespace: str, reason: str) -> None:
+        self.denied_for.append((namespace, reason))
+
+    def forget(self, namespace: str) -> None:
+        pass
+
+
+def failing_store() -> MemoryStore:
+    """A store whose API server does not answer."""
+    store = MemoryStore()
+
+    def fail(call: str) -> None:
+        raise ApiUnavailable("the API server did not answer")
+
+    store.before = fail
+    return store
+
+
+def gate_for(*, store: MemoryStore | None = None, max_entries: int = MAX_ENTRIES) -> NamespaceQuota:
+    return make_gate(
+        Clocks(),
+        store=store or MemoryStore(),
+        max_entries=max_entries,
+        claim_classes=CLASSES,
+        largest_gpu=lambda: 81920,
+    )
+
+
+@dataclass
+class ClaimRefusal:
+    """One way a claim's review is refused, and what the counter and the log must say of it."""
+
+    labels: dict[str, str]
+    body: dict[str, Any]
+    reason: str
+    message: str
+    gate: Callable[[], NamespaceQuota] = gate_for
+    gpu: int | None = 81920
+
+
+CLAIM_REFUSALS = [
+    ClaimRefusal(
+        {QUOTA_MEMORY_LABEL: "lots"},
+        exact(memory="1Gi"),
+        "invalid-label",
+        "namespace team-a: GPU quota label quota.kube-vgpu.io/vgpu-memory='lots' is not a non-negative "
+        "integer; vGPU pods in this namespace are refused until the label is fixed or removed",
+    ),
+    ClaimRefusal(
+        {QUOTA_NUMBER_LABEL: "8"},
+        exact("every", mode="All"),
+        "all-devices",
+        "namespace team-a: request 'every' asks allocationMode All (every matching GPU), which a GPU "
+        "quota cannot bound; ask allocationMode ExactCount with a count",
+    ),
+    ClaimRefusal(
+        MEMORY_60G,
+        exact(),
+        "unsized",
+        "namespace team-a: vgpu-memory quota: a request of the ResourceClaim names no memory (it gets a "
+        "whole GPU) and no GPU is known to size it, so its charge cannot be computed; write "
+        "capacity.requests.memory or wait for a GPU node",
+        gpu=None,
+    ),
+    ClaimRefusal(
+        MEMORY_60G,
+        exact(memory="1Gi"),
+        "unrecorded",
+        "namespace team-a: GPU quota cannot be checked right now: the webhook could not record the pod's "
+        "reservation with the API server (the API server did not answer); it refuses rather than risk "
+        "exceeding the quota; retry in a few seconds",
+        lambda: gate_for(store=failing_store()),
+    ),
+    ClaimRefusal(
+        MEMORY_60G,
+        exact(memory="1Gi"),
+        "unrecorded",
+        "namespace team-a: too many GPU pods are being admitted at once (the shared quota reservations "
+        "are full); retry in a few seconds",
+        lambda: gate_for(max_entries=0),
+    ),
+    ClaimRefusal(
+        {QUOTA_CORES_LABEL: "20"},
+        exact(memory="1Gi", cores="30"),
+        "vgpu-cores",
+        "ResourceClaim big: namespace team-a: vgpu-cores quota exceeded: requested 30%, in use 0% of 20%",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CLAIM_REFUSALS, ids=lambda c: f"{c.reason}-{c.message[:30]}")
+def test_each_claim_denial_is_worded_counted_and_logged_with_its_reason(
+    case: ClaimRefusal, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = case.gate()
+    denials = Denials()
+    gate.denials = denials
+    obj = claim(case.body, name="big")
+
+    async def run() -> str | None:
+        try:
+            return await gate.admit_claim(replace(ask(obj, case.labels), largest_gpu_mib=case.gpu))
+        finally:
+            await close(gate)
+
+    with caplog.at_level(logging.INFO, logger="kube_vgpu.webhook.quota"):
+        denial = asyncio.run(run())
+    assert denial == case.message
+    assert denials.denied_for == [("team-a", case.reason)]
+    assert [r.getMessage() for r in caplog.records if r.filename == "gate.py"] == [
+        f"event=quota_denied namespace=team-a pod=resourceclaim/big reason={case.reason} message={denial!r}"
+    ]
+    # The limits the metrics report for the namespace are the labels this review carried.
+    assert gate.last_limits == {"team-a": parse_limits(case.labels)}
+    assert gate.reserved("team-a") == Charge()
+
+
+def test_a_claim_of_a_namespace_the_cache_does_not_know_is_refused_and_nothing_is_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    gate = claim_gate(Clocks(), store)
+    denials = Denials()
+    gate.denials = denials
+    obj = claim(exact(memory="1Gi"), namespace="ghost", uid="uid-g")
+
+    async def run() -> tuple[str | None, str | None]:
+        try:
+            return await gate.admit_claim(ask(obj, None)), await gate.admit_claim(ask(obj, {}))
+        finally:
+            await close(gate)
+
+    with caplog.at_level(logging.INFO, logger="kube_vgpu.webhook.quota"):
+        unknown, known = asyncio.run(run())
+    assert unknown == (
+        "namespace 'ghost' is unknown to the webhook: it does not exist, or it was created in the last "
+        "few seconds and the webhook has not seen it yet (then retry)"
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        "event=quota_unknown_namespace namespace='ghost' claim_uid=uid-g"
+    ]
+    assert store.calls == [] and denials.denied_for == []
+    # One step away: a known namespace without quota labels admits it, and only remembers the labels.
+    assert known is None and gate.last_limits == {"ghost": parse_limits({})}
+
+
+def test_a_claim_naming_no_memory_with_no_gpu_known_passes_where_memory_is_not_limited() -> None:
+    """Only a memory quota needs the size of the card; the others charge the claim as asked."""
+    gate = claim_gate(Clocks(), MemoryStore())
+    whole = claim(exact(), name="whole")
+
+    async def run() -> str | None:
+        try:
+            labels = {QUOTA_NUMBER_LABEL: "1", QUOTA_CORES_LABEL: "100"}
+            return await gate.admit_claim(replace(ask(whole, labels), largest_gpu_mib=None))
+        finally:
+            await close(gate)
+
+    assert asyncio.run(run()) is None
+    assert gate.reserved("team-a") == Charge(1, 0, 100)
+
+
+def test_each_claim_admission_is_logged_at_debug_with_its_charge(caplog: pytest.LogCaptureFixture) -> None:
+    gate = claim_gate(Clocks(), MemoryStore())
+    first = claim(exact(memory="1Gi", cores="30", count=2), name="a", uid="uid-a")
+    second = claim(exact(memory="2Gi"), name="b", uid="uid-b")
+
+    async def run() -> list[str | None]:
+        try:
+            return [
+                await gate.admit_claim(ask(first, MEMORY_60G)),
+                await gate.admit_claim(ask(second, MEMORY_60G, dry_run=True)),
+            ]
+        finally:
+            await close(gate)
+
+    with caplog.at_level(logging.DEBUG, logger="kube_vgpu.webhook.quota"):
+        assert asyncio.run(run()) == [None, None]
+    assert [r.getMessage() for r in caplog.records if r.filename == "gate.py"] == [
+        "event=quota_admitted namespace=team-a claim=resourceclaim/a uid=uid-a number=2 memory_mib=2048 "
+        "cores=60 dry_run=False",
+        "event=quota_admitted namespace=team-a claim=resourceclaim/b uid=uid-b number=1 memory_mib=2048 "
+        "cores=100 dry_run=True",
+    ]
+
+
+# -- what the ledger counts for the claims the cache shows, edge by edge ------------------------------
+
+
+def bare(obj: ClaimRecord, *drop: str) -> ClaimRecord:
+    """`obj` without the metadata fields `drop`."""
+    meta = {k: v for k, v in obj["metadata"].items() if k not in drop}
+    return as_claim({**obj, "metadata": meta})
+
+
+def test_the_ledger_counts_no_claim_it_cannot_key_and_never_raises_on_its_metadata() -> None:
+    ledger = claim_gate(Clocks(), MemoryStore()).ledger
+    obj = claim(exact(memory="1Gi"))
+    for odd in (
+        bare(obj, "uid"),
+        bare(obj, "namespace"),
+        as_claim({**obj, "metadata": {**obj["metadata"], "uid": 7}}),
+        as_claim({**obj, "metadata": "team-a"}),
+        as_claim({**obj, "metadata": ["team-a"]}),
+        as_claim({k: v for k, v in obj.items() if k != "metadata"}),
+    ):
+        ledger.claim_seen(odd)
+        ledger.claim_gone(odd)
+    assert ledger.namespaces() == [] and ledger.usage("team-a") == Charge()
+    ledger.claim_seen(obj)  # the same claim, whole: counted
+    assert ledger.usage("team-a") == Charge(1, 1024, 100)
+
+
+def test_a_claim_with_no_name_is_listed_by_its_kind_alone() -> None:
+    ledger = claim_gate(Clocks(), MemoryStore()).ledger
+    ledger.claim_seen(bare(claim(exact(memory="1Gi")), "name"))
+    assert ledger.pods("team-a") == ["resourceclaim/"]
+
+
+def test_a_malformed_claim_in_the_cache_is_logged_and_not_counted(caplog: pytest.LogCaptureFixture) -> None:
+    ledger = claim_gate(Clocks(), MemoryStore()).ledger
+    obj = claim(exact(memory="lots"), name="odd")
+    with caplog.at_level(logging.WARNING, logger="kube_vgpu.webhook.quota"):
+        ledger.claim_seen(obj)
+    assert ledger.usage("team-a") == Charge() and ledger.pods("team-a") == []
+    reason = refusal_of(obj)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"event=quota_claim_unreadable namespace=team-a claim=odd reason={reason!r}"
+    ]
+
+
+def refusal_of(obj: ClaimRecord) -> str:
+    with pytest.raises(ClaimError) as raised:
+        parse_claim(obj, CLASSES, admin_free=True)
+    return str(raised.value)
+
+
+def test_a_claim_reseen_with_other_requests_keeps_its_first_charge() -> None:
+    """A claim's spec is immutable (the API server refuses a change), so an update is its status."""
+    ledger = claim_gate(Clocks(), MemoryStore()).ledger
+    obj = claim(exact(memory="1Gi"), uid="same")
+    ledger.claim_seen(obj)
+    ledger.claim_seen(claim(exact(memory="9Gi", cores="50"), uid="same", name=obj["metadata"]["name"]))
+    assert ledger.usage("team-a") == Charge(1, 1024, 100)
+    ledger.claim_gone(obj)
+    assert ledger.usage("team-a") == Charge() and ledger.namespaces() == []
+
+
+def test_the_cache_shows_a_claim_from_the_moment_it_is_seen() -> None:
+    clocks = Clocks()
+    ledger = claim_gate(clocks, MemoryStore()).ledger
+    ledger.claim_seen(claim(exact(memory="1Gi"), uid="uid-c"))
+    clocks.advance(3)
+    state = ledger.cache_state("team-a")
+    assert state.shown_for("uid-c") == 3.0 and state.accounts_for("uid-c")
+
+
+def test_a_whole_card_claim_sized_when_first_seen_never_shrinks() -> None:
+    largest: list[int | None] = [81920]
+    ledger = make_gate(claim_classes=CLASSES, largest_gpu=lambda: largest[0]).ledger
+    ledger.claim_seen(claim(exact()))
+    largest[0] = 40960  # the largest GPU left the cluster: the claim may hold that card still
+    ledger.resize_claims()
+    assert ledger.usage("team-a") == Charge(1, 81920, 100)
+
+
+def test_every_whole_card_claim_is_resized_whatever_precedes_it() -> None:
+    largest: list[int | None] = [None]
+    ledger = make_gate(claim_classes=CLASSES, largest_gpu=lambda: largest[0]).ledger
+    ledger.claim_seen(claim(exact(memory="1Gi", cores="5")))  # sized: never resized
+    ledger.claim_seen(claim(exact(), namespace="team-b"))
+    ledger.claim_seen(claim(exact()))
+    largest[0] = 40960
+    ledger.resize_claims()
+    assert ledger.usage("team-a") == Charge(2, 1024 + 40960, 105)
+    assert ledger.usage("team-b") == Charge(1, 40960, 100)
+
+
+def test_a_claim_relist_counts_the_claims_it_brings() -> None:
+    ledger = claim_gate(Clocks(), MemoryStore()).ledger
+    kept, new = claim(exact(memory="1Gi")), claim(exact(memory="2Gi"))
+    ledger.claim_seen(kept)
+    ledger.resync_claims([kept, new])
+    assert ledger.usage("team-a") == Charge(2, 3072, 200)
+
+
+# -- the cache's ledger counts claims, sized against the inventory's largest GPU --------------------
+
+
+def test_the_cache_ledger_counts_claims_of_its_classes_against_the_largest_gpu() -> None:
+    inventory = Inventory()
+    inventory.upsert(gpu_node("small", "hami-core", [(A100, 40960)]))
+    inventory.upsert(gpu_node("large", "mig", [(H100, 81920)]))
+
+    def ledger(**kwargs: Any) -> QuotaLedger:
+        return pod_ledger(
+            lambda: inventory, default_device_config, NAMES, "hami-core", pending_seconds=60.0, **kwargs
+        )
+
+    whole = claim(exact())
+    fallback = ledger(claim_classes=CLASSES)  # the largest GPU of any mode, from the inventory
+    fallback.claim_seen(whole)
+    assert fallback.usage("team-a") == Charge(1, 81920, 100)
+    given = ledger(claim_classes=CLASSES, largest_claim_gpu=lambda: 12345)
+    given.claim_seen(whole)
+    assert given.usage("team-a") == Charge(1, 12345, 100)
+    other = ledger()  # no classes: no claim is the quota's
+    other.claim_seen(whole)
+    assert other.usage("team-a") == Charge()
