@@ -206,6 +206,12 @@ def test_an_admin_access_that_is_no_boolean_is_refused_naming_the_field(value: o
     assert "spec.devices.requests[0] ('gpu').exactly.adminAccess must be true or false" in str(caught.value)
 
 
+def test_a_non_boolean_admin_access_is_shown_cut_to_64_characters() -> None:
+    with pytest.raises(ClaimError) as caught:
+        parse_claim(claim({**exact(memory="1Gi"), "adminAccess": "y" * 80}), CLASSES)
+    assert str(caught.value).endswith(f"adminAccess must be true or false, got {'y' * 64!r}")
+
+
 def test_an_admin_access_request_is_still_read_whole() -> None:
     """A malformed admin request is refused like any other: the charge never depends on which
     field a bad claim gets wrong first."""
