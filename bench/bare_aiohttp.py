@@ -49,7 +49,8 @@ def decision(webhook: WebhookServer) -> Handler:
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         if request.method != "POST":
-            return webhook.app.readyz() if request.path == "/readyz" else webhook.app.healthz()
+            ready = request.path != "/readyz" or services.readiness.ready()  # the harness waits on it
+            return web.json_response({"ready": ready}, status=200 if ready else 503)
         review = parse_review(await request.read(), services.admission.bounds)
         if request.path == "/validate":
             verdict = await services.validation.review(review)

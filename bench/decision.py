@@ -43,10 +43,10 @@ from kube_vgpu.webhook.admission.mutation import Admission  # noqa: E402
 from kube_vgpu.webhook.admission.review import Verdict, encode_json, encode_response, parse_review  # noqa: E402
 from kube_vgpu.webhook.admission.validation import Validation  # noqa: E402
 from kube_vgpu.webhook.cache import CachedKind, ClusterCache  # noqa: E402
+from kube_vgpu.webhook.metrics import WebhookMetrics  # noqa: E402
 from kube_vgpu.webhook.quota.charge import ZERO, Charge  # noqa: E402
 from kube_vgpu.webhook.quota.shared import Answer, Ask, NamespaceSnapshot, SharedBook  # noqa: E402
 from kube_vgpu.webhook.service import build_quota, build_services  # noqa: E402
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_webhook", REPO / "bench" / "webhook.py")
 assert _spec is not None and _spec.loader is not None

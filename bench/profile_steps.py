@@ -24,9 +24,9 @@ from typing import Any
 STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the handler (all below but framing)", ("AdmissionApp.handle",)),
     ("  read the body (budget, aiohttp)", ("AdmissionApp._read",)),
-    ("  parse the AdmissionReview", ("AdmissionApp._parse",)),
-    ("  decide (the phase's rules)", ("AdmissionApp._mutate", "Validation.review")),
-    ("  answer (metrics, encode, Response)", ("AdmissionApp._answer",)),
+    ("  parse the AdmissionReview", ("parse_review",)),
+    ("  decide (the phase's rules)", ("Admission.review", "Validation.review")),
+    ("  answer (metrics, log, encode)", ("_encode",)),
     ("bytes in: TLS, framing, connection hooks", ("Connection.data_received",)),
     ("answer out: headers, TLS, send", ("RequestHandler.finish_response",)),
 )

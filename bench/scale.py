@@ -86,10 +86,10 @@ async def cache_child(kubeconfig: str) -> None:
     from kube_vgpu.contract.config import Config
     from kube_vgpu.kubeapi.client import Kube, load_api_client
     from kube_vgpu.webhook.cache import ClusterCache
+    from kube_vgpu.webhook.metrics import WebhookMetrics
     from kube_vgpu.webhook.quota.shared import NamespaceSnapshot
     from kube_vgpu.webhook.quota.shared_store import SharedReservations
     from kube_vgpu.webhook.service import build_quota
-    from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
     tracemalloc.start(1)
     config = Config()

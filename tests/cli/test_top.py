@@ -27,9 +27,9 @@ from kube_vgpu.kubeapi.client import Kube, load_api_client
 from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cache import ClusterCache
+from kube_vgpu.webhook.metrics import WebhookMetrics
 from kube_vgpu.webhook.quota.charge import Charge
 from kube_vgpu.webhook.service import build_quota
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support import webhook as support
 from tests.support.node import CORES, COUNT, MEMORY, container, make_pod, one_gpu_pod
 from tests.support.records import as_pod

@@ -22,8 +22,8 @@ from kube_vgpu.node.usage.metrics import UsageSampler
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.standins.nvml.api import load_simulation
 from kube_vgpu.webhook.cache import ClusterCache
+from kube_vgpu.webhook.metrics import WebhookMetrics
 from kube_vgpu.webhook.service import build_quota, build_services
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support.helm_render import CHART_DIR, Rendered, lint, render
 from tests.support.webhook_quota import memory_book
 

@@ -31,7 +31,7 @@ from kube_vgpu.cli.main import build_parser
 from kube_vgpu.httpedge.listener import ConnectionLimits
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cli import run
-from kube_vgpu.webhook.serving.server import Readiness
+from kube_vgpu.webhook.reviews import Readiness
 from tests.support.webhook import (
     A100,
     ThreadedWebhook,

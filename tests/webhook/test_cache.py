@@ -16,9 +16,9 @@ from kube_vgpu.kubeapi.client import Kube, WatchInterrupt, load_api_client
 from kube_vgpu.kubeapi.listwatch import KubeSource
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
+from kube_vgpu.webhook.metrics import WebhookMetrics
 from kube_vgpu.webhook.records import PodRecord
 from kube_vgpu.webhook.service import build_quota
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support.timeouts import HANG_S
 from tests.support.webhook import A100, container, gpu_node, pod
 from tests.support.webhook_quota import memory_book

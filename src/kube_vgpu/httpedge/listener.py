@@ -1,11 +1,11 @@
 """aiohttp's low-level HTTP/1.1 server behind an accept loop of our own, on public API only.
 
-aiohttp frames requests, queues at most 32 pipelined requests per connection, inflates gzip/deflate
-bodies in bounded pieces and closes idle keep-alive connections. The listener accepts on its own
-(`loop.connect_accepted_socket`), so a connection counts from its accept, before any TLS work, and
-holds connections to a cap and a request deadline. At the cap the newcomer is never refused: the
-connection longest without progress is closed, so a flood of idle, slow or never-handshaking
-callers cannot lock the API server out.
+aiohttp frames requests, queues at most 32 pipelined ones per connection, inflates bodies in bounded
+pieces and closes idle keep-alive connections. The accept loop is ours (`connect_accepted_socket`)
+so that a connection counts from its accept, before any TLS work: at most `max_connections` are
+open, and at the cap the one longest without progress is closed, never the newcomer, so a flood of
+idle, slow or never-handshaking callers cannot lock the API server out. A request must arrive whole
+within the request deadline, counted from the accept or from its first bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
@@ -27,18 +27,13 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 # A request line, one header's name or value, and the header count. The API server's heads are a few
-# hundred bytes in under ten headers. At aiohttp's defaults (8,190 bytes, 100 headers) a flood of
-# connections each holding an unfinished head takes the webhook past the chart's memory limit
-# (`bench/hostile.py --held-heads`).
-MAX_LINE_BYTES = 4096
-MAX_FIELD_BYTES = 4096
+# hundred bytes in under ten headers; at aiohttp's defaults (8,190 bytes, 100 headers) connections
+# each holding an unfinished head take the webhook past the chart's memory limit.
+MAX_LINE_BYTES = MAX_FIELD_BYTES = 4096
 MAX_HEADERS = 16
 # A connection that received more than this since its last answer is closed after its next answer:
 # its TLS layer keeps buffers as large as its largest read while it is open.
 MAX_KEEP_ALIVE_READ_BYTES = 32 * 1024
-# After an answer given before the body was read, aiohttp drops the rest for up to this long, so a
-# client still sending reads the answer rather than a reset (Go's server: 500 ms).
-LINGER_SECONDS = 0.5
 _BACKLOG = 512
 
 
@@ -84,7 +79,7 @@ class Connection(web.RequestHandler):
         self.handling = False  # a request's head arrived and it has no answer yet
         self.woke = False  # bytes arrived while busy: a pipelined request may be waiting
         self.received_bytes = 0  # since the last answer
-        self.opened: asyncio.BaseTransport | None = None
+        self.opened: asyncio.BaseTransport | None = None  # once the TLS handshake is done
         self.opening: asyncio.Future[Any] | None = None  # the TLS handshake
         # When the request arriving now must have arrived whole (loop clock); None when none is.
         self.deadline: float | None = listener.loop.time() + listener.limits.request_timeout_seconds
@@ -118,10 +113,6 @@ class Connection(web.RequestHandler):
         self.listener.progressed(self)
         self.deadline = self.listener.loop.time() + self.listener.limits.request_timeout_seconds
 
-    def arrived(self) -> None:
-        """The request arrived whole: its deadline stops and the cap will not close it while answered."""
-        self.busy, self.woke, self.deadline = True, False, None
-
     def answered(self) -> bool:
         """The answer is about to be sent; True when it must close the connection (a large read)."""
         self.busy = self.handling = False
@@ -138,7 +129,7 @@ class Connection(web.RequestHandler):
         """Close at once, without waiting for the peer (handshake or not)."""
         self.listener.forget(self)  # now, so the count never passes the cap
         if self.opened is not None:
-            self.opened.abort()  # type: ignore[attr-defined]
+            cast(asyncio.Transport, self.opened).abort()
         elif self.opening is not None:
             # Cancelling the handshake closes its transport, which owns the socket; closing the socket
             # first left the transport's queued read on a closed descriptor (logged as an error).
@@ -153,8 +144,8 @@ class Connection(web.RequestHandler):
         exc = kw.get("exc_info")
         if isinstance(exc, web.RequestPayloadError | HttpProcessingError | ConnectionError):
             log.info("event=http_body_dropped error=%r", " ".join(str(exc).split())[:300])
-            return
-        super().log_exception(*args, **kw)
+        else:
+            super().log_exception(*args, **kw)
 
     def handle_error(
         self,
@@ -178,9 +169,10 @@ class Connection(web.RequestHandler):
 
 
 def arrived(request: web.BaseRequest) -> None:
-    """Tell the listener that `request` arrived whole (its body read, or never to be)."""
-    if isinstance(request.protocol, Connection):
-        request.protocol.arrived()
+    """Tell the listener that `request` arrived whole (its body read, or never to be): its deadline
+    stops, and the cap will not close it while it is answered."""
+    conn = cast(Connection, request.protocol)
+    conn.busy, conn.woke, conn.deadline = True, False, None
 
 
 class Listener:
@@ -206,12 +198,14 @@ class Listener:
                 "ssl_handshake_timeout": limits.request_timeout_seconds,
                 "ssl_shutdown_timeout": limits.tls_close_timeout_seconds,
             }
+        # After an answer given before the body was read, aiohttp drops the rest for up to 0.5 s, so a
+        # client still sending reads the answer rather than a reset (as Go's server does).
         self.options: dict[str, Any] = {
             "keepalive_timeout": limits.idle_timeout_seconds,
             "max_line_size": MAX_LINE_BYTES,
             "max_field_size": MAX_FIELD_BYTES,
             "max_headers": MAX_HEADERS,
-            "lingering_time": LINGER_SECONDS,
+            "lingering_time": 0.5,
             "access_log": None,
         }
         # The handler runs to its answer even when the caller goes: a validating review may be
@@ -219,8 +213,7 @@ class Listener:
         self.server = web.Server(self.handle, handler_cancellation=False, loop=self.loop, **self.options)
         # Open connections, longest without progress first (progress re-inserts at the end).
         self.connections: dict[Connection, None] = {}
-        self.evicted = 0  # closed to make room at the cap
-        self.expired = 0  # closed by the request deadline
+        self.evicted = self.expired = 0  # closed to make room at the cap; by the request deadline
         self.in_flight = 0  # requests whose handler runs
         self.draining = False  # every answer closes its connection
         self.all_closed, self.at_cap_logged = asyncio.Event(), False
@@ -228,17 +221,16 @@ class Listener:
         self.sweeper: asyncio.TimerHandle | None = None
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        conn = request.protocol if isinstance(request.protocol, Connection) else None
+        conn = cast(Connection, request.protocol)
         self.in_flight += 1
-        if conn is not None:
-            conn.handling = True
-            if conn.deadline is None:  # its first bytes came in the read that ended the one before
-                conn.began_request()
+        conn.handling = True
+        if conn.deadline is None:  # its first bytes came in the read that ended the one before
+            conn.began_request()
         try:
             response = await self.handler(request)
         finally:
             self.in_flight -= 1
-            closes = conn is not None and conn.answered()
+            closes = conn.answered()
         if closes or self.draining:
             response.force_close()
         return response
@@ -256,13 +248,12 @@ class Listener:
     def sweep(self) -> None:
         """Close the connections whose request deadline has passed; look again within a second (or a
         tenth of the deadline): the most a deadline is overrun by."""
-        now = self.loop.time()
+        now, timeout = self.loop.time(), self.limits.request_timeout_seconds
         for conn in [c for c in self.connections if c.deadline is not None and c.deadline <= now]:
             self.expired += 1
-            timeout = self.limits.request_timeout_seconds
             log.info("event=request_deadline handshaken=%s timeout_s=%.1f", conn.opened is not None, timeout)
             conn.close_now()
-        self.sweeper = self.loop.call_later(min(1.0, self.limits.request_timeout_seconds / 10), self.sweep)
+        self.sweeper = self.loop.call_later(min(1.0, timeout / 10), self.sweep)
 
     def accept_ready(self, sock: socket.socket) -> None:
         for _ in range(_BACKLOG):  # what is queued now, but never the loop's whole turn

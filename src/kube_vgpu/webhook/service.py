@@ -26,6 +26,7 @@ from kube_vgpu.webhook.admission.gates import ClaimQuotaGate, QuotaGate
 from kube_vgpu.webhook.admission.mutation import Admission
 from kube_vgpu.webhook.admission.validation import Validation
 from kube_vgpu.webhook.cache import CachedKind, CacheEvent, ClusterCache
+from kube_vgpu.webhook.metrics import WebhookMetrics
 from kube_vgpu.webhook.placement.inventory import Inventory
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics, SharedBookMetrics
@@ -33,8 +34,8 @@ from kube_vgpu.webhook.quota.shared import NamespaceSnapshot, SharedBook
 from kube_vgpu.webhook.quota.shared_store import SharedReservations
 from kube_vgpu.webhook.quota.sizing import pod_ledger
 from kube_vgpu.webhook.records import ClaimRecord, NamespaceRecord, PodRecord
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
-from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES, AdmissionApp, Readiness, Services
+from kube_vgpu.webhook.reviews import Readiness, Services
+from kube_vgpu.webhook.serving.server import AdmissionApp
 from kube_vgpu.webhook.serving.tls import CertReloader
 
 log = logging.getLogger("kube_vgpu.webhook")
@@ -245,7 +246,7 @@ class WebhookServer:
 
         quota = build_quota(self.cache, config, self.metrics, shared, lambda: self.geometry, clock=clock)
         self.services = build_services(self.cache, config, self.metrics, quota, quota)
-        self.app = AdmissionApp(self.services, max_body_bytes=MAX_BODY_BYTES)
+        self.app = AdmissionApp(self.services)
         self.metrics_server = MetricsServer(self._exposition, host=options.host, port=options.metrics_port)
         self.listener: Listener | None = None
         self._stopped = False

@@ -19,10 +19,10 @@ from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.admission.gates import ClaimQuotaRequest
 from kube_vgpu.webhook.admission.review import parse_review
 from kube_vgpu.webhook.cache import ClusterCache
+from kube_vgpu.webhook.metrics import WebhookMetrics
 from kube_vgpu.webhook.quota.charge import Charge
 from kube_vgpu.webhook.quota.claims import parse_claim
 from kube_vgpu.webhook.service import build_quota, build_services
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support import webhook as support
 from tests.support.webhook_quota import memory_book
 

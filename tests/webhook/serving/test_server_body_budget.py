@@ -15,12 +15,7 @@ from pathlib import Path
 import pytest
 
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
-from kube_vgpu.webhook.serving.server import (
-    MAX_BODY_BYTES,
-    SMALL_BODIES_ROOM_BYTES,
-    BodyBudget,
-    body_reservation,
-)
+from kube_vgpu.webhook.serving.server import MAX_BODY_BYTES, SMALL_BODIES_ROOM_BYTES
 from tests.support.webhook import (
     A100,
     ThreadedWebhook,
@@ -34,43 +29,6 @@ from tests.support.webhook import (
 )
 
 BOUND = 10.0
-
-
-def test_a_budget_refuses_what_does_not_fit_and_frees_what_it_held() -> None:
-    budget = BodyBudget(100)
-    assert budget.hold(60) and budget.held_bytes == 60
-    assert not budget.hold(50) and budget.held_bytes == 60  # refused: nothing reserved
-    assert budget.hold(40) and budget.held_bytes == 100
-    budget.release(40)
-    budget.release(60)
-    assert budget.held_bytes == 0
-    with pytest.raises(ValueError, match="positive"):
-        BodyBudget(0)
-
-
-def test_room_kept_free_is_left_to_bodies_that_ask_for_none() -> None:
-    # Large bodies (those that wait for a fair turn) leave room for the API server's small reviews.
-    budget = BodyBudget(100)
-    assert not budget.hold(61, keep_free=40)  # one byte into the kept room: refused
-    assert budget.hold(60, keep_free=40)  # up to it: accepted
-    assert not budget.hold(1, keep_free=40)
-    assert budget.hold(40)  # a small body may take the kept room
-    assert budget.held_bytes == budget.limit_bytes
-    assert not budget.hold(1)  # the whole budget is still the bound for everyone
-
-
-@pytest.mark.parametrize(
-    ("length", "compressed", "reserved"),
-    [
-        (1000, False, 1000),
-        (1000, True, MAX_BODY_BYTES),
-        (None, False, MAX_BODY_BYTES),
-        (10**9, False, MAX_BODY_BYTES),
-    ],
-)
-def test_what_a_body_reserves(length: int | None, compressed: bool, reserved: int) -> None:
-    # A compressed body's length says nothing of its size once inflated.
-    assert body_reservation(length, compressed, MAX_BODY_BYTES) == reserved
 
 
 def _wait(condition: Callable[[], bool], what: str) -> None:
@@ -104,8 +62,8 @@ def _stalled_gzip_body(webhook: ThreadedWebhook) -> ssl.SSLSocket:
 def test_stalled_compressed_bodies_fill_the_budget_and_the_one_waiting_longest_makes_room(
     webhook: ThreadedWebhook,
 ) -> None:
-    budget = webhook.server.app.bodies
-    budget.limit_bytes = 2 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES  # two worst-case bodies, small ones
+    budget = webhook.server.app
+    budget.budget_bytes = 2 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES  # two worst-case bodies, small ones
     stalled = [_stalled_gzip_body(webhook) for _ in range(2)]
     try:
         _wait(lambda: webhook.read(lambda: budget.held_bytes) >= 2 * MAX_BODY_BYTES, "two bodies held")
@@ -117,7 +75,7 @@ def test_stalled_compressed_bodies_fill_the_budget_and_the_one_waiting_longest_m
         stalled[0].settimeout(BOUND)
         assert closed_by_server(stalled[0])  # closed to make room; the newcomer is read
         _wait(lambda: webhook.read(lambda: budget.held_bytes) >= 2 * MAX_BODY_BYTES, "the third held")
-        assert webhook.read(lambda: budget.held_bytes) <= budget.limit_bytes
+        assert webhook.read(lambda: budget.held_bytes) <= budget.budget_bytes
         stalled[1].settimeout(0.2)
         assert not closed_by_server(stalled[1])
     finally:
@@ -129,16 +87,16 @@ def test_stalled_compressed_bodies_fill_the_budget_and_the_one_waiting_longest_m
 
 
 def test_a_body_that_could_never_fit_the_budget_is_refused_at_once(webhook: ThreadedWebhook) -> None:
-    budget = webhook.server.app.bodies
+    budget = webhook.server.app
     # A compressed body reserves the whole body limit, beside the room kept for small bodies: it fits.
-    budget.limit_bytes = MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES
+    budget.budget_bytes = MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES
     fits = _stalled_gzip_body(webhook)
     try:
         _wait(lambda: webhook.read(lambda: budget.held_bytes) == MAX_BODY_BYTES, "the body held")
     finally:
         fits.close()
     _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
-    budget.limit_bytes = MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES - 1  # one byte short: it never could
+    budget.budget_bytes = MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES - 1  # one byte short: it never could
     sock = _stalled_gzip_body(webhook)
     try:
         sock.settimeout(BOUND)
@@ -150,6 +108,20 @@ def test_a_body_that_could_never_fit_the_budget_is_refused_at_once(webhook: Thre
         sock.close()
     status, _ = post(webhook.connect(), review(pod(container(memory=1000))))
     assert status == 200
+
+
+def test_a_chunked_body_holds_the_whole_limit_and_a_declared_one_its_length(webhook: ThreadedWebhook) -> None:
+    # A chunked body says nothing of its size until it ends; a declared one holds what it declares.
+    budget = webhook.server.app
+    for framing, held in (("Transfer-Encoding: chunked", MAX_BODY_BYTES), ("Content-Length: 5000", 5000)):
+        raw = socket.create_connection(("127.0.0.1", webhook.port), timeout=BOUND)
+        sock = webhook.tls.client_context().wrap_socket(raw, server_hostname="localhost")
+        try:
+            sock.sendall(f"POST /mutate HTTP/1.1\r\nHost: localhost\r\n{framing}\r\n\r\n".encode())
+            _wait(lambda: webhook.read(lambda: budget.held_bytes) == held, f"{held} bytes held")  # noqa: B023
+        finally:
+            sock.close()
+        _wait(lambda: webhook.read(lambda: budget.held_bytes) == 0, "the budget freed")
 
 
 def _stalled_declared_body(webhook: ThreadedWebhook, length: int) -> ssl.SSLSocket:
@@ -170,8 +142,8 @@ def test_bodies_declared_to_fill_the_budget_exactly_do_not_lock_the_api_server_o
     # Attack: a few connections declare bodies whose lengths add up to the whole budget (20 of 3 MiB
     # and 64 of 64 KiB fill the default 64 MiB) and send nothing. Each is cut at its request deadline,
     # but the attacker opens new ones; meanwhile every review, however small, found no room.
-    budget = webhook.server.app.bodies
-    budget.limit_bytes = 2 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES
+    budget = webhook.server.app
+    budget.budget_bytes = 2 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES
     small = 64 * 1024  # the largest body that never waits for a turn, so it may use the small bodies' room
     lengths = [MAX_BODY_BYTES, MAX_BODY_BYTES] + [small] * (SMALL_BODIES_ROOM_BYTES // small)
     stalled = []
@@ -187,7 +159,7 @@ def test_bodies_declared_to_fill_the_budget_exactly_do_not_lock_the_api_server_o
         for sock in (stalled[1], stalled[-1]):
             sock.settimeout(0.2)
             assert not closed_by_server(sock)
-        assert webhook.read(lambda: budget.held_bytes) <= budget.limit_bytes
+        assert webhook.read(lambda: budget.held_bytes) <= budget.budget_bytes
     finally:
         for sock in stalled:
             sock.close()
@@ -209,9 +181,8 @@ def test_bodies_waiting_for_their_turn_stay_within_the_budget(webhook: ThreadedW
     # Attack: many connections each send a whole 2 MiB review as fast as they can. Large reviews are
     # answered one at a time (fair turns), so they queue; the budget was given back as soon as a body
     # had been read, so the queued bodies (up to the connection cap's worth, gigabytes) counted nowhere.
-    app = webhook.server.app
-    budget = app.bodies
-    budget.limit_bytes = 4 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES  # four worst-case bodies, small ones
+    app = budget = webhook.server.app
+    budget.budget_bytes = 4 * MAX_BODY_BYTES + SMALL_BODIES_ROOM_BYTES  # four worst-case bodies, small ones
     size = 2 * 1024 * 1024
 
     async def hold_the_turn(release: asyncio.Event) -> None:
@@ -259,7 +230,7 @@ def test_bodies_waiting_for_their_turn_stay_within_the_budget(webhook: ThreadedW
         waiting_now = webhook.read(waiting)
         assert waiting_now is not None
         # What the webhook holds for the queued reviews never passes the budget.
-        assert waiting_now * size <= budget.limit_bytes
+        assert waiting_now * size <= budget.budget_bytes
         assert waiting_now >= 4  # and the budget is used: four of them wait
         # A small review is still answered while they wait.
         status, answer = post(webhook.connect(), review(pod(container(memory=1000))))

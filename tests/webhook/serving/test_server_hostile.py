@@ -22,10 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from kube_vgpu.contract.names import QUOTA_NUMBER_LABEL
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.admission.review import MAX_NESTING
+from kube_vgpu.webhook.metrics import WebhookMetrics
 from kube_vgpu.webhook.placement.selectors import AFFINITY_MARKER
 from kube_vgpu.webhook.quota.gate import NamespaceQuota
 from kube_vgpu.webhook.quota.metrics import QuotaMetrics
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 from tests.support.webhook import (
     A100,
     ThreadedWebhook,

@@ -1,130 +1,60 @@
-"""The admission endpoints: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz`.
+"""The admission endpoints over HTTP: `POST /mutate` and `/validate`, `GET /healthz` and `/readyz`.
 
-The handler reads the body within the process-wide body budget, asks the pure pipeline of the
-path's phase and encodes the answer. A body that is not an AdmissionReview is HTTP 400 with a JSON
-reason; neither it nor a policy refusal is ever a traceback or a 5xx.
+A review's body is read within the process-wide body budget, parsed, and answered by
+`webhook.reviews` in its namespace's fair turn. A body that is not an AdmissionReview is HTTP 4xx
+with a JSON reason, never a traceback or a 5xx.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable
 
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from kube_vgpu.httpedge.listener import JSON, arrived, error_response
-from kube_vgpu.webhook.admission.mutation import Admission
-from kube_vgpu.webhook.admission.review import (
-    AdmissionRequest,
-    MalformedReview,
-    Verdict,
-    encode_json,
-    encode_response,
-    parse_review,
-)
-from kube_vgpu.webhook.admission.validation import Validation
+from kube_vgpu.webhook import reviews
+from kube_vgpu.webhook.admission.review import MalformedReview, parse_review
 from kube_vgpu.webhook.fairness import FairTurns
-from kube_vgpu.webhook.serving.metrics import WebhookMetrics
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 3 * 1024 * 1024
-# The bodies held at once, process-wide (read, being read, or waiting for a fair turn): the
-# connection cap alone would allow 500 bodies of 3 MiB (a 3 kB gzip body inflates to 3 MiB).
+# The bodies held at once, process-wide (being read, or waiting for a fair turn): the connection cap
+# alone would allow 500 bodies of 3 MiB (a 3 kB gzip body inflates to 3 MiB).
 BODY_BUDGET_BYTES = 64 * 1024 * 1024
 # Kept free of large bodies (those that wait for a turn) for the few-kB reviews the API server sends.
 SMALL_BODIES_ROOM_BYTES = 4 * 1024 * 1024
-# How long a review waits for a cache that has not finished its first list before it is refused.
-SYNC_WAIT_SECONDS = 2.0
 # What the API server and ordinary clients send; anything else is answered 415 unread.
 ENCODINGS = frozenset(("", "identity", "gzip", "deflate"))
 # The `reviews` outcome of an answer given to a review that never reached its phase.
 _OUTCOMES = {400: "malformed", 413: "too_large", 415: "malformed", 429: "busy"}
-
-
-class BodyBudget:
-    """Bytes reserved by the bodies being read or answered right now (event loop only)."""
-
-    def __init__(self, limit_bytes: int = BODY_BUDGET_BYTES) -> None:
-        if limit_bytes <= 0:
-            raise ValueError(f"the body budget must be positive, got {limit_bytes}")
-        self.limit_bytes, self.held_bytes = limit_bytes, 0
-
-    def hold(self, size: int, keep_free: int = 0) -> bool:
-        """Reserve `size` bytes, leaving `keep_free` free; False (nothing reserved) when they do not fit."""
-        if self.held_bytes + size > self.limit_bytes - keep_free:
-            return False
-        self.held_bytes += size
-        return True
-
-    def release(self, size: int) -> None:
-        self.held_bytes -= size
-
-
-def body_reservation(content_length: int | None, compressed: bool, limit_bytes: int) -> int:
-    """What a body may take once read: its length, or the whole limit when that says nothing about
-    the size after decompression (or there is none)."""
-    return limit_bytes if content_length is None or compressed else min(content_length, limit_bytes)
-
-
-@dataclass(frozen=True)
-class Readiness:
-    """The cache's first list done (synced), synced and fresh (ready), and a wait for the first."""
-
-    synced: Callable[[], bool]
-    ready: Callable[[], bool]
-    wait_synced: Callable[[], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Services:
-    admission: Admission
-    validation: Validation
-    readiness: Readiness
-    metrics: WebhookMetrics
+_PHASES = {"/mutate": False, "/validate": True}  # path: whether it is the validating phase
 
 
 class AdmissionApp:
     """The routes of the webhook: `handle` is the aiohttp request handler."""
 
-    def __init__(self, services: Services, *, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, services: reviews.Services, *, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.services, self.max_body_bytes = services, max_body_bytes
         # Large reviews take turns between namespaces (`webhook.fairness`); small ones run at once.
         self.turns = FairTurns()
-        self.bodies = BodyBudget()
-        # Bodies being read and the bytes each reserved, oldest first: when the budget is full, the one
+        self.budget_bytes, self.held_bytes = BODY_BUDGET_BYTES, 0
+        # Bodies being read and the bytes each holds, oldest first: when the budget is full, the one
         # waiting longest is closed to make room (as the connection cap does), so stalled bodies
         # cannot refuse the API server's reviews.
-        self._readers: dict[int, tuple[web.BaseRequest, int]] = {}  # by id(): requests are unhashable
-        self._gets: dict[str, Callable[[], web.Response]] = {"/healthz": self.healthz, "/readyz": self.readyz}
+        self.readers: dict[int, tuple[web.BaseRequest, int]] = {}  # by id(): requests are unhashable
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request (aiohttp calls this once its head has arrived)."""
         started = time.perf_counter()
         method, path = request.method, request.raw_path.partition("?")[0]
-        validating = {"/mutate": False, "/validate": True}.get(path)
-        if validating is None:
-            get = self._gets.get(path)
-            if get is None:
-                reason = f"no such path {path[:100]!r}; reviews go to /mutate or /validate"
-                return error_response(404, reason, close=request.body_exists)
-            if method not in ("GET", "HEAD"):
-                reason = f"method {method[:16]} is not served at {path}; use GET"
-                return error_response(405, reason, close=request.body_exists)
-            arrived(request)
-            health = get()
-            if request.body_exists:  # answered unread: aiohttp would drop the body and keep the connection
-                health.force_close()
-            return health
-        if method != "POST":
-            reason = f"method {method[:16]} is not served at {path}; use POST"
-            return error_response(405, reason, close=request.body_exists)
+        validating = _PHASES.get(path)
+        if validating is None or method != "POST":
+            return self._not_a_review(request, method, path)
         read = await self._read(request)
         arrived(request)
         # Not `isinstance(read, web.StreamResponse)`: a response is a MutableMapping, so that test runs
@@ -133,12 +63,35 @@ class AdmissionApp:
             return read
         body, held = read
         try:
-            answer = self.turns.run(body, self.review, request, body, started, validating)
+            answer = self.turns.run(body, self._answer, request, body, started, validating)
             if type(answer) is web.Response or isinstance(answer, web.StreamResponse):
                 return answer
             return await answer
         finally:
-            self.bodies.release(held)  # held until answered: a large body may wait for its turn
+            self.held_bytes -= held  # held until answered: a large body may wait for its turn
+
+    def _not_a_review(self, request: web.BaseRequest, method: str, path: str) -> web.Response:
+        """Health, readiness, or the 404/405 of anything else; a body sent along is never read, so the
+        answer closes its connection."""
+        close = request.body_exists
+        if path not in ("/healthz", "/readyz"):
+            if path in _PHASES:
+                return error_response(
+                    405, f"method {method[:16]} is not served at {path}; use POST", close=close
+                )
+            reason = f"no such path {path[:100]!r}; reviews go to /mutate or /validate"
+            return error_response(404, reason, close=close)
+        if method not in ("GET", "HEAD"):
+            return error_response(405, f"method {method[:16]} is not served at {path}; use GET", close=close)
+        arrived(request)
+        # Liveness: the process serves HTTP. Readiness: the cache has synced and heard from the API lately.
+        readiness = self.services.readiness
+        ready = path == "/healthz" or readiness.ready()
+        state = {"ok": True} if path == "/healthz" else {"ready": ready, "synced": readiness.synced()}
+        response = web.Response(status=200 if ready else 503, body=orjson.dumps(state), content_type=JSON)
+        if close:
+            response.force_close()
+        return response
 
     async def _read(self, request: web.BaseRequest) -> tuple[bytes, int] | web.StreamResponse:
         """The body, decoded, and the bytes it holds of the budget (given back once answered); or the 4xx."""
@@ -151,18 +104,18 @@ class AdmissionApp:
             return self._refuse(request, 413, f"body of {length} bytes is over the {limit}-byte limit")
         if not request.body_exists:
             return b"", 0
-        size = body_reservation(length, encoding not in ("", "identity"), limit)
-        keep_free = SMALL_BODIES_ROOM_BYTES if size > self.turns.large_bytes else 0
-        if not self._make_room(size, keep_free):
+        # A compressed body's length says nothing of its size once inflated: it may take the limit.
+        size = limit if length is None or encoding not in ("", "identity") else length
+        if not self._make_room(size, SMALL_BODIES_ROOM_BYTES if size > self.turns.large_bytes else 0):
             log.info("event=review_refused_busy remote=%s reserved_bytes=%d", request.remote, size)
             return self._refuse(request, 429, "too many request bodies are being read right now; retry")
-        self._readers[id(request)] = (request, size)
+        self.readers[id(request)] = (request, size)
         try:
             if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == "100-continue":
                 # aiohttp's low-level server leaves this to the handler (its router does it for apps).
                 await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = await _read_whole(request, limit)
-            if self._readers.pop(id(request), None) is None:  # evicted as its last bytes arrived
+            if self.readers.pop(id(request), None) is None:  # evicted as its last bytes arrived
                 return error_response(400, "connection closed to make room for other bodies", close=True)
             return body, size
         except web.HTTPRequestEntityTooLarge:
@@ -172,126 +125,49 @@ class AdmissionApp:
         except ConnectionError:  # the caller went (or its deadline closed it): nobody reads an answer
             return error_response(400, "connection closed before the body arrived", close=True)
         finally:
-            if self._readers.pop(id(request), None) is not None:  # not already given back by `_make_room`
-                self.bodies.release(size)
+            if self.readers.pop(id(request), None) is not None:  # not read, nor given back by `_make_room`
+                self.held_bytes -= size
 
     def _make_room(self, size: int, keep_free: int) -> bool:
-        """Hold `size` bytes, closing the bodies waiting longest until they fit; False (none closed)
-        when they never would."""
-        if size > self.bodies.limit_bytes - keep_free:
+        """Hold `size` bytes, closing the bodies waiting longest until they fit, `keep_free` bytes left
+        free; False (none closed) when they never would."""
+        if size > self.budget_bytes - keep_free:
             return False
-        while not self.bodies.hold(size, keep_free):
-            if not self._readers:
+        while self.held_bytes + size > self.budget_bytes - keep_free:
+            if not self.readers:
                 return False
-            key, (victim, held) = next(iter(self._readers.items()))
-            del self._readers[key]
-            self.bodies.release(held)  # its reading task gives up as soon as it runs
+            victim, held = self.readers.pop(next(iter(self.readers)))
+            self.held_bytes -= held  # its reading task gives up as soon as it runs
             log.info("event=body_evicted remote=%s reserved_bytes=%d", victim.remote, held)
             if victim.transport is not None:
                 victim.transport.abort()
+        self.held_bytes += size
         return True
 
-    def _refuse(self, request: web.BaseRequest, status: int, reason: str) -> web.Response:
-        """A review that never reaches its phase: counted, logged at INFO, its connection closed (what
-        follows an unread or unreadable body cannot be framed)."""
+    def _refuse(
+        self, request: web.BaseRequest, status: int, reason: str, *, close: bool = True
+    ) -> web.Response:
+        """A review that never reaches its phase: counted, logged at INFO; its connection closed unless
+        its body was read whole (what follows an unread or unreadable body cannot be framed)."""
         self.services.metrics.reviews.labels(_OUTCOMES.get(status, "malformed")).inc()
         log.info("event=http_bad_request remote=%s status=%d reason=%r", request.remote, status, reason[:300])
-        return error_response(status, reason, close=True)
+        return error_response(status, reason, close=close)
 
-    def review(
+    def _answer(
         self, http: web.BaseRequest, body: bytes, started: float, validating: bool
-    ) -> web.StreamResponse | Awaitable[web.StreamResponse]:
-        """The review of the path's phase: a mutating one is answered at once once the cache has synced;
-        a validating one may record a quota reservation through the API."""
+    ) -> web.Response | Awaitable[web.Response]:
         try:
             request = parse_review(body, self.services.admission.bounds)
         except MalformedReview as exc:
-            self.services.metrics.reviews.labels("malformed").inc()
-            log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
-            return error_response(400, str(exc))
-        if validating or not self.services.readiness.synced():
-            return self._review_when_synced(request, started, validating)
-        return self._answer(request, self._mutate(request), started, validating)
-
-    def _mutate(self, request: AdmissionRequest) -> Verdict:
-        try:
-            return self.services.admission.review(request)
-        except Exception as exc:  # a bug must answer a review, not drop the connection
-            return _internal_error(request, exc)
-
-    async def _review_when_synced(
-        self, request: AdmissionRequest, started: float, validating: bool
-    ) -> web.Response:
-        readiness = self.services.readiness
-        if not readiness.synced():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(SYNC_WAIT_SECONDS):
-                    await readiness.wait_synced()
-        if validating:
-            try:
-                verdict = await self.services.validation.review(request)
-            except Exception as exc:
-                verdict = _internal_error(request, exc)
-        else:
-            verdict = self._mutate(request)
-        if not readiness.synced() and (not verdict.allowed or verdict.patch):
-            # Mutating from an empty cache would resolve against no GPUs and no namespace labels.
-            message = "kube-vgpu webhook has not loaded the cluster state yet; retry in a few seconds"
-            verdict = Verdict(allowed=False, reason="not-ready", message=message)
-        return self._answer(request, verdict, started, validating)
-
-    def _answer(
-        self, request: AdmissionRequest, verdict: Verdict, started: float, validating: bool
-    ) -> web.Response:
-        metrics = self.services.metrics
-        metrics.latency.observe(time.perf_counter() - started)
-        if verdict.allowed:
-            metrics.allowed.inc()
-        else:
-            metrics.denied.inc()
-            metrics.denials.labels(verdict.reason or "unknown").inc()
-        # An ordinary admission is in the metrics; its line is DEBUG. A denial is worth a line at INFO.
-        level = logging.DEBUG if verdict.allowed else logging.INFO
-        if (request.is_pod_create or (validating and request.is_pod_update)) and log.isEnabledFor(level):
-            log.log(
-                level,
-                "event=review phase=%s operation=%s uid=%s namespace=%s pod=%s allowed=%s reason=%s "
-                "patch_ops=%d warnings=%d%s",
-                "validate" if validating else "mutate",
-                request.operation,
-                request.uid,
-                request.namespace,
-                _pod_name(request),
-                verdict.allowed,
-                verdict.reason or "-",
-                len(verdict.patch),
-                len(verdict.warnings),
-                "" if verdict.allowed else f" message={verdict.message!r}",
-            )
-        return web.Response(body=encode_json(encode_response(request.uid, verdict)), content_type=JSON)
-
-    def healthz(self) -> web.Response:
-        """Liveness: the process serves HTTP."""
-        return web.Response(body=orjson.dumps({"ok": True}), content_type=JSON)
-
-    def readyz(self) -> web.Response:
-        """Readiness: the cluster cache has synced and heard from the API recently."""
-        ready, synced = self.services.readiness.ready(), self.services.readiness.synced()
-        body = orjson.dumps({"ready": ready, "synced": synced})
-        return web.Response(status=200 if ready else 503, body=body, content_type=JSON)
+            return self._refuse(http, 400, str(exc), close=False)
+        answer = reviews.answer(self.services, request, started, validating)
+        if isinstance(answer, bytes):
+            return web.Response(body=answer, content_type=JSON)
+        return _respond(answer)
 
 
-def _pod_name(request: AdmissionRequest) -> str:
-    metadata = (request.object or {}).get("metadata")
-    if not isinstance(metadata, dict):  # a mistyped pod, denied; its name is whatever it says
-        return "?"
-    return str(metadata.get("name") or f"{metadata.get('generateName') or ''}*")
-
-
-def _internal_error(request: AdmissionRequest, exc: Exception) -> Verdict:
-    log.error("event=review_failed uid=%s error=%r", request.uid, f"{type(exc).__name__}: {exc}")
-    message = f"kube-vgpu webhook internal error: {type(exc).__name__}"
-    return Verdict(allowed=False, reason="internal-error", message=message)
+async def _respond(answer: Awaitable[bytes]) -> web.Response:
+    return web.Response(body=await answer, content_type=JSON)
 
 
 async def _read_whole(request: web.BaseRequest, limit: int) -> bytes:
