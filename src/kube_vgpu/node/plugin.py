@@ -45,7 +45,7 @@ from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, hold_while_mis
 from kube_vgpu.node.metrics import Metrics
 from kube_vgpu.node.mig.start import reconcile_interval, start_mig
 from kube_vgpu.node.nvml.gpus import GpuInfo, check_inventory, discover
-from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
+from kube_vgpu.node.nvml.health import HealthMonitor, monitor_health
 from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.nvml.surface import Nvml
 from kube_vgpu.node.publish.publisher import NodePublisher
@@ -169,26 +169,16 @@ class NodePlugin:
         self.metrics_server = metrics.server(node.metrics_port if s.metrics_port is None else s.metrics_port)
         await self.metrics_server.start()
 
-        loop = asyncio.get_running_loop()
-
-        def health_changed(uuid: str, healthy: bool, reason: str) -> None:
-            if inventory.set_health(uuid, healthy, reason):
-                model = inventory.by_uuid[uuid].name
-                self.api.events.gpu_health(uuid, model, healthy, reason, node.recovery_quiet_seconds)
-
-        def report(uuid: str, healthy: bool, reason: str) -> None:
-            loop.call_soon_threadsafe(health_changed, uuid, healthy, reason)
-
-        tracker = HealthTracker([g.uuid for g in gpus], node.ignored_xids, node.recovery_quiet_seconds)
-        self.health = HealthMonitor(
+        self.health = monitor_health(
             self._nvml,
-            gpus,
-            tracker,
-            report,
+            inventory,
+            node,
+            lambda uuid, model, healthy, why: self.api.events.gpu_health(
+                uuid, model, healthy, why, node.recovery_quiet_seconds
+            ),
             wait_ms=s.xid_wait_ms,
             probe_interval=s.probe_interval_seconds,
         )
-        self.health.start()
         if s.mode == HAMI_CORE:
             # Checked before the first publish, so a node without HAMi-core never offers capacity.
             self.hook_path = HookPathWatch(
@@ -226,6 +216,7 @@ class NodePlugin:
                 ),
                 "mig",
             )
+        loop = asyncio.get_running_loop()
         self._watch_thread = loop.run_in_executor(None, publisher.watch_forever, loop)
         self._pod_watch_thread = loop.run_in_executor(None, self.pod_watch.watch_forever, loop)
 

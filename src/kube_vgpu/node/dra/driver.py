@@ -51,7 +51,7 @@ from kube_vgpu.node.dra.volcano import (
 from kube_vgpu.node.events import node_reference
 from kube_vgpu.node.hookpath import HookPathState, HookPathWatch, hold_while_missing
 from kube_vgpu.node.nvml.gpus import GpuInfo, check_inventory, discover
-from kube_vgpu.node.nvml.health import HealthMonitor, HealthTracker
+from kube_vgpu.node.nvml.health import HealthMonitor, monitor_health
 from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.nvml.surface import Nvml
 from kube_vgpu.node.usage.metrics import UsageCollector, UsageSampler
@@ -196,21 +196,16 @@ class DraNodePlugin:
         self.registry.register(publisher.collector())
         self.registry.register(UsageCollector(self.usage))
 
-        loop = asyncio.get_running_loop()
-
-        def health_changed(uuid: str, healthy: bool, reason: str) -> None:
-            if inventory.set_health(uuid, healthy, reason):
-                model = inventory.by_uuid[uuid].name
-                self.api.events.gpu_health(uuid, model, healthy, reason, node.recovery_quiet_seconds)
-
-        def report(uuid: str, healthy: bool, reason: str) -> None:
-            loop.call_soon_threadsafe(health_changed, uuid, healthy, reason)
-
-        tracker = HealthTracker([g.uuid for g in gpus], node.ignored_xids, node.recovery_quiet_seconds)
-        self.health = HealthMonitor(
-            self.nvml, gpus, tracker, report, wait_ms=s.xid_wait_ms, probe_interval=s.probe_interval_seconds
+        self.health = monitor_health(
+            self.nvml,
+            inventory,
+            node,
+            lambda uuid, model, healthy, why: self.api.events.gpu_health(
+                uuid, model, healthy, why, node.recovery_quiet_seconds
+            ),
+            wait_ms=s.xid_wait_ms,
+            probe_interval=s.probe_interval_seconds,
         )
-        self.health.start()
         # Checked before the first publish, so a node without HAMi-core never offers a usable GPU.
         self.hook_path = HookPathWatch(
             node.hook_path,

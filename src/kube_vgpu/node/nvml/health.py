@@ -9,6 +9,7 @@ critical XID or a failed probe.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import threading
@@ -17,7 +18,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kube_vgpu.contract.config import NodeConfig
 from kube_vgpu.node.nvml.gpus import GpuInfo, nvml_text
+from kube_vgpu.node.nvml.inventory import LiveGpus
 from kube_vgpu.node.nvml.surface import Nvml
 
 log = logging.getLogger(__name__)
@@ -208,3 +211,32 @@ class HealthMonitor:
             change = self._tracker.on_probe(gpu.uuid, error, self._clock())
             if change is not None:
                 self._report(gpu.uuid, *change)
+
+
+def monitor_health(
+    nvml: Nvml,
+    inventory: LiveGpus,
+    node: NodeConfig,
+    announce: Callable[[str, str, bool, str], None],
+    *,
+    wait_ms: int,
+    probe_interval: float,
+) -> HealthMonitor:
+    """Start a monitor of the inventory's GPUs. Each change it reports from its thread is applied to
+    `inventory` on the calling event loop, and `announce(uuid, model, healthy, reason)` runs for each
+    GPU whose health did change."""
+    loop = asyncio.get_running_loop()
+
+    def changed(uuid: str, healthy: bool, reason: str) -> None:
+        if inventory.set_health(uuid, healthy, reason):
+            announce(uuid, inventory.by_uuid[uuid].name, healthy, reason)
+
+    def report(uuid: str, healthy: bool, reason: str) -> None:
+        loop.call_soon_threadsafe(changed, uuid, healthy, reason)
+
+    tracker = HealthTracker(list(inventory.by_uuid), node.ignored_xids, node.recovery_quiet_seconds)
+    monitor = HealthMonitor(
+        nvml, inventory.gpus, tracker, report, wait_ms=wait_ms, probe_interval=probe_interval
+    )
+    monitor.start()
+    return monitor
