@@ -443,6 +443,13 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.01)
 
 
+def rss_mib() -> float:
+    """This process's resident memory (the webhook under test runs in it), in MiB."""
+    with open("/proc/self/status") as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
 def no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
     """Nothing was logged at ERROR or with a traceback."""
     noisy = [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
