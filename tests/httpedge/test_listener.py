@@ -142,11 +142,21 @@ def _review_answered(webhook: ThreadedWebhook) -> bool:
     return status == 200 and json.loads(body)["response"]["allowed"] is True
 
 
+def _closed_within_deadlines(sock: ssl.SSLSocket) -> bool:
+    """Whether the server closes `sock` within five request deadlines of `strict` (well under its
+    60 s idle timeout, so only the request deadline can have closed it)."""
+    sock.settimeout(5 * STRICT_DEADLINE)
+    return closed_by_server(sock)
+
+
 # --- the request deadline and the idle timeout ------------------------------------------------------
 
 
-def test_a_connection_that_sends_nothing_is_closed(strict: ThreadedWebhook) -> None:
-    assert closed_by_server(strict.open_tls())
+@pytest.mark.parametrize("sent", [b"", _HEALTHZ[:20]], ids=["nothing", "a stalled head"])
+def test_a_connection_whose_request_does_not_arrive_is_closed(strict: ThreadedWebhook, sent: bytes) -> None:
+    sock = strict.open_tls()
+    sock.sendall(sent)
+    assert closed_by_server(sock)
 
 
 def test_a_connection_that_never_starts_tls_is_closed_and_frees_its_slot(strict: ThreadedWebhook) -> None:
@@ -158,12 +168,6 @@ def test_a_connection_that_never_starts_tls_is_closed_and_frees_its_slot(strict:
         closed = True
     assert closed
     wait_for(lambda: _open(strict) == 0, "the slot to be freed")
-
-
-def test_a_stalled_request_head_is_closed(strict: ThreadedWebhook) -> None:
-    sock = strict.open_tls()
-    sock.sendall(_HEALTHZ[:20])
-    assert closed_by_server(sock)
 
 
 def test_a_stalled_body_is_closed_and_counted(
@@ -227,8 +231,7 @@ def test_a_body_begun_in_the_same_read_as_the_previous_answer_is_cut_at_the_dead
     sock = strict.open_tls()
     sock.sendall(_HEALTHZ + request_head("/mutate", len(_REVIEW)) + _REVIEW[: len(_REVIEW) // 2])
     assert _answered_200(sock)  # the first request is answered
-    sock.settimeout(5 * STRICT_DEADLINE)  # well under the 60 s idle timeout
-    assert closed_by_server(sock)
+    assert _closed_within_deadlines(sock)
     assert _expired(strict) >= 1
 
 
@@ -254,19 +257,19 @@ def test_a_request_begun_late_in_an_earlier_deadline_gets_a_whole_deadline_of_it
         assert _expired(webhook) == 0
 
 
+@pytest.mark.parametrize(("path", "status"), [("/nope", 404), ("/mutate", 405)])
 def test_an_idle_connection_after_a_request_answered_unread_outlives_the_request_deadline(
-    strict: ThreadedWebhook,
+    strict: ThreadedWebhook, path: str, status: int
 ) -> None:
     # A 404 or 405 without a body is answered without `request_complete`: its deadline kept running,
     # closed the idle keep-alive connection a deadline after the request began, and cut short the
     # next request on it (whose deadline never started: one was running).
-    for path, status in (("/nope", 404), ("/mutate", 405)):
-        sock = strict.open_tls()
-        sock.sendall(request_head(path, method="GET"))
-        assert status_of(read_answer(sock)[0]) == status
-        time.sleep(1.5 * STRICT_DEADLINE)
-        sock.sendall(_HEALTHZ)
-        assert _answered_200(sock)
+    sock = strict.open_tls()
+    sock.sendall(request_head(path, method="GET"))
+    assert status_of(read_answer(sock)[0]) == status
+    time.sleep(1.5 * STRICT_DEADLINE)
+    sock.sendall(_HEALTHZ)
+    assert _answered_200(sock)
     assert _expired(strict) == 0
 
 
@@ -287,8 +290,7 @@ def test_a_request_answered_unread_with_its_body_stalled_is_closed(
     sock = strict.open_tls()
     sock.sendall(head + b"x" * 10)
     assert 400 <= status_of(read_answer(sock)[0]) < 500
-    sock.settimeout(5 * STRICT_DEADLINE)  # well under the 60 s idle timeout
-    assert closed_by_server(sock), head
+    assert _closed_within_deadlines(sock), head
 
 
 def _hold_reviews(webhook: ThreadedWebhook) -> Callable[[], None]:
@@ -339,8 +341,7 @@ def test_a_head_begun_while_the_previous_review_is_computed_is_cut_at_the_deadli
     time.sleep(busy_for * STRICT_DEADLINE)
     release()
     assert _answered_200(sock)
-    sock.settimeout(5 * STRICT_DEADLINE)
-    assert closed_by_server(sock)
+    assert _closed_within_deadlines(sock)
     assert _expired(strict) == 1
 
 
@@ -354,8 +355,7 @@ def test_a_stalled_head_after_many_kept_alive_requests_is_cut_at_the_deadline(
         assert _answered_200(sock)
     time.sleep(0.5 * STRICT_DEADLINE)
     sock.sendall(_HEALTHZ[:20])
-    sock.settimeout(5 * STRICT_DEADLINE)
-    assert closed_by_server(sock)
+    assert _closed_within_deadlines(sock)
     assert _expired(strict) == 1
 
 
@@ -370,8 +370,7 @@ def test_a_head_begun_in_the_same_read_as_the_previous_request_is_cut_at_the_dea
     sock = strict.open_tls()
     sock.sendall(_HEALTHZ + _HEALTHZ[:20])
     assert _answered_200(sock)
-    sock.settimeout(5 * STRICT_DEADLINE)  # well under the 60 s idle timeout
-    assert closed_by_server(sock)
+    assert _closed_within_deadlines(sock)
 
 
 def test_a_connection_gone_while_its_review_was_computed_is_not_counted_as_a_deadline(

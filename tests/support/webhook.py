@@ -378,11 +378,14 @@ def post(
         return response.status, raw.decode(errors="replace")
 
 
-def post_once(webhook: ThreadedWebhook, body: bytes, path: str) -> tuple[int, bytes]:
-    """POST raw bytes on a connection of their own (closed after): the status and the raw answer."""
+def post_once(
+    webhook: ThreadedWebhook, body: bytes, path: str, headers: Mapping[str, str] | None = None
+) -> tuple[int, bytes]:
+    """POST raw bytes (with `headers` besides the JSON content type) on a connection of their own
+    (closed after): the status and the raw answer."""
     conn = webhook.connect()
     try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
         response = conn.getresponse()
         return response.status, response.read()
     finally:

@@ -34,6 +34,7 @@ from tests.support.webhook import (
     no_tracebacks,
     pod,
     post,
+    post_once,
     read_answer,
     request_head,
     review,
@@ -62,16 +63,6 @@ def _sent(webhook: ThreadedWebhook, data: bytes) -> ssl.SSLSocket:
     sock = webhook.open_tls()
     sock.sendall(data)
     return sock
-
-
-def _post_raw(webhook: ThreadedWebhook, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-    conn = webhook.connect()
-    try:
-        conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"} | headers)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
 
 
 def _small_review_allowed(webhook: ThreadedWebhook) -> bool:
@@ -166,7 +157,7 @@ def test_hostile_bodies_get_a_4xx_with_a_json_reason_and_no_traceback(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     for case, body, headers, status, reason in BAD_BODIES:
-        got, raw = _post_raw(webhook, body, headers)
+        got, raw = post_once(webhook, body, "/mutate", headers)
         assert got == status, (case, raw[:300])
         assert reason in json.loads(raw)["error"], (case, raw[:300])
     no_tracebacks(caplog)
@@ -198,7 +189,7 @@ def test_a_broken_body_sent_where_no_body_is_read_is_answered_and_the_connection
 
 def test_compressed_reviews_are_read(webhook: ThreadedWebhook) -> None:
     for encoding, data in (("gzip", gzip.compress(_REVIEW)), ("deflate", zlib.compress(_REVIEW))):
-        status, raw = _post_raw(webhook, data, {"Content-Encoding": encoding})
+        status, raw = post_once(webhook, data, "/mutate", {"Content-Encoding": encoding})
         assert status == 200 and json.loads(raw)["response"]["allowed"], encoding
 
 
