@@ -7,32 +7,35 @@ descriptors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from kube_vgpu.httpedge.listener import MAX_FIELD_BYTES, MAX_KEEP_ALIVE_READ_BYTES, ConnectionLimits
-from kube_vgpu.httpedge.metrics_server import METRICS_LIMITS, MetricsServer, Render
+from kube_vgpu.httpedge.metrics_server import METRICS_LIMITS, MetricsServer
+from tests.support.timeouts import HANG_S
 
-BOUND = 10.0
 EXPOSITION = b"# TYPE kube_vgpu_up gauge\nkube_vgpu_up 1\n"
-
-
-def exposition() -> Render:
-    async def render() -> bytes:
-        return EXPOSITION
-
-    return render
-
-
 _PARTIAL_HEAD = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * (MAX_FIELD_BYTES - 96)
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    return reader, writer
+async def _render() -> bytes:
+    return EXPOSITION
+
+
+@contextlib.asynccontextmanager
+async def _serving(limits: ConnectionLimits = METRICS_LIMITS) -> AsyncIterator[MetricsServer]:
+    server = MetricsServer(_render, host="127.0.0.1", port=0, limits=limits)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
 
 
 async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
     try:
-        async with asyncio.timeout(BOUND):
+        async with asyncio.timeout(HANG_S):
             return await reader.read(65536) == b""
     except ConnectionResetError:
         return True
@@ -40,77 +43,73 @@ async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
         return False
 
 
-async def _scrape(port: int) -> bytes:
-    reader, writer = await _connect(port)
+async def _status_then_closed(port: int, request: bytes) -> bytes:
+    """The whole answer to `request` (which asks for `Connection: close`)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        async with asyncio.timeout(BOUND):
-            return await reader.read()
+        writer.write(request)
+        async with asyncio.timeout(HANG_S):
+            answer = await reader.read()
+        return answer
     finally:
         writer.close()
 
 
+async def _kept_alive_answer(stream: Stream, request: bytes) -> bytes:
+    """Send `request` on a keep-alive connection; its answer's head (the body read and dropped)."""
+    reader, writer = stream
+    writer.write(request)
+    async with asyncio.timeout(HANG_S):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+    return head
+
+
+def _ok(answer: bytes) -> bool:
+    return b" 200 " in answer.split(b"\r\n", 1)[0]
+
+
 async def test_connections_holding_partial_heads_are_capped_and_a_scrape_still_answered() -> None:
-    server = MetricsServer(exposition(), host="127.0.0.1", port=0)
-    await server.start()
-    cap = METRICS_LIMITS.max_connections
-    opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-    try:
-        for _ in range(cap + 20):
-            reader, writer = await _connect(server.port)
-            writer.write(_PARTIAL_HEAD)
-            await writer.drain()
-            opened.append((reader, writer))
-        # The 20 accepted first are closed to make room; the cap's worth that came after stay open.
-        for reader, _ in opened[:20]:
-            assert await _closed_by_server(reader)
-        answer = await _scrape(server.port)
-        assert b" 200 " in answer.split(b"\r\n", 1)[0] and answer.endswith(b"\r\n\r\n" + EXPOSITION)
-    finally:
-        for _, writer in opened:
-            writer.close()
-        await server.stop()
+    async with _serving() as server:
+        opened: list[Stream] = []
+        try:
+            for _ in range(METRICS_LIMITS.max_connections + 20):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(_PARTIAL_HEAD)
+                await writer.drain()
+                opened.append((reader, writer))
+            # The 20 accepted first are closed to make room; the cap's worth that came after stay open.
+            for reader, _ in opened[:20]:
+                assert await _closed_by_server(reader)
+            scrape = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            answer = await _status_then_closed(server.port, scrape)
+            assert _ok(answer) and answer.endswith(b"\r\n\r\n" + EXPOSITION)
+        finally:
+            for _, writer in opened:
+                writer.close()
 
 
 async def test_a_partial_head_is_cut_at_the_deadline_and_an_idle_scraper_outlives_it() -> None:
     limits = ConnectionLimits(max_connections=10, request_timeout_seconds=0.5, idle_timeout_seconds=60)
-    server = MetricsServer(exposition(), host="127.0.0.1", port=0, limits=limits)
-    await server.start()
-    try:
-        slow_reader, slow_writer = await _connect(server.port)
+    async with _serving(limits) as server:
+        slow_reader, slow_writer = await asyncio.open_connection("127.0.0.1", server.port)
         slow_writer.write(_PARTIAL_HEAD)
-        scraper_reader, scraper_writer = await _connect(server.port)
+        scraper = await asyncio.open_connection("127.0.0.1", server.port)
         for _ in range(2):  # keep-alive scrapes, two deadlines apart
-            scraper_writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            async with asyncio.timeout(BOUND):
-                head = await scraper_reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                await scraper_reader.readexactly(length)
-            assert b" 200 " in head.split(b"\r\n", 1)[0]
+            assert _ok(await _kept_alive_answer(scraper, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"))
             await asyncio.sleep(2 * limits.request_timeout_seconds)
         assert await _closed_by_server(slow_reader)
         slow_writer.close()
-        scraper_writer.close()
-    finally:
-        await server.stop()
+        scraper[1].close()
 
 
 async def test_only_get_metrics_is_served_there() -> None:
-    server = MetricsServer(exposition(), host="127.0.0.1", port=0)
-    await server.start()
-    try:
-        reader, writer = await _connect(server.port)
-        writer.write(b"GET /mutate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        async with asyncio.timeout(BOUND):
-            assert b" 404 " in (await reader.read()).split(b"\r\n", 1)[0]
-        writer.close()
-        reader, writer = await _connect(server.port)
-        writer.write(b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-        async with asyncio.timeout(BOUND):
-            assert b" 405 " in (await reader.read()).split(b"\r\n", 1)[0]
-        writer.close()
-    finally:
-        await server.stop()
+    async with _serving() as server:
+        wrong_path = b"GET /mutate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        assert b" 404 " in (await _status_then_closed(server.port, wrong_path)).split(b"\r\n", 1)[0]
+        wrong_method = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        assert b" 405 " in (await _status_then_closed(server.port, wrong_method)).split(b"\r\n", 1)[0]
 
 
 # What Prometheus sends for each scrape (about 300 bytes): 110 of them pass 32 KiB, half an hour of
@@ -126,22 +125,13 @@ _PROMETHEUS_HEAD = (
 async def test_a_scraper_kept_alive_past_32_kib_of_scrapes_is_not_closed_while_idle() -> None:
     # Only the admission port closes a connection after 32 KiB received (what TLS buffers keep); the
     # metrics port is plain HTTP, and Prometheus keeps its connection across scrapes.
-    server = MetricsServer(exposition(), host="127.0.0.1", port=0)
-    await server.start()
-    try:
-        reader, writer = await _connect(server.port)
+    async with _serving() as server:
+        scraper = await asyncio.open_connection("127.0.0.1", server.port)
         try:
             scrapes = MAX_KEEP_ALIVE_READ_BYTES // len(_PROMETHEUS_HEAD) + 2
             assert scrapes * len(_PROMETHEUS_HEAD) > MAX_KEEP_ALIVE_READ_BYTES
             for _ in range(scrapes + 1):
-                writer.write(_PROMETHEUS_HEAD)
-                async with asyncio.timeout(BOUND):
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                    await reader.readexactly(length)
-                assert b" 200 " in head.split(b"\r\n", 1)[0]
+                assert _ok(await _kept_alive_answer(scraper, _PROMETHEUS_HEAD))
             assert server.listener is not None and server.listener.evicted == server.listener.expired == 0
         finally:
-            writer.close()
-    finally:
-        await server.stop()
+            scraper[1].close()

@@ -13,6 +13,8 @@ import copy
 import dataclasses
 import http.client
 import json
+import logging
+import socket
 import ssl
 import threading
 import time
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import jsonpatch
+import pytest
 
 from kube_vgpu.certs.issue import Issued, issue_ca, issue_serving
 from kube_vgpu.contract.config import Config
@@ -38,9 +41,11 @@ from kube_vgpu.contract.names import (
     UUID_LABEL_PREFIX,
 )
 from kube_vgpu.contract.register import GpuRecord, encode_register
+from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.cli import new_event_loop
 from kube_vgpu.webhook.records import NodeRecord
 from kube_vgpu.webhook.service import Options, WebhookServer
+from tests.support.timeouts import HANG_S
 
 _T = TypeVar("_T")
 
@@ -259,7 +264,7 @@ class ThreadedWebhook:
         )
         options = dataclasses.replace(options, **overrides)
         self.tls = tls
-        self._connections: list[http.client.HTTPSConnection] = []
+        self._connections: list[http.client.HTTPSConnection | socket.socket] = []
         self._loop = loop_factory()
         self._thread = threading.Thread(target=self._loop.run_forever, name="webhook-under-test", daemon=True)
         self._thread.start()
@@ -292,8 +297,7 @@ class ThreadedWebhook:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        for conn in self._connections:
-            conn.close()
+        self.close_connections()
         try:
             self.call(self.server.stop())
         finally:
@@ -329,6 +333,32 @@ class ThreadedWebhook:
         self._connections.append(conn)  # closed at exit even when a test fails half-way
         return conn
 
+    def open_raw(self, timeout: float = HANG_S) -> socket.socket:
+        """A TCP connection to the admission port that has not begun TLS (closed at exit)."""
+        raw = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        self._connections.append(raw)  # closed even when the handshake below fails
+        return raw
+
+    def open_tls(self, context: ssl.SSLContext | None = None, timeout: float = HANG_S) -> ssl.SSLSocket:
+        """A TLS socket to the admission port, handshake done, for writing raw HTTP (closed at exit)."""
+        raw = self.open_raw(timeout)
+        sock = (context or self.tls.client_context()).wrap_socket(raw, server_hostname="localhost")
+        self._connections.append(sock)
+        return sock
+
+    def close_connections(self) -> None:
+        """Close every connection opened so far (before a stop, which waits for their TLS close)."""
+        while self._connections:
+            self._connections.pop().close()
+
+
+def serve_one_gpu(apiserver: ApiServerStandin, tmp_path: Path, **overrides: Any) -> ThreadedWebhook:
+    """A webhook (not yet entered) against `apiserver` with one A100 node; `overrides` as for
+    `ThreadedWebhook` (limits=, client_ca_file=, tls=...)."""
+    apiserver.put(gpu_node("n1", "hami-core", [(A100, 40960)]))
+    tls = overrides.pop("tls", None) or write_tls(tmp_path / "tls")
+    return ThreadedWebhook(apiserver.write_kubeconfig(tmp_path / "kubeconfig"), tls, **overrides)
+
 
 async def _make_server(options: Options, config: Config, clock: Callable[[], float]) -> WebhookServer:
     return WebhookServer(options, config, clock=clock)
@@ -348,11 +378,14 @@ def post(
         return response.status, raw.decode(errors="replace")
 
 
-def post_once(webhook: ThreadedWebhook, body: bytes, path: str) -> tuple[int, bytes]:
-    """POST raw bytes on a connection of their own (closed after): the status and the raw answer."""
+def post_once(
+    webhook: ThreadedWebhook, body: bytes, path: str, headers: Mapping[str, str] | None = None
+) -> tuple[int, bytes]:
+    """POST raw bytes (with `headers` besides the JSON content type) on a connection of their own
+    (closed after): the status and the raw answer."""
     conn = webhook.connect()
     try:
-        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -364,6 +397,66 @@ def get(conn: http.client.HTTPSConnection, path: str) -> tuple[int, bytes]:
     conn.request("GET", path)
     response = conn.getresponse()
     return response.status, response.read()
+
+
+def request_head(
+    path: str = "/mutate", length: int | None = None, *, method: str = "POST", extra: str = ""
+) -> bytes:
+    """An HTTP/1.1 request head with a Host (and a Content-Length when `length` is given); `extra` is
+    more header lines, each ending in CRLF."""
+    framing = "" if length is None else f"Content-Length: {length}\r\n"
+    return f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n{framing}{extra}\r\n".encode()
+
+
+def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One whole answer from a raw socket: its head and its body (by its Content-Length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before the answer: {data[:200]!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next((int(x.split(b":")[1]) for x in lines if x.lower().startswith(b"content-length")), 0)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed in the middle of the answer"
+        body += chunk
+    return head, body
+
+
+def status_of(head: bytes) -> int:
+    """The status code of an answer's head."""
+    return int(head.split(b" ", 2)[1])
+
+
+def exchange(webhook: ThreadedWebhook, data: bytes) -> tuple[int, bytes, bytes]:
+    """Send raw bytes on a TLS connection of their own: the answer's status, head and body."""
+    with webhook.open_tls() as sock:
+        sock.sendall(data)
+        head, body = read_answer(sock)
+    return status_of(head), head, body
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Poll until `condition` holds; fail naming `what` at HANG_S (only a hang gets there)."""
+    deadline = time.monotonic() + HANG_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def rss_mib() -> float:
+    """This process's resident memory (the webhook under test runs in it), in MiB."""
+    with open("/proc/self/status") as status:
+        line = next(x for x in status if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing was logged at ERROR or with a traceback."""
+    noisy = [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not noisy, noisy
 
 
 def closed_by_server(sock: ssl.SSLSocket) -> bool:

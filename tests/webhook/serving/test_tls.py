@@ -8,7 +8,6 @@ import http.client
 import os
 import ssl
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,8 @@ from cryptography import x509
 from kube_vgpu.certs.issue import Issued, issue_ca, issue_serving
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.serving.tls import CertReloader
-from tests.support.webhook import ThreadedWebhook, TlsFiles, container, pod, post, review
+from tests.support.timeouts import HANG_S
+from tests.support.webhook import ThreadedWebhook, TlsFiles, container, pod, post, review, wait_for
 
 
 class SecretVolume:
@@ -122,20 +122,16 @@ def test_rotation_under_load_drops_nothing(
     thread = threading.Thread(target=client, name="rotation-client")
     thread.start()
     try:
-        while len(seen) < 5:
-            time.sleep(0.01)
+        wait_for(lambda: len(seen) >= 5 or bool(errors), "five reviews on the first certificate")
         new = _leaf(ca)
         new_serial = x509.load_pem_x509_certificate(new.cert_pem).serial_number
         volume.publish(new.cert_pem, new.key_pem)
-        deadline = time.monotonic() + 10
-        while not any(s == new_serial for s, _ in seen) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: any(s == new_serial for s, _ in seen) or bool(errors), "the new certificate")
         count = len(seen)
-        while len(seen) < count + 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: len(seen) >= count + 5 or bool(errors), "five more reviews")
     finally:
         stop.set()
-        thread.join(timeout=10)
+        thread.join(timeout=HANG_S)
     assert errors == []
     assert {status for _, status in seen} == {200}
     serials = [s for s, _ in seen]
