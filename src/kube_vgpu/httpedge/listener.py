@@ -171,8 +171,8 @@ class Connection(web.RequestHandler):
 def arrived(request: web.BaseRequest) -> None:
     """Tell the listener that `request` arrived whole (its body read, or never to be): its deadline
     stops, and the cap will not close it while it is answered."""
-    conn = cast(Connection, request.protocol)
-    conn.busy, conn.woke, conn.deadline = True, False, None
+    if isinstance(conn := request.protocol, Connection):  # a server of our own listener
+        conn.busy, conn.woke, conn.deadline = True, False, None
 
 
 class Listener:

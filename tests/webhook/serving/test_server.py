@@ -47,13 +47,15 @@ from tests.support.webhook import (
 LIMIT = MAX_BODY_BYTES
 _REVIEW = json.dumps(review(pod(container(memory=1000)))).encode()
 JSON_BODY = "Content-Type: application/json\r\n"
+# The fixture's request deadline and idle timeout: far past the tests' waits.
+IDLE_S = 60.0
 
 
 @pytest.fixture
 def webhook(apiserver: ApiServerStandin, tmp_path: Path) -> Iterator[ThreadedWebhook]:
     # The request deadline far past the tests' waits: only the webhook's answers and the body budget
     # end a connection here.
-    limits = ConnectionLimits(request_timeout_seconds=60, idle_timeout_seconds=60)
+    limits = ConnectionLimits(request_timeout_seconds=IDLE_S, idle_timeout_seconds=IDLE_S)
     with serve_one_gpu(apiserver, tmp_path, limits=limits) as running:
         yield running
 
@@ -94,12 +96,17 @@ def _small_review_allowed(webhook: ThreadedWebhook) -> bool:
     ],
 )
 def test_bad_bodies_get_a_json_reason(
-    webhook: ThreadedWebhook, body: bytes, status: int, reason: str
+    webhook: ThreadedWebhook, body: bytes, status: int, reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     conn = webhook.connect()
     got, answer = post(conn, body)
     assert got == status and reason in answer["error"]
     conn.close()
+    # Counted and logged as what it is: a body that is no review, or one over the limit.
+    outcome, event = ("too_large", "http_bad_request") if status == 413 else ("malformed", "review_malformed")
+    assert f'kube_vgpu_webhook_reviews_total{{outcome="{outcome}"}} 1.0' in webhook.metrics()
+    assert any(f"event={event} " in r.getMessage() for r in caplog.records)
     # The server is unharmed.
     assert get(webhook.connect(), "/healthz")[0] == 200
 
@@ -280,8 +287,9 @@ def _says_close(head: bytes) -> bool:
 
 
 def _ends(sock: ssl.SSLSocket) -> bool:
-    """Whether the server ends the connection within HANG_S (what it still sends is read and dropped)."""
-    sock.settimeout(HANG_S)
+    """Whether the server ends the connection within half the fixture's idle timeout, so that only
+    its answer, not the idle timeout, can have ended it (what it still sends is read and dropped)."""
+    sock.settimeout(IDLE_S / 2)
     try:
         while sock.recv(65536):
             pass
@@ -339,6 +347,7 @@ def test_stalled_compressed_bodies_fill_the_budget_and_the_one_waiting_longest_m
     wait_for(lambda: _held(webhook) >= 2 * MAX_BODY_BYTES, "two bodies held")
     assert _small_review_allowed(webhook)  # small bodies still fit
     stalled.append(_stalled_gzip_body(webhook))
+    stalled[0].settimeout(IDLE_S / 2)  # closed well before its request deadline could close it
     assert closed_by_server(stalled[0])  # closed to make room; the newcomer is read
     wait_for(lambda: _held(webhook) >= 2 * MAX_BODY_BYTES, "the third held")
     assert _held(webhook) <= budget.budget_bytes
@@ -361,6 +370,7 @@ def test_a_body_that_could_never_fit_the_budget_is_refused_at_once(webhook: Thre
     head, body = read_answer(_stalled_gzip_body(webhook))
     assert status_of(head) == 429
     assert json.loads(body)["error"].startswith("too many request bodies")
+    assert 'kube_vgpu_webhook_reviews_total{outcome="busy"} 1.0' in webhook.metrics()
     assert _small_review_allowed(webhook)
 
 

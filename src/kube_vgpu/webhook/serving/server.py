@@ -144,22 +144,22 @@ class AdmissionApp:
         self.held_bytes += size
         return True
 
-    def _refuse(
-        self, request: web.BaseRequest, status: int, reason: str, *, close: bool = True
-    ) -> web.Response:
-        """A review that never reaches its phase: counted, logged at INFO; its connection closed unless
-        its body was read whole (what follows an unread or unreadable body cannot be framed)."""
+    def _refuse(self, request: web.BaseRequest, status: int, reason: str) -> web.Response:
+        """A review that never reaches its phase: counted, logged at INFO, its connection closed (what
+        follows an unread or unreadable body cannot be framed)."""
         self.services.metrics.reviews.labels(_OUTCOMES.get(status, "malformed")).inc()
         log.info("event=http_bad_request remote=%s status=%d reason=%r", request.remote, status, reason[:300])
-        return error_response(status, reason, close=close)
+        return error_response(status, reason, close=True)
 
     def _answer(
         self, http: web.BaseRequest, body: bytes, started: float, validating: bool
     ) -> web.Response | Awaitable[web.Response]:
         try:
             request = parse_review(body, self.services.admission.bounds)
-        except MalformedReview as exc:
-            return self._refuse(http, 400, str(exc), close=False)
+        except MalformedReview as exc:  # read whole, so the connection stays framed and is kept
+            self.services.metrics.reviews.labels("malformed").inc()
+            log.info("event=review_malformed remote=%s reason=%r", http.remote, str(exc))
+            return error_response(400, str(exc))
         answer = reviews.answer(self.services, request, started, validating)
         if isinstance(answer, bytes):
             return web.Response(body=answer, content_type=JSON)
