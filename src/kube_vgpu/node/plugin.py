@@ -173,9 +173,7 @@ class NodePlugin:
             self._nvml,
             inventory,
             node,
-            lambda uuid, model, healthy, why: self.api.events.gpu_health(
-                uuid, model, healthy, why, node.recovery_quiet_seconds
-            ),
+            self.api.events.gpu_health,
             wait_ms=s.xid_wait_ms,
             probe_interval=s.probe_interval_seconds,
         )

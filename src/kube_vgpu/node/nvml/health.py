@@ -217,19 +217,19 @@ def monitor_health(
     nvml: Nvml,
     inventory: LiveGpus,
     node: NodeConfig,
-    announce: Callable[[str, str, bool, str], None],
+    announce: Callable[[str, str, bool, str, float], None],
     *,
     wait_ms: int,
     probe_interval: float,
 ) -> HealthMonitor:
     """Start a monitor of the inventory's GPUs. Each change it reports from its thread is applied to
-    `inventory` on the calling event loop, and `announce(uuid, model, healthy, reason)` runs for each
-    GPU whose health did change."""
+    `inventory` on the calling event loop, and `announce(uuid, model, healthy, reason, quiet_seconds)`
+    (the node's Event) runs for each GPU whose health did change."""
     loop = asyncio.get_running_loop()
 
     def changed(uuid: str, healthy: bool, reason: str) -> None:
         if inventory.set_health(uuid, healthy, reason):
-            announce(uuid, inventory.by_uuid[uuid].name, healthy, reason)
+            announce(uuid, inventory.by_uuid[uuid].name, healthy, reason, node.recovery_quiet_seconds)
 
     def report(uuid: str, healthy: bool, reason: str) -> None:
         loop.call_soon_threadsafe(changed, uuid, healthy, reason)
