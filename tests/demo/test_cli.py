@@ -247,3 +247,29 @@ def test_a_dra_example_file_without_its_pod_exits_2(tmp_path: Path) -> None:
         "kube-vgpu demo: dra/whole-gpu.yaml: holds ResourceClaimTemplate; it must hold one "
         "ResourceClaimTemplate and one Pod that uses it"
     ) in result.stderr
+
+
+def test_dra_examples_pass_the_webhooks_as_in_a_cluster(tmp_path: Path) -> None:
+    # The pod through both phases, the claim its template makes through the validating one: an
+    # isolation rule refuses a pod, and a namespace's memory label refuses a claim.
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    whole = examples / "dra" / "whole-gpu.yaml"
+    # team-small may take 16384 MiB; a whole GPU is charged as the largest card (80 GiB).
+    assert "  name: train-whole\n" in whole.read_text()
+    whole.write_text(
+        whole.read_text().replace("  name: train-whole\n", "  name: train-whole\n  namespace: team-small\n")
+    )
+    two = examples / "dra" / "two-slices-distinct-gpus.yaml"
+    assert "      resources:\n" in two.read_text()
+    two.write_text(
+        two.read_text().replace(
+            "      resources:\n", "      securityContext: {privileged: true}\n      resources:\n", 1
+        )
+    )
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "claim refused by the webhook: " in result.stdout and "vgpu-memory quota exceeded" in result.stdout
+    assert "pod refused by the webhook (validate): " in result.stdout and "privileged" in result.stdout
+    assert "1 of 3 DRA examples allocated and prepared." in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr

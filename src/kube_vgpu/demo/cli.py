@@ -44,6 +44,7 @@ from kube_vgpu.demo.flow import PodFlow, check
 from kube_vgpu.demo.nodecheck import dra_node_check, node_checks
 from kube_vgpu.demo.report import render
 from kube_vgpu.demo.workload import start_workloads, usage_report
+from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain, WebhookHttpError
 
 # The repository's examples/ folder (src/kube_vgpu/demo/cli.py is four levels below it).
 DEFAULT_EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -123,14 +124,18 @@ async def _start_dra(cluster: LocalCluster, workdir: Path) -> None:
         raise DemoError(str(exc)) from None
 
 
-async def _run_dra(cluster: LocalCluster, examples: list[DraExample]) -> int:
-    """Carry the DRA examples from claim to CDI edits, print each; returns how many failed."""
-    if cluster.dra is None:
+async def _run_dra(cluster: LocalCluster, examples: list[DraExample], session: aiohttp.ClientSession) -> int:
+    """Carry the DRA examples from admission to CDI edits, print each; returns how many failed."""
+    if cluster.dra is None or cluster.webhook is None:
         return 0
     print("", *pool_summary(cluster.apiserver, cluster.dra), "", sep="\n", flush=True)
+    chain = AdmissionChain(session, f"https://127.0.0.1:{cluster.webhook.port}", cluster.ca_pem)
     failures = 0
     for example in examples:
-        outcome = await run_dra_example(cluster.apiserver, cluster.dra, example)
+        try:
+            outcome = await run_dra_example(cluster.apiserver, cluster.dra, example, chain)
+        except WebhookHttpError as exc:
+            raise DemoError(str(exc)) from None
         failures += not outcome.ok
         for line in render_dra(outcome):
             print(line, flush=True)
@@ -148,7 +153,9 @@ async def _demo(args: argparse.Namespace) -> int:
     config_file = examples_config(examples, args.config)
     with tempfile.TemporaryDirectory(prefix="kube-vgpu-demo-") as tmp:
         workdir = Path(tmp)
-        cluster = LocalCluster(workdir, demo_config(load_config(config_file), workdir))
+        cluster = LocalCluster(
+            workdir, demo_config(load_config(config_file), workdir, dra=bool(dra_examples))
+        )
         try:
             await cluster.up(nodes, namespaces)
             if dra_examples:
@@ -172,8 +179,8 @@ async def _demo(args: argparse.Namespace) -> int:
                     failures += bool(problems)
                     for line in render(outcome, problems):
                         print(line, flush=True)
-            print(f"{len(pods) - failures} of {len(pods)} examples ended as expected.", flush=True)
-            failures += await _run_dra(cluster, dra_examples)
+                print(f"{len(pods) - failures} of {len(pods)} examples ended as expected.", flush=True)
+                failures += await _run_dra(cluster, dra_examples, session)
             workloads = start_workloads(cluster, outcomes)
             print("\nUsage read from NVML, each process mapped to its container by its cgroup:", flush=True)
             within = cluster.config.node.register_interval_seconds + 5.0

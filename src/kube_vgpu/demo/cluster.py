@@ -22,6 +22,7 @@ from kube_vgpu.certs.check import CA_CERT, TLS_CERT, TLS_KEY
 from kube_vgpu.certs.files import write_material
 from kube_vgpu.certs.issue import issue_ca, issue_serving
 from kube_vgpu.contract.config import Config
+from kube_vgpu.contract.dra import DEVICE_CLASS
 from kube_vgpu.contract.mig.geometry import encode_device_config
 from kube_vgpu.contract.mig.shipped import device_config_for
 from kube_vgpu.contract.names import DEVICE_CONFIG_KEY, HOSTNAME_LABEL
@@ -266,11 +267,16 @@ class LocalCluster:
                 client.close()
 
 
-def demo_config(base: Config, workdir: Path) -> Config:
-    """`base` with host paths moved under `workdir`, so the demo writes nothing outside it."""
+def demo_config(base: Config, workdir: Path, *, dra: bool = False) -> Config:
+    """`base` with host paths moved under `workdir`, so the demo writes nothing outside it; with
+    `dra`, the webhook judges the claims of the DRA node group's DeviceClass unless `base` names its
+    classes (as the chart configures it with `dra.enabled`)."""
     # The plugin lists its pods every register interval; a short one lets the usage metrics find
     # the demo's containers within a second.
     node = dataclasses.replace(
         base.node, hook_path=str(workdir / "vgpu-hook"), metrics_port=0, register_interval_seconds=1.0
     )
-    return dataclasses.replace(base, node=node)
+    webhook = base.webhook
+    if dra and not webhook.dra_device_classes:
+        webhook = dataclasses.replace(webhook, dra_device_classes=(DEVICE_CLASS,))
+    return dataclasses.replace(base, node=node, webhook=webhook)

@@ -1,5 +1,5 @@
 """The demo's DRA node group: one simulated node served by the node plugin's `--api dra`, and the
-examples/dra/ pods carried from claim through the scheduler stand-in's allocation and the kubelet
+examples/dra/ pods carried from admission through the scheduler stand-in's allocation and the kubelet
 stand-in's prepare to the CDI edits their containers get. Also the objects tests put in a stand-in
 cluster: the DeviceClass the chart installs, ResourceClaims, the NVIDIA Container Toolkit's CDI spec."""
 
@@ -22,6 +22,7 @@ from kube_vgpu.demo.examples import ExampleError
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.dra.driver import DraNodePlugin, DraSettings
 from kube_vgpu.node.dra.slices import DRIVER
+from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain
 from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.errors import StatusError
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
@@ -38,6 +39,9 @@ from kube_vgpu.standins.kubelet.dra import (
 )
 from kube_vgpu.standins.nvml.api import load_simulation
 
+# Who creates a claim from a pod's template: Kubernetes' resource claim controller
+# (kubernetes pkg/controller/resourceclaim, run by kube-controller-manager under this account).
+CLAIM_CONTROLLER = "system:serviceaccount:kube-system:resource-claim-controller"
 # The DeviceClass the chart installs (helm/kube-vgpu/templates/node-deviceclass.yaml).
 DEVICE_CLASS = DRIVER
 
@@ -235,16 +239,19 @@ def load_dra_examples(folder: Path) -> list[DraExample]:
     return examples
 
 
-async def run_dra_example(api: ApiServerStandin, node: DraNode, example: DraExample) -> DraOutcome:
-    """The pod created; its claim made from the template (as the resource claim controller makes it);
-    the claim allocated on the DRA node by the scheduler stand-in and reserved for the pod; prepared
-    through the kubelet stand-in; each container's CDI devices resolved as a runtime applies them."""
+async def run_dra_example(
+    api: ApiServerStandin, node: DraNode, example: DraExample, chain: AdmissionChain
+) -> DraOutcome:
+    """The template stored; the pod admitted by the webhooks and created; its claim made from the
+    template (as the resource claim controller makes it), admitted by the validating webhook (the
+    namespace's quota) and created; the claim allocated on the DRA node by the scheduler stand-in and
+    reserved for the pod; prepared through the kubelet stand-in; each container's CDI devices
+    resolved as a runtime applies them."""
     outcome = DraOutcome(example)
     pod = json.loads(json.dumps(example.pod))
     pod["metadata"].setdefault("namespace", NAMESPACE)
     namespace, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
     try:
-        stored_pod = api.put(pod)
         template_name = example.template["metadata"]["name"]
         (pod_claim,) = [
             c for c in pod["spec"]["resourceClaims"] if c.get("resourceClaimTemplateName") == template_name
@@ -253,6 +260,11 @@ async def run_dra_example(api: ApiServerStandin, node: DraNode, example: DraExam
         template = json.loads(json.dumps(example.template))
         template["metadata"]["namespace"] = namespace
         api.put(template)
+        admitted = await chain.create(pod)
+        if not admitted.allowed:
+            outcome.error = f"pod refused by the webhook ({admitted.phase}): {admitted.message}"
+            return outcome
+        stored_pod = api.put(admitted.pod)
         owner = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -260,14 +272,17 @@ async def run_dra_example(api: ApiServerStandin, node: DraNode, example: DraExam
             "uid": stored_pod["metadata"]["uid"],
             "controller": True,
         }
-        api.put(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": outcome.claim, "namespace": namespace, "ownerReferences": [owner]},
-                "spec": template["spec"]["spec"],
-            }
-        )
+        made = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": outcome.claim, "namespace": namespace, "ownerReferences": [owner]},
+            "spec": template["spec"]["spec"],
+        }
+        claim_admitted = await chain.create_claim(made, username=CLAIM_CONTROLLER)
+        if not claim_admitted.allowed:
+            outcome.error = f"claim refused by the webhook: {claim_admitted.message}"
+            return outcome
+        api.put(claim_admitted.pod)
     except (StatusError, KeyError, ValueError, TypeError) as exc:
         raise ExampleError(f"{example.source}: the API server refuses it: {exc}") from None
     try:

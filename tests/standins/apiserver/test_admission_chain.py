@@ -107,3 +107,33 @@ def test_system_metadata_keeps_a_given_name_and_never_reuses_a_uid() -> None:
     assert first["metadata"]["name"] == second["metadata"]["name"] == "fixed"
     assert first["metadata"]["uid"] != second["metadata"]["uid"]
     assert "uid" not in named["metadata"]  # the input is not changed
+
+
+CLAIM = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {"name": "job-x-gpu", "namespace": "default"},
+    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "vgpu.kube-vgpu.io"}}]}},
+}
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+async def test_a_claim_is_validated_once_as_a_resourceclaim_with_its_system_metadata(
+    served: tuple[Recorder, str, TlsFiles], allowed: bool
+) -> None:
+    recorder, url, tls = served
+    recorder.deny_validation = not allowed
+    async with aiohttp.ClientSession() as session:
+        chain = AdmissionChain(session, url, tls.ca.cert_pem)
+        admitted = await chain.create_claim(CLAIM, username="system:serviceaccount:kube-system:rc")
+    # No mutating call: kube-vgpu's chart sends claims to its validating webhook only.
+    ((path, request),) = recorder.calls
+    assert path == "/validate"
+    gvk = {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"}
+    assert request["kind"] == request["requestKind"] == gvk
+    assert request["resource"] == {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"}
+    assert request["operation"] == "CREATE" and request["name"] == "job-x-gpu"
+    assert request["userInfo"]["username"] == "system:serviceaccount:kube-system:rc"
+    meta = request["object"]["metadata"]
+    assert meta["uid"] and meta["creationTimestamp"] and admitted.pod["metadata"]["uid"] == meta["uid"]
+    assert admitted.allowed is allowed and admitted.phase == ("" if allowed else "validate")

@@ -17,7 +17,7 @@ import pytest
 
 from kube_vgpu.contract.dra import DEVICE_CLASS
 from kube_vgpu.contract.names import QUOTA_MEMORY_LABEL
-from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain
+from kube_vgpu.standins.apiserver.admission_chain import AdmissionChain, admission_review
 from kube_vgpu.standins.apiserver.dra import FeatureGates
 from kube_vgpu.standins.apiserver.server import ApiServerStandin
 from kube_vgpu.webhook.quota.shared import decode_entries, object_name
@@ -54,22 +54,7 @@ def claim_review(*, dry_run: bool = False) -> dict[str, Any]:
             }
         },
     }
-    gvk = {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"}
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": gvk,
-            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
-            "operation": "CREATE",
-            "namespace": NAMESPACE,
-            "name": name,
-            "object": claim,
-            "dryRun": dry_run,
-            "userInfo": {"username": "alice"},
-        },
-    }
+    return admission_review(claim, username="alice", dry_run=dry_run)
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ staging/src/k8s.io/apiserver/pkg/endpoints/handlers/create.go).
 4. The write to storage, which keeps that uid.
 
 `AdmissionChain` carries a pod through 1-3 over HTTPS the way the apiserver dials webhooks (TLS
-against the configuration's CA bundle); the caller stores the result (step 4). The demo and the
-tests use it, so what they show is what a cluster would do.
+against the configuration's CA bundle); the caller stores the result (step 4). A ResourceClaim
+CREATE takes the same steps; kube-vgpu's chart sends claims to its validating webhook only. The demo
+and the tests use it, so what they show is what a cluster would do.
 """
 
 from __future__ import annotations
@@ -38,30 +39,39 @@ class WebhookHttpError(Exception):
     """The webhook answered something other than HTTP 200 with an AdmissionReview."""
 
 
+# The kinds whose writes the chain carries, and their resources.
+_RESOURCES = {"Pod": "pods", "ResourceClaim": "resourceclaims"}
+
+
 def admission_review(
-    pod: Mapping[str, Any],
+    obj: Mapping[str, Any],
     *,
     operation: str = "CREATE",
     old: Mapping[str, Any] | None = None,
     username: str = "demo-user",
     dry_run: bool = False,
 ) -> dict[str, Any]:
-    """The AdmissionReview v1 the API server sends for a pod write (a fresh uid per call)."""
-    meta = pod.get("metadata") or {}
+    """The AdmissionReview v1 the API server sends for a write of a pod or a ResourceClaim (a fresh
+    uid per call); an object without `kind` is a pod."""
+    meta = obj.get("metadata") or {}
+    kind = str(obj.get("kind") or "Pod")
+    group, _, version = str(obj.get("apiVersion") or "v1").rpartition("/")
+    gvk = {"group": group, "version": version, "kind": kind}
+    gvr = {"group": group, "version": version, "resource": _RESOURCES[kind]}
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
             "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
             "name": meta.get("name", ""),
             "namespace": meta.get("namespace", "default"),
             "operation": operation,
             "userInfo": {"username": username, "groups": ["system:authenticated"]},
-            "object": pod,
+            "object": obj,
             "oldObject": old,
             "dryRun": dry_run,
             "options": {
@@ -72,9 +82,10 @@ def admission_review(
     }
 
 
-def with_system_metadata(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """Step 2: the pod with its generated name (if it has only `generateName`), uid and creationTimestamp."""
-    out = copy.deepcopy(dict(pod))
+def with_system_metadata(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """Step 2: the object with its generated name (if it has only `generateName`), uid and
+    creationTimestamp."""
+    out = copy.deepcopy(dict(obj))
     meta = out.setdefault("metadata", {})
     if not meta.get("name") and meta.get("generateName"):
         # The real server truncates the prefix so that the name fits 63 characters.
@@ -86,10 +97,11 @@ def with_system_metadata(pod: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Admitted:
-    """What admission made of a pod: allowed or not, the final object, and what the webhook said."""
+    """What admission made of a pod (or a claim): allowed or not, the final object, and what the
+    webhook said."""
 
     allowed: bool
-    pod: dict[str, Any]
+    pod: dict[str, Any]  # the final object: a pod, or the claim for `create_claim`
     message: str = ""
     warnings: list[str] = field(default_factory=list)
     patch: list[dict[str, Any]] = field(default_factory=list)
@@ -123,6 +135,15 @@ class AdmissionChain:
         """Decode (quantities canonical: `3000` is `3k` from here on), mutate, fill the system metadata,
         validate once: the pod as it would be stored."""
         return await create_across(self, self, pod, dry_run=dry_run)
+
+    async def create_claim(self, claim: Mapping[str, Any], *, username: str) -> Admitted:
+        """A ResourceClaim CREATE by `username` (the claim controller, for a claim made from a
+        template): the system metadata filled in, then the validating webhook once."""
+        final = with_system_metadata(claim)
+        validated = await self.call("/validate", admission_review(final, username=username))
+        if not validated["allowed"]:
+            return Admitted(False, final, _message(validated), _warnings(validated), phase="validate")
+        return Admitted(True, final, "", _warnings(validated))
 
     async def update(self, old: Mapping[str, Any], new: Mapping[str, Any], *, username: str) -> Admitted:
         """An UPDATE (or PATCH) of a pod by `username`: validating webhooks only (mutation is CREATE-only)."""
