@@ -177,14 +177,14 @@ def test_a_closed_stdout_ends_the_demo_quietly() -> None:
 
 
 def test_the_dra_node_carries_each_claim_to_its_cdi_edits() -> None:
-    """The DRA node group: the examples/dra/ pods from claim through the scheduler stand-in's
+    """The DRA node group: the examples/dra/ pods from admission through the scheduler stand-in's
     allocation and the kubelet stand-in's prepare to the CDI edits their containers get."""
     result = run_demo()
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     templates = sorted((DEFAULT_EXAMPLES / "dra").glob("*.yaml"))
     assert f"1 DRA node with {len(templates)} example pod(s)" in out.splitlines()[0]
-    assert f"{len(templates)} of {len(templates)} DRA examples allocated and prepared." in out
+    assert f"{len(templates)} of {len(templates)} DRA examples ended as expected." in out
     pool = out.split(
         "DRA node gpu-node-dra: driver vgpu.kube-vgpu.io registered with the kubelet (v1.DRAPlugin)"
     )[1]
@@ -220,6 +220,13 @@ def test_the_dra_node_carries_each_claim_to_its_cdi_edits() -> None:
     assert "request gpu: no capacity named: the whole GPU" in whole
     assert "gpu -> gpu-node-dra/gpu-2: cores=100, memory=80Gi" in whole
     assert "CUDA_DEVICE_MEMORY_LIMIT_0=81920m" in whole and "CUDA_DEVICE_SM_LIMIT=100" in whole
+    # Over team-small's memory label: the claim is refused by the validating webhook as it is made.
+    over = out.split("== team-small/too-big-slice")[1].split("\n== ")[0]
+    assert (
+        "result: denied, as expected: claim refused by the webhook: ResourceClaim too-big-slice-gpu: "
+        "namespace team-small: vgpu-memory quota exceeded: requested 40960 MiB, in use 0 MiB of 16384 MiB"
+    ) in over
+    assert "scheduler" not in over
 
 
 def test_a_dra_example_that_cannot_be_allocated_fails_the_run(tmp_path: Path) -> None:
@@ -232,7 +239,7 @@ def test_a_dra_example_that_cannot_be_allocated_fails_the_run(tmp_path: Path) ->
     result = run_demo("--examples", str(examples))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "result: NOT as expected (allocated and prepared): not allocated: request gpu:" in result.stdout
-    assert "2 of 3 DRA examples allocated and prepared." in result.stdout
+    assert "3 of 4 DRA examples ended as expected." in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 
 
@@ -246,6 +253,19 @@ def test_a_dra_example_file_without_its_pod_exits_2(tmp_path: Path) -> None:
     assert (
         "kube-vgpu demo: dra/whole-gpu.yaml: holds ResourceClaimTemplate; it must hold one "
         "ResourceClaimTemplate and one Pod that uses it"
+    ) in result.stderr
+
+
+def test_a_dra_example_expecting_what_a_dra_pod_cannot_end_as_exits_2(tmp_path: Path) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    over = examples / "dra" / "over-quota.yaml"
+    over.write_text(over.read_text().replace("expect: denied", "expect: pending"))
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert (
+        "kube-vgpu demo: dra/over-quota.yaml: annotation demo.kube-vgpu.io/expect is 'pending'; a DRA "
+        "example is allocated (the default: its claim allocated and prepared) or denied"
     ) in result.stderr
 
 
@@ -271,5 +291,20 @@ def test_dra_examples_pass_the_webhooks_as_in_a_cluster(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "claim refused by the webhook: " in result.stdout and "vgpu-memory quota exceeded" in result.stdout
     assert "pod refused by the webhook (validate): " in result.stdout and "privileged" in result.stdout
-    assert "1 of 3 DRA examples allocated and prepared." in result.stdout
+    assert "2 of 4 DRA examples ended as expected." in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_dra_example_expected_denied_that_is_admitted_fails_the_run(tmp_path: Path) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    over = examples / "dra" / "over-quota.yaml"
+    assert "memory: 40Gi" in over.read_text()
+    over.write_text(over.read_text().replace("memory: 40Gi", "memory: 10Gi"))  # within team-small's 16 GiB
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert (
+        "result: NOT as expected (denied: vgpu-memory quota exceeded: requested 40960 MiB, in use 0 MiB of "
+        "16384 MiB): allocated and prepared"
+    ) in result.stdout
+    assert "4 of 4 DRA examples" not in result.stdout  # its GPU share then crowds out the whole GPU too

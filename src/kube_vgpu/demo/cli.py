@@ -125,7 +125,8 @@ async def _start_dra(cluster: LocalCluster, workdir: Path) -> None:
 
 
 async def _run_dra(cluster: LocalCluster, examples: list[DraExample], session: aiohttp.ClientSession) -> int:
-    """Carry the DRA examples from admission to CDI edits, print each; returns how many failed."""
+    """Carry the DRA examples from admission to CDI edits, print each; returns how many did not end
+    as expected."""
     if cluster.dra is None or cluster.webhook is None:
         return 0
     print("", *pool_summary(cluster.apiserver, cluster.dra), "", sep="\n", flush=True)
@@ -139,7 +140,7 @@ async def _run_dra(cluster: LocalCluster, examples: list[DraExample], session: a
         failures += not outcome.ok
         for line in render_dra(outcome):
             print(line, flush=True)
-    print(f"{len(examples) - failures} of {len(examples)} DRA examples allocated and prepared.", flush=True)
+    print(f"{len(examples) - failures} of {len(examples)} DRA examples ended as expected.", flush=True)
     return failures
 
 

@@ -18,7 +18,7 @@ import yaml
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import HOSTNAME_LABEL
 from kube_vgpu.contract.yamltext import safe_load_all, utf8_problem, yaml_problem
-from kube_vgpu.demo.examples import ExampleError
+from kube_vgpu.demo.examples import EXPECT_PREFIX, ExampleError
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.dra.driver import DraNodePlugin, DraSettings
 from kube_vgpu.node.dra.slices import DRIVER
@@ -190,11 +190,16 @@ def pool_summary(api: ApiServerStandin, node: DraNode) -> list[str]:
 
 @dataclass(frozen=True)
 class DraExample:
-    """One examples/dra/ file: its ResourceClaimTemplate and the pod that uses it."""
+    """One examples/dra/ file: its ResourceClaimTemplate and the pod that uses it, and whether the
+    webhook must refuse the pod or its claim (`demo.kube-vgpu.io/expect: denied` on the pod, with an
+    optional `expect-message`, a part of the refusal); without the annotation it must be allocated and
+    prepared."""
 
     source: str
     template: dict[str, Any]
     pod: dict[str, Any]
+    denied: bool = False
+    message: str | None = None
 
 
 @dataclass
@@ -207,11 +212,15 @@ class DraOutcome:
     results: list[dict[str, Any]] = field(default_factory=list)
     prepared: list[PreparedDevice] = field(default_factory=list)
     containers: dict[str, ContainerConfig] = field(default_factory=dict)
+    refused: str = ""  # the webhook's refusal of the pod or of its claim
     error: str = ""
 
     @property
     def ok(self) -> bool:
-        return not self.error and self.node is not None and bool(self.containers)
+        """Whether it ended as its example expects."""
+        if self.example.denied:
+            return bool(self.refused) and (self.example.message or "") in self.refused
+        return not self.refused and not self.error and self.node is not None and bool(self.containers)
 
 
 def load_dra_examples(folder: Path) -> list[DraExample]:
@@ -235,7 +244,17 @@ def load_dra_examples(folder: Path) -> list[DraExample]:
             )
         template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
         pod = next(d for d in docs if d["kind"] == "Pod")
-        examples.append(DraExample(f"{DRA_EXAMPLES}/{path.name}", template, pod))
+        source = f"{DRA_EXAMPLES}/{path.name}"
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        expect = annotations.get(EXPECT_PREFIX + "expect", "allocated")
+        if expect not in ("allocated", "denied"):
+            raise ExampleError(
+                f"{source}: annotation {EXPECT_PREFIX}expect is {expect!r}; a DRA example is allocated "
+                f"(the default: its claim allocated and prepared) or denied (the webhook refuses the pod or "
+                f"its claim; optionally {EXPECT_PREFIX}expect-message: a part of the refusal)"
+            )
+        message = annotations.get(EXPECT_PREFIX + "expect-message")
+        examples.append(DraExample(source, template, pod, expect == "denied", message))
     return examples
 
 
@@ -262,7 +281,7 @@ async def run_dra_example(
         api.put(template)
         admitted = await chain.create(pod)
         if not admitted.allowed:
-            outcome.error = f"pod refused by the webhook ({admitted.phase}): {admitted.message}"
+            outcome.refused = f"pod refused by the webhook ({admitted.phase}): {admitted.message}"
             return outcome
         stored_pod = api.put(admitted.pod)
         owner = {
@@ -280,7 +299,7 @@ async def run_dra_example(
         }
         claim_admitted = await chain.create_claim(made, username=CLAIM_CONTROLLER)
         if not claim_admitted.allowed:
-            outcome.error = f"claim refused by the webhook: {claim_admitted.message}"
+            outcome.refused = f"claim refused by the webhook: {claim_admitted.message}"
             return outcome
         api.put(claim_admitted.pod)
     except (StatusError, KeyError, ValueError, TypeError) as exc:
@@ -346,8 +365,14 @@ def render_dra(outcome: DraOutcome, width: int = 100) -> Iterator[str]:
             read_only = "ro" in (mount.get("options") or [])
             yield f"    mount {mount['containerPath']} <- {mount['hostPath']} ({'ro' if read_only else 'rw'})"
         yield from (f"    device {d['path']}" for d in config.device_nodes)
-    if outcome.ok:
+    if example.denied and outcome.ok:
+        yield f"result: denied, as expected: {outcome.refused}"
+    elif example.denied:
+        got = outcome.refused or outcome.error or "allocated and prepared"
+        yield f"result: NOT as expected (denied: {example.message or 'any refusal'}): {got}"
+    elif outcome.ok:
         yield "result: allocated and prepared, as expected"
     else:
-        yield f"result: NOT as expected (allocated and prepared): {outcome.error or 'no container got a GPU'}"
+        got = outcome.refused or outcome.error or "no container got a GPU"
+        yield f"result: NOT as expected (allocated and prepared): {got}"
     yield ""
