@@ -227,6 +227,9 @@ def test_the_dra_node_carries_each_claim_to_its_cdi_edits() -> None:
         "namespace team-small: vgpu-memory quota exceeded: requested 40960 MiB, in use 0 MiB of 16384 MiB"
     ) in over
     assert "scheduler" not in over
+    assert "webhook: pod allowed by /mutate (no patch) and /validate\n" in over
+    assert "(the pod is created and stays Pending: the claim controller retries its claim)" in over
+    assert "webhook: claim allowed by /validate\n" in slice_
 
 
 def test_a_dra_example_that_cannot_be_allocated_fails_the_run(tmp_path: Path) -> None:
@@ -304,7 +307,39 @@ def test_a_dra_example_expected_denied_that_is_admitted_fails_the_run(tmp_path: 
     result = run_demo("--examples", str(examples))
     assert result.returncode == 1, result.stdout + result.stderr
     assert (
-        "result: NOT as expected (denied: vgpu-memory quota exceeded: requested 40960 MiB, in use 0 MiB of "
-        "16384 MiB): allocated and prepared"
+        "result: NOT as expected (a refusal containing 'vgpu-memory quota exceeded: requested 40960 MiB, "
+        "in use 0 MiB of 16384 MiB'): allocated and prepared"
     ) in result.stdout
     assert "4 of 4 DRA examples" not in result.stdout  # its GPU share then crowds out the whole GPU too
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            ("demo.kube-vgpu.io/expect: denied", "demo.kube-vgpu.io/expected: denied"),
+            "annotation demo.kube-vgpu.io/expected is not one a DRA example takes",
+        ),
+        (
+            ("resourceClaimTemplateName: slice-40gi", "resourceClaimTemplateName: slice-4gi"),
+            "the Pod names the ResourceClaimTemplate 'slice-40gi' in 0 of its spec.resourceClaims",
+        ),
+        (
+            ("namespace: team-small", "namespace: team-x"),
+            "metadata.namespace 'team-x' is not in namespaces.yaml (which lists team-a, team-small) and is "
+            "not 'default'",
+        ),
+    ],
+)
+def test_a_dra_example_mistake_is_named_before_anything_starts(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    over = examples / "dra" / "over-quota.yaml"
+    assert edit[0] in over.read_text()
+    over.write_text(over.read_text().replace(*edit))
+    result = run_demo("--examples", str(examples))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"kube-vgpu demo: dra/over-quota.yaml: {message}" in result.stderr
+    assert result.stdout == ""  # nothing started

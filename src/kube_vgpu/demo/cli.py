@@ -27,6 +27,7 @@ from kube_vgpu.demo.dra import (
     DRA_EXAMPLES,
     DraDemoError,
     DraExample,
+    check_dra_namespaces,
     load_dra_examples,
     pool_summary,
     render_dra,
@@ -151,6 +152,7 @@ async def _demo(args: argparse.Namespace) -> int:
     pods = load_pods(examples / "pods")
     check_pod_namespaces(pods, namespaces, examples / "pods")
     dra_examples = load_dra_examples(examples / DRA_EXAMPLES) if (examples / DRA_EXAMPLES).is_dir() else []
+    check_dra_namespaces(dra_examples, [ns.name for ns in namespaces])
     config_file = examples_config(examples, args.config)
     with tempfile.TemporaryDirectory(prefix="kube-vgpu-demo-") as tmp:
         workdir = Path(tmp)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,6 +212,8 @@ class DraOutcome:
     results: list[dict[str, Any]] = field(default_factory=list)
     prepared: list[PreparedDevice] = field(default_factory=list)
     containers: dict[str, ContainerConfig] = field(default_factory=dict)
+    pod_patch_ops: int | None = None  # the pod's mutation, once both phases allowed it
+    claim_allowed: bool = False
     refused: str = ""  # the webhook's refusal of the pod or of its claim
     error: str = ""
 
@@ -221,6 +223,35 @@ class DraOutcome:
         if self.example.denied:
             return bool(self.refused) and (self.example.message or "") in self.refused
         return not self.refused and not self.error and self.node is not None and bool(self.containers)
+
+
+_DRA_EXPECTATIONS = frozenset((EXPECT_PREFIX + "expect", EXPECT_PREFIX + "expect-message"))
+
+
+def _check_template_use(source: str, template: dict[str, Any], pod: dict[str, Any]) -> None:
+    """The pod must name its file's template in exactly one of its `spec.resourceClaims`."""
+    name = (template.get("metadata") or {}).get("name")
+    claims = (pod.get("spec") or {}).get("resourceClaims") or []
+    uses = [c for c in claims if isinstance(c, dict) and c.get("resourceClaimTemplateName") == name]
+    if len(uses) != 1:
+        raise ExampleError(
+            f"{source}: the Pod names the ResourceClaimTemplate {name!r} in {len(uses)} of its "
+            f"spec.resourceClaims; it must name it in exactly one (resourceClaimTemplateName: {name})"
+        )
+
+
+def check_dra_namespaces(examples: list[DraExample], namespaces: Collection[str]) -> None:
+    """Refuse a DRA pod whose namespace is neither `default` (where a pod without one goes) nor one
+    `namespaces.yaml` lists."""
+    known = {NAMESPACE, *namespaces}
+    for example in examples:
+        namespace = example.pod["metadata"].get("namespace", NAMESPACE)
+        if namespace not in known:
+            raise ExampleError(
+                f"{example.source}: metadata.namespace {namespace!r} is not in namespaces.yaml (which "
+                f"lists {', '.join(sorted(namespaces)) or 'none'}) and is not {NAMESPACE!r}; add it "
+                "there or change the pod"
+            )
 
 
 def load_dra_examples(folder: Path) -> list[DraExample]:
@@ -245,7 +276,14 @@ def load_dra_examples(folder: Path) -> list[DraExample]:
         template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
         pod = next(d for d in docs if d["kind"] == "Pod")
         source = f"{DRA_EXAMPLES}/{path.name}"
+        _check_template_use(source, template, pod)
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        unknown = sorted(k for k in annotations if k.startswith(EXPECT_PREFIX) and k not in _DRA_EXPECTATIONS)
+        if unknown:
+            raise ExampleError(
+                f"{source}: annotation {unknown[0]} is not one a DRA example takes; it takes "
+                f"{EXPECT_PREFIX}expect (allocated or denied) and {EXPECT_PREFIX}expect-message"
+            )
         expect = annotations.get(EXPECT_PREFIX + "expect", "allocated")
         if expect not in ("allocated", "denied"):
             raise ExampleError(
@@ -283,6 +321,7 @@ async def run_dra_example(
         if not admitted.allowed:
             outcome.refused = f"pod refused by the webhook ({admitted.phase}): {admitted.message}"
             return outcome
+        outcome.pod_patch_ops = len(admitted.patch)
         stored_pod = api.put(admitted.pod)
         owner = {
             "apiVersion": "v1",
@@ -301,6 +340,7 @@ async def run_dra_example(
         if not claim_admitted.allowed:
             outcome.refused = f"claim refused by the webhook: {claim_admitted.message}"
             return outcome
+        outcome.claim_allowed = True
         api.put(claim_admitted.pod)
     except (StatusError, KeyError, ValueError, TypeError) as exc:
         raise ExampleError(f"{example.source}: the API server refuses it: {exc}") from None
@@ -346,6 +386,13 @@ def render_dra(outcome: DraOutcome, width: int = 100) -> Iterator[str]:
         asked = ", ".join(f"{k} {v}" for k, v in wanted.items()) or "no capacity named: the whole GPU"
         template = example.template["metadata"]["name"]
         yield f"claim {outcome.claim} (template {template}), request {request['name']}: {asked}"
+    if outcome.pod_patch_ops is not None:
+        patched = f"{outcome.pod_patch_ops} patch operation(s)" if outcome.pod_patch_ops else "no patch"
+        yield f"webhook: pod allowed by /mutate ({patched}) and /validate"
+    if outcome.claim_allowed:
+        yield "webhook: claim allowed by /validate"
+    elif outcome.pod_patch_ops is not None and outcome.refused:
+        yield "    (the pod is created and stays Pending: the claim controller retries its claim)"
     if outcome.node is not None:
         yield f"scheduler (local DRA allocation stand-in): node {outcome.node}"
         for r in outcome.results:
@@ -368,8 +415,9 @@ def render_dra(outcome: DraOutcome, width: int = 100) -> Iterator[str]:
     if example.denied and outcome.ok:
         yield f"result: denied, as expected: {outcome.refused}"
     elif example.denied:
+        wanted = f"a refusal containing {example.message!r}" if example.message else "a refusal"
         got = outcome.refused or outcome.error or "allocated and prepared"
-        yield f"result: NOT as expected (denied: {example.message or 'any refusal'}): {got}"
+        yield f"result: NOT as expected ({wanted}): {got}"
     elif outcome.ok:
         yield "result: allocated and prepared, as expected"
     else:
