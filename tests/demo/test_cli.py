@@ -325,6 +325,14 @@ def test_a_dra_example_expected_denied_that_is_admitted_fails_the_run(tmp_path: 
             "the Pod names the ResourceClaimTemplate 'slice-40gi' in 0 of its spec.resourceClaims",
         ),
         (
+            ("  annotations:\n", "  annotations: bad\n  labels:\n"),
+            "metadata.annotations: expected a mapping of text to text (quote numbers), got 'bad'",
+        ),
+        (
+            ("  name: too-big-slice\n", "  name: [too-big-slice]\n"),
+            "metadata.name: expected a string, got ['too-big-slice']",
+        ),
+        (
             ("namespace: team-small", "namespace: team-x"),
             "metadata.namespace 'team-x' is not in namespaces.yaml (which lists team-a, team-small) and is "
             "not 'default'",

@@ -18,7 +18,7 @@ import yaml
 from kube_vgpu.contract.config import Config
 from kube_vgpu.contract.names import HOSTNAME_LABEL
 from kube_vgpu.contract.yamltext import safe_load_all, utf8_problem, yaml_problem
-from kube_vgpu.demo.examples import EXPECT_PREFIX, ExampleError
+from kube_vgpu.demo.examples import EXPECT_PREFIX, ExampleError, check_namespace, check_pod_manifest
 from kube_vgpu.kubeapi.client import Kube
 from kube_vgpu.node.dra.driver import DraNodePlugin, DraSettings
 from kube_vgpu.node.dra.slices import DRIVER
@@ -241,17 +241,10 @@ def _check_template_use(source: str, template: dict[str, Any], pod: dict[str, An
 
 
 def check_dra_namespaces(examples: list[DraExample], namespaces: Collection[str]) -> None:
-    """Refuse a DRA pod whose namespace is neither `default` (where a pod without one goes) nor one
-    `namespaces.yaml` lists."""
-    known = {NAMESPACE, *namespaces}
+    """Refuse a DRA pod whose namespace is neither `default` nor one `namespaces.yaml` lists."""
     for example in examples:
         namespace = example.pod["metadata"].get("namespace", NAMESPACE)
-        if namespace not in known:
-            raise ExampleError(
-                f"{example.source}: metadata.namespace {namespace!r} is not in namespaces.yaml (which "
-                f"lists {', '.join(sorted(namespaces)) or 'none'}) and is not {NAMESPACE!r}; add it "
-                "there or change the pod"
-            )
+        check_namespace(example.source, namespace, namespaces, default=NAMESPACE)
 
 
 def load_dra_examples(folder: Path) -> list[DraExample]:
@@ -276,8 +269,8 @@ def load_dra_examples(folder: Path) -> list[DraExample]:
         template = next(d for d in docs if d["kind"] == "ResourceClaimTemplate")
         pod = next(d for d in docs if d["kind"] == "Pod")
         source = f"{DRA_EXAMPLES}/{path.name}"
+        annotations = check_pod_manifest(source, pod, namespaced=False)
         _check_template_use(source, template, pod)
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
         unknown = sorted(k for k in annotations if k.startswith(EXPECT_PREFIX) and k not in _DRA_EXPECTATIONS)
         if unknown:
             raise ExampleError(

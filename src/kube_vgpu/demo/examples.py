@@ -9,7 +9,7 @@ of `NAME=prefix`) refine it.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -162,14 +162,23 @@ def load_namespaces(path: Path) -> list[NamespaceSpec]:
 def check_pod_namespaces(pods: list[ExamplePod], namespaces: list[NamespaceSpec], folder: Path) -> None:
     """Refuse a pod whose namespace `namespaces.yaml` does not list (the API server would refuse to
     create it, so the webhook would never see it)."""
-    known = {spec.name for spec in namespaces}
+    known = [spec.name for spec in namespaces]
     for pod in pods:
-        namespace = pod.manifest["metadata"]["namespace"]
-        if namespace not in known:
-            raise ExampleError(
-                f"{folder / pod.source}: metadata.namespace {namespace!r} is not in namespaces.yaml "
-                f"(which lists {', '.join(sorted(known)) or 'none'}); add it there or change the pod"
-            )
+        check_namespace(str(folder / pod.source), pod.manifest["metadata"]["namespace"], known)
+
+
+def check_namespace(
+    where: str, namespace: str, listed: Collection[str], *, default: str | None = None
+) -> None:
+    """Refuse a pod's `namespace` unless `namespaces.yaml` lists it (or it is `default`, where a pod
+    that names none goes)."""
+    if namespace in listed or (default is not None and namespace == default):
+        return
+    also = f" and is not {default!r}" if default is not None else ""
+    raise ExampleError(
+        f"{where}: metadata.namespace {namespace!r} is not in namespaces.yaml "
+        f"(which lists {', '.join(sorted(listed)) or 'none'}){also}; add it there or change the pod"
+    )
 
 
 def _expectation(source: str, annotations: Mapping[str, str]) -> Expectation:
@@ -199,6 +208,42 @@ def _expectation(source: str, annotations: Mapping[str, str]) -> Expectation:
     )
 
 
+def check_pod_manifest(
+    where: str, manifest: Mapping[str, Any], *, namespaced: bool = True
+) -> Mapping[str, str]:
+    """The shapes the API server's decoder needs before any webhook sees a pod (what it refuses beyond
+    them is named when the pod is created); returns its annotations. `namespaced`: whether the pod
+    must name its namespace (an example of `dra/` may leave it to `default`)."""
+    spec = manifest.get("spec")
+    if spec is not None and not isinstance(spec, Mapping):
+        raise ExampleError(f"{where}: spec: expected a mapping, got {spec!r}")
+    for group in ("initContainers", "containers", "ephemeralContainers"):
+        listed = (spec or {}).get(group)
+        if listed is not None and not isinstance(listed, list):
+            raise ExampleError(f"{where}: spec.{group}: expected a list of containers, got {listed!r}")
+    meta = manifest.get("metadata") or {}
+    if not isinstance(meta, Mapping) or not meta.get("name") or (namespaced and not meta.get("namespace")):
+        required = (
+            "metadata.name and metadata.namespace are required (the namespace must be one of namespaces.yaml)"
+            if namespaced
+            else "metadata.name is required"
+        )
+        raise ExampleError(f"{where}: {required}")
+    for key in ("name", "namespace"):
+        if key in meta and not isinstance(meta[key], str):
+            raise ExampleError(f"{where}: metadata.{key}: expected a string, got {meta[key]!r}")
+    _check_name(meta["name"], f"{where}: metadata.name", _DNS_SUBDOMAIN)
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+    ):
+        raise ExampleError(
+            f"{where}: metadata.annotations: expected a mapping of text to text (quote numbers), "
+            f"got {annotations!r}"
+        )
+    return annotations
+
+
 def load_pods(folder: Path) -> list[ExamplePod]:
     """Every `*.yaml` pod in `folder`, in file-name order."""
     pods: list[ExamplePod] = []
@@ -209,33 +254,7 @@ def load_pods(folder: Path) -> list[ExamplePod]:
             "Pod",
         ):
             raise ExampleError(f"{path}: expected a Pod manifest (apiVersion: v1, kind: Pod)")
-        # The shapes the API server's decoder needs before any webhook sees the pod; what it
-        # refuses beyond them is named when the pod is created (flow.PodFlow).
-        spec = manifest.get("spec")
-        if spec is not None and not isinstance(spec, Mapping):
-            raise ExampleError(f"{path}: spec: expected a mapping, got {spec!r}")
-        for group in ("initContainers", "containers", "ephemeralContainers"):
-            listed = (spec or {}).get(group)
-            if listed is not None and not isinstance(listed, list):
-                raise ExampleError(f"{path}: spec.{group}: expected a list of containers, got {listed!r}")
-        meta = manifest.get("metadata") or {}
-        if not isinstance(meta, Mapping) or not meta.get("name") or not meta.get("namespace"):
-            raise ExampleError(
-                f"{path}: metadata.name and metadata.namespace are required (the namespace must be "
-                "one of namespaces.yaml)"
-            )
-        for key in ("name", "namespace"):
-            if not isinstance(meta[key], str):
-                raise ExampleError(f"{path}: metadata.{key}: expected a string, got {meta[key]!r}")
-        _check_name(meta["name"], f"{path}: metadata.name", _DNS_SUBDOMAIN)
-        annotations = meta.get("annotations") or {}
-        if not isinstance(annotations, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
-        ):
-            raise ExampleError(
-                f"{path}: metadata.annotations: expected a mapping of text to text (quote numbers), "
-                f"got {annotations!r}"
-            )
+        annotations = check_pod_manifest(str(path), manifest)
         pods.append(ExamplePod(path.name, manifest, _expectation(path.name, annotations)))
     if not pods:
         raise ExampleError(f"{folder}: no example pods (*.yaml); {LAYOUT}")
