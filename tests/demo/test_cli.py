@@ -28,6 +28,19 @@ def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def edited_examples(tmp_path: Path, *edits: tuple[str, str, str]) -> Path:
+    """A copy of the repository's examples with each (file, old, new) edit made: the first `old` in
+    `file` (which must hold it) replaced by `new`."""
+    examples = tmp_path / "examples"
+    shutil.copytree(DEFAULT_EXAMPLES, examples)
+    for name, old, new in edits:
+        path = examples / name
+        text = path.read_text()
+        assert old in text, f"{name} no longer holds {old!r}"
+        path.write_text(text.replace(old, new, 1))
+    return examples
+
+
 def test_every_example_ends_as_expected() -> None:
     result = run_demo()
     assert result.returncode == 0, result.stdout + result.stderr
@@ -61,13 +74,10 @@ def test_every_example_ends_as_expected() -> None:
 
 
 def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
-    examples = tmp_path / "examples"
-    shutil.copytree(DEFAULT_EXAMPLES, examples)
-    quota = examples / "pods" / "06-over-quota.yaml"
     # 8000 MiB fits team-small's 16 GiB quota, so the expected denial does not happen.
-    assert 'volcano.sh/vgpu-memory: "20000"' in quota.read_text()
-    quota.write_text(
-        quota.read_text().replace('volcano.sh/vgpu-memory: "20000"', 'volcano.sh/vgpu-memory: "8000"')
+    examples = edited_examples(
+        tmp_path,
+        ("pods/06-over-quota.yaml", 'volcano.sh/vgpu-memory: "20000"', 'volcano.sh/vgpu-memory: "8000"'),
     )
     result = run_demo("--examples", str(examples))
     assert result.returncode == 1, result.stdout + result.stderr
@@ -78,14 +88,13 @@ def test_an_example_that_ends_otherwise_fails_the_run(tmp_path: Path) -> None:
 def test_a_node_that_node_check_finds_wanting_fails_the_run(tmp_path: Path) -> None:
     # MIG turning on at the next reset: the plugin still serves (every example ends as expected),
     # but a hami-core node in that state is a problem `node check` reports, and the run says so.
-    examples = tmp_path / "examples"
-    shutil.copytree(DEFAULT_EXAMPLES, examples)
-    nodes = examples / "nodes.yaml"
-    assert "        count: 4\n" in nodes.read_text()
-    nodes.write_text(
-        nodes.read_text().replace(
-            "        count: 4\n", "        count: 4\n        migCapable: true\n        migPending: true\n", 1
-        )
+    examples = edited_examples(
+        tmp_path,
+        (
+            "nodes.yaml",
+            "        count: 4\n",
+            "        count: 4\n        migCapable: true\n        migPending: true\n",
+        ),
     )
     result = run_demo("--examples", str(examples))
     assert result.returncode == 1, result.stdout + result.stderr
@@ -144,11 +153,7 @@ def test_a_node_that_node_check_finds_wanting_fails_the_run(tmp_path: Path) -> N
 def test_bad_example_files_are_named_with_exit_2(
     tmp_path: Path, edit: tuple[str, str, str], message: str
 ) -> None:
-    examples = tmp_path / "examples"
-    shutil.copytree(DEFAULT_EXAMPLES, examples)
-    name, old, new = edit
-    path = examples / name
-    path.write_text(path.read_text().replace(old, new, 1))
+    examples = edited_examples(tmp_path, edit)
     result = run_demo("--examples", str(examples))
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
@@ -233,12 +238,8 @@ def test_the_dra_node_carries_each_claim_to_its_cdi_edits() -> None:
 
 
 def test_a_dra_example_that_cannot_be_allocated_fails_the_run(tmp_path: Path) -> None:
-    examples = tmp_path / "examples"
-    shutil.copytree(DEFAULT_EXAMPLES, examples)
-    slice_file = examples / "dra" / "slice-20gi-30pct.yaml"
     # 100 GiB: more than any of the node's 80 GB cards.
-    assert "memory: 20Gi" in slice_file.read_text()
-    slice_file.write_text(slice_file.read_text().replace("memory: 20Gi", "memory: 100Gi"))
+    examples = edited_examples(tmp_path, ("dra/slice-20gi-30pct.yaml", "memory: 20Gi", "memory: 100Gi"))
     result = run_demo("--examples", str(examples))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "result: NOT as expected (allocated and prepared): not allocated: request gpu:" in result.stdout
@@ -259,36 +260,18 @@ def test_a_dra_example_file_without_its_pod_exits_2(tmp_path: Path) -> None:
     ) in result.stderr
 
 
-def test_a_dra_example_expecting_what_a_dra_pod_cannot_end_as_exits_2(tmp_path: Path) -> None:
-    examples = tmp_path / "examples"
-    shutil.copytree(DEFAULT_EXAMPLES, examples)
-    over = examples / "dra" / "over-quota.yaml"
-    over.write_text(over.read_text().replace("expect: denied", "expect: pending"))
-    result = run_demo("--examples", str(examples))
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert (
-        "kube-vgpu demo: dra/over-quota.yaml: annotation demo.kube-vgpu.io/expect is 'pending'; a DRA "
-        "example is allocated (the default: its claim allocated and prepared) or denied"
-    ) in result.stderr
-
-
 def test_dra_examples_pass_the_webhooks_as_in_a_cluster(tmp_path: Path) -> None:
     # The pod through both phases, the claim its template makes through the validating one: an
     # isolation rule refuses a pod, and a namespace's memory label refuses a claim.
-    examples = tmp_path / "examples"
-    shutil.copytree(DEFAULT_EXAMPLES, examples)
-    whole = examples / "dra" / "whole-gpu.yaml"
-    # team-small may take 16384 MiB; a whole GPU is charged as the largest card (80 GiB).
-    assert "  name: train-whole\n" in whole.read_text()
-    whole.write_text(
-        whole.read_text().replace("  name: train-whole\n", "  name: train-whole\n  namespace: team-small\n")
-    )
-    two = examples / "dra" / "two-slices-distinct-gpus.yaml"
-    assert "      resources:\n" in two.read_text()
-    two.write_text(
-        two.read_text().replace(
-            "      resources:\n", "      securityContext: {privileged: true}\n      resources:\n", 1
-        )
+    examples = edited_examples(
+        tmp_path,
+        # team-small may take 16384 MiB; a whole GPU is charged as the largest card (80 GiB).
+        ("dra/whole-gpu.yaml", "  name: train-whole\n", "  name: train-whole\n  namespace: team-small\n"),
+        (
+            "dra/two-slices-distinct-gpus.yaml",
+            "      resources:\n",
+            "      securityContext: {privileged: true}\n      resources:\n",
+        ),
     )
     result = run_demo("--examples", str(examples))
     assert result.returncode == 1, result.stdout + result.stderr
@@ -299,11 +282,8 @@ def test_dra_examples_pass_the_webhooks_as_in_a_cluster(tmp_path: Path) -> None:
 
 
 def test_a_dra_example_expected_denied_that_is_admitted_fails_the_run(tmp_path: Path) -> None:
-    examples = tmp_path / "examples"
-    shutil.copytree(DEFAULT_EXAMPLES, examples)
-    over = examples / "dra" / "over-quota.yaml"
-    assert "memory: 40Gi" in over.read_text()
-    over.write_text(over.read_text().replace("memory: 40Gi", "memory: 10Gi"))  # within team-small's 16 GiB
+    # 10 GiB: within team-small's 16 GiB.
+    examples = edited_examples(tmp_path, ("dra/over-quota.yaml", "memory: 40Gi", "memory: 10Gi"))
     result = run_demo("--examples", str(examples))
     assert result.returncode == 1, result.stdout + result.stderr
     assert (
@@ -316,6 +296,11 @@ def test_a_dra_example_expected_denied_that_is_admitted_fails_the_run(tmp_path: 
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
+        (
+            ("expect: denied", "expect: pending"),
+            "annotation demo.kube-vgpu.io/expect is 'pending'; a DRA example is allocated (the default: its "
+            "claim allocated and prepared) or denied",
+        ),
         (
             ("demo.kube-vgpu.io/expect: denied", "demo.kube-vgpu.io/expected: denied"),
             "annotation demo.kube-vgpu.io/expected is not one a DRA example takes",
@@ -342,11 +327,7 @@ def test_a_dra_example_expected_denied_that_is_admitted_fails_the_run(tmp_path: 
 def test_a_dra_example_mistake_is_named_before_anything_starts(
     tmp_path: Path, edit: tuple[str, str], message: str
 ) -> None:
-    examples = tmp_path / "examples"
-    shutil.copytree(DEFAULT_EXAMPLES, examples)
-    over = examples / "dra" / "over-quota.yaml"
-    assert edit[0] in over.read_text()
-    over.write_text(over.read_text().replace(*edit))
+    examples = edited_examples(tmp_path, ("dra/over-quota.yaml", *edit))
     result = run_demo("--examples", str(examples))
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"kube-vgpu demo: dra/over-quota.yaml: {message}" in result.stderr
