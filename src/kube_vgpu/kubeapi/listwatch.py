@@ -88,28 +88,22 @@ class KubeSource:
     # Per page; None: the client's default.
     list_timeout: float | tuple[float, float] | None = None
 
+    def _selection(self) -> dict[str, Any]:
+        """What every list of this source names: the namespace, the selectors, the per-page timeout."""
+        return {
+            "namespace": self.namespace,
+            "field_selector": self.field_selector,
+            "label_selector": self.label_selector,
+            "timeout": self.list_timeout,
+        }
+
     def list_page(self, limit: int, continue_token: str | None) -> Mapping[str, Any]:
         """One page of the list."""
-        return self.kube.list(
-            self.kind,
-            namespace=self.namespace,
-            field_selector=self.field_selector,
-            label_selector=self.label_selector,
-            timeout=self.list_timeout,
-            limit=limit,
-            continue_token=continue_token,
-        )
+        return self.kube.list(self.kind, limit=limit, continue_token=continue_token, **self._selection())
 
     def list_page_at(self, limit: int | None, resource_version: str) -> Mapping[str, Any]:
         """The first page of the list at `resource_version` (`list_arguments` decides the paging)."""
-        return self.kube.list(
-            self.kind,
-            namespace=self.namespace,
-            field_selector=self.field_selector,
-            label_selector=self.label_selector,
-            timeout=self.list_timeout,
-            **list_arguments(resource_version, limit),
-        )
+        return self.kube.list(self.kind, **list_arguments(resource_version, limit), **self._selection())
 
     @property
     def filtered(self) -> bool:
@@ -118,15 +112,7 @@ class KubeSource:
 
     def list_page_raw(self, limit: int, continue_token: str | None) -> bytes:
         """One page of the list, undecoded."""
-        return self.kube.list_raw(
-            self.kind,
-            namespace=self.namespace,
-            field_selector=self.field_selector,
-            label_selector=self.label_selector,
-            timeout=self.list_timeout,
-            limit=limit,
-            continue_token=continue_token,
-        )
+        return self.kube.list_raw(self.kind, limit=limit, continue_token=continue_token, **self._selection())
 
     def watch(
         self, resource_version: str, interrupt: WatchInterrupt, timeout_seconds: int
