@@ -49,6 +49,14 @@ def write(path: Path, document: dict[str, Any]) -> Path:
     return path
 
 
+def live_then_dead(api: ApiServerStandin, folder: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """$KUBECONFIG naming two files: the stand-in as context `live`, then a dead server as `dead`."""
+    first = write(folder / "a.yaml", config(api, context="live"))
+    second = write(folder / "b.yaml", config(api, server=DEAD, context="dead"))
+    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(first), str(second)]))
+    return first, second
+
+
 def top(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str]:
     code = main(["top", "-o", "json", *flags])
     return code, capsys.readouterr().err
@@ -82,9 +90,7 @@ def test_the_first_file_in_kubeconfig_sets_the_current_context(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    first = write(tmp_path / "a.yaml", config(apiserver, context="live"))
-    second = write(tmp_path / "b.yaml", config(apiserver, server=DEAD, context="dead"))
-    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(first), str(second)]))
+    live_then_dead(apiserver, tmp_path, monkeypatch)
     assert top(capsys) == (0, "")
     # Merged, the second file's context can still be chosen by name.
     code, err = top(capsys, "--context", "dead")
@@ -129,9 +135,7 @@ def test_an_unknown_context_from_the_variable_names_the_variable_and_every_file(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    first = write(tmp_path / "a.yaml", config(apiserver, context="live"))
-    second = write(tmp_path / "b.yaml", config(apiserver, server=DEAD, context="dead"))
-    monkeypatch.setenv("KUBECONFIG", os.pathsep.join([str(first), str(second)]))
+    first, second = live_then_dead(apiserver, tmp_path, monkeypatch)
     monkeypatch.setenv("KUBE_VGPU_CONTEXT", "nope")
     code, err = top(capsys)
     assert code == 2 and err.strip().endswith(
