@@ -1,11 +1,11 @@
-"""aiohttp's low-level HTTP/1.1 server behind an accept loop of our own, on public API only.
+"""aiohttp's low-level HTTP/1.1 server behind a capped accept loop, on public API only.
 
-aiohttp frames requests, queues at most 32 pipelined ones per connection, inflates bodies in bounded
-pieces and closes idle keep-alive connections. The accept loop is ours (`connect_accepted_socket`)
-so that a connection counts from its accept, before any TLS work: at most `max_connections` are
-open, and at the cap the one longest without progress is closed, never the newcomer, so a flood of
-idle, slow or never-handshaking callers cannot lock the API server out. A request must arrive whole
-within the request deadline, counted from the accept or from its first bytes.
+aiohttp frames requests, inflates bodies in bounded pieces and closes idle keep-alive connections.
+The accept loop is ours (`connect_accepted_socket`) so that a connection counts from its accept,
+before any TLS work: at most `max_connections` are open, and at the cap the one longest without
+progress is closed, never the newcomer, so a flood of idle, slow or never-handshaking callers cannot
+lock the API server out. A request must arrive whole within the request deadline, counted from the
+accept or from its first bytes.
 """
 
 from __future__ import annotations
@@ -77,11 +77,13 @@ class Connection(web.RequestHandler):
         self.listener, self.sock = listener, sock
         self.busy = False  # a request arrived whole and is being answered: never closed to make room
         self.handling = False  # a request's head arrived and it has no answer yet
-        self.woke = False  # bytes arrived while busy: a pipelined request may be waiting
         self.received_bytes = 0  # since the last answer
+        # Kept apart from aiohttp's `transport`, which it clears when it starts closing (a TLS close
+        # exchange can still be running): a closing connection is aborted, never its socket closed.
         self.opened: asyncio.BaseTransport | None = None  # once the TLS handshake is done
-        self.opening: asyncio.Future[Any] | None = None  # the TLS handshake
-        # When the request arriving now must have arrived whole (loop clock); None when none is.
+        self.opening: asyncio.Future[Any] | None = None  # the TLS handshake, until it ends
+        # When the request arriving now must have arrived whole (loop clock); None when none is. A
+        # request pipelined behind one being answered gets its deadline when its handler starts.
         self.deadline: float | None = listener.loop.time() + listener.limits.request_timeout_seconds
 
     def opening_done(self, opening: asyncio.Future[Any]) -> None:
@@ -102,9 +104,7 @@ class Connection(web.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         self.received_bytes += len(data)
-        if data and self.busy:
-            self.woke = True
-        elif data and self.deadline is None:
+        if data and self.deadline is None and not self.busy:
             self.began_request()
         super().data_received(data)
 
@@ -117,11 +117,7 @@ class Connection(web.RequestHandler):
         """The answer is about to be sent; True when it must close the connection (a large read)."""
         self.busy = self.handling = False
         self.deadline = None
-        if self.woke and self in self.listener.connections:  # a pipelined request is arriving
-            self.woke = False
-            self.began_request()
-        else:
-            self.listener.progressed(self)
+        self.listener.progressed(self)
         received, self.received_bytes = self.received_bytes, 0
         return received > MAX_KEEP_ALIVE_READ_BYTES
 
@@ -172,7 +168,7 @@ def arrived(request: web.BaseRequest) -> None:
     """Tell the listener that `request` arrived whole (its body read, or never to be): its deadline
     stops, and the cap will not close it while it is answered."""
     if isinstance(conn := request.protocol, Connection):  # a server of our own listener
-        conn.busy, conn.woke, conn.deadline = True, False, None
+        conn.busy, conn.deadline = True, None
 
 
 class Listener:
@@ -224,7 +220,7 @@ class Listener:
         conn = cast(Connection, request.protocol)
         self.in_flight += 1
         conn.handling = True
-        if conn.deadline is None:  # its first bytes came in the read that ended the one before
+        if conn.deadline is None:  # it arrived while the one before was answered
             conn.began_request()
         try:
             response = await self.handler(request)
@@ -269,17 +265,14 @@ class Listener:
             if len(self.connections) >= self.limits.max_connections and not self.make_room():
                 accepted.close()  # every connection is computing an answer
                 continue
-            self.open(accepted)
-
-    def open(self, accepted: socket.socket) -> None:
-        accepted.setblocking(False)
-        conn = Connection(self, accepted)
-        self.connections[conn] = None
-        self.all_closed.clear()
-        conn.opening = asyncio.ensure_future(
-            self.loop.connect_accepted_socket(lambda: conn, accepted, **self.tls)
-        )
-        conn.opening.add_done_callback(conn.opening_done)
+            accepted.setblocking(False)
+            conn = Connection(self, accepted)
+            self.connections[conn] = None
+            self.all_closed.clear()
+            conn.opening = asyncio.ensure_future(
+                self.loop.connect_accepted_socket(lambda c=conn: c, accepted, **self.tls)
+            )
+            conn.opening.add_done_callback(conn.opening_done)
 
     def resume_accepting(self, sock: socket.socket) -> None:
         if self.sock is sock:
