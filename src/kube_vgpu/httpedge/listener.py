@@ -265,14 +265,17 @@ class Listener:
             if len(self.connections) >= self.limits.max_connections and not self.make_room():
                 accepted.close()  # every connection is computing an answer
                 continue
-            accepted.setblocking(False)
-            conn = Connection(self, accepted)
-            self.connections[conn] = None
-            self.all_closed.clear()
-            conn.opening = asyncio.ensure_future(
-                self.loop.connect_accepted_socket(lambda c=conn: c, accepted, **self.tls)
-            )
-            conn.opening.add_done_callback(conn.opening_done)
+            self.open(accepted)
+
+    def open(self, accepted: socket.socket) -> None:
+        accepted.setblocking(False)
+        conn = Connection(self, accepted)
+        self.connections[conn] = None
+        self.all_closed.clear()
+        conn.opening = asyncio.ensure_future(
+            self.loop.connect_accepted_socket(lambda: conn, accepted, **self.tls)
+        )
+        conn.opening.add_done_callback(conn.opening_done)
 
     def resume_accepting(self, sock: socket.socket) -> None:
         if self.sock is sock:
