@@ -337,11 +337,15 @@ def test_a_head_begun_while_the_previous_review_is_computed_lives_until_the_idle
     apiserver: ApiServerStandin, tmp_path: Path
 ) -> None:
     # A head pipelined behind a review and then stalled gets no request deadline (the API server never
-    # pipelines; the cap still closes such a connection first): the idle timeout ends it.
-    with _serve(apiserver, tmp_path, request_timeout_seconds=30, idle_timeout_seconds=1.0) as webhook:
+    # pipelines; the cap may still close it like an idle connection): the idle timeout ends it.
+    deadline, idle = 1.0, 6.0
+    with _serve(apiserver, tmp_path, request_timeout_seconds=deadline, idle_timeout_seconds=idle) as webhook:
         sock, release = _next_head_begun_while_a_review_is_computed(webhook)
         release()
         assert _answered_200(sock)
+        sock.settimeout(3 * deadline)  # a deadline would have closed it by now; the idle timeout not
+        assert not closed_by_server(sock)
+        sock.settimeout(HANG_S)
         assert closed_by_server(sock)
         assert _expired(webhook) == 0
 
@@ -373,6 +377,7 @@ def test_a_connection_gone_while_its_review_was_computed_is_not_counted_as_a_dea
     release()
     time.sleep(2 * STRICT_DEADLINE)
     assert _expired(strict) == 0
+    assert _open(strict) == 0  # the answer did not put the gone connection back
 
 
 # --- the connection cap -----------------------------------------------------------------------------
