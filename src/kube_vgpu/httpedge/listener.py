@@ -1,11 +1,11 @@
 """aiohttp's low-level HTTP/1.1 server behind a capped accept loop, on public API only.
 
-aiohttp frames requests, inflates bodies in bounded pieces and closes idle keep-alive connections.
-The accept loop is ours (`connect_accepted_socket`) so that a connection counts from its accept,
-before any TLS work: at most `max_connections` are open, and at the cap the one longest without
-progress is closed, never the newcomer, so a flood of idle, slow or never-handshaking callers cannot
-lock the API server out. A request must arrive whole within the request deadline, counted from the
-accept or from its first bytes.
+aiohttp frames requests, queues at most 32 pipelined ones per connection, inflates bodies in bounded
+pieces and closes idle keep-alive connections. The accept loop is ours (`connect_accepted_socket`)
+so that a connection counts from its accept, before any TLS work: at most `max_connections` are
+open, and at the cap the one longest without progress is closed, never the newcomer, so a flood of
+idle, slow or never-handshaking callers cannot lock the API server out. A request must arrive whole
+within the request deadline, counted from the accept or from its first bytes.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ class Connection(web.RequestHandler):
         self.opened: asyncio.BaseTransport | None = None  # once the TLS handshake is done
         self.opening: asyncio.Future[Any] | None = None  # the TLS handshake, until it ends
         # When the request arriving now must have arrived whole (loop clock); None when none is. A
-        # request pipelined behind one being answered gets its deadline when its handler starts.
+        # request pipelined behind one being answered gets its deadline at its first bytes after that
+        # answer, or when its handler starts.
         self.deadline: float | None = listener.loop.time() + listener.limits.request_timeout_seconds
 
     def opening_done(self, opening: asyncio.Future[Any]) -> None:
